@@ -1,0 +1,112 @@
+"""The one error hierarchy of pulsar-tap.
+
+Everything the project raises on purpose derives from :class:`PulsarTapError`.
+Protocol errors carry the Pulsar ``ServerError`` name that a broker would answer
+with, so a session can turn a local failure into the right wire reply; config
+errors carry the file, line and dotted key that the user must fix.  Nothing from
+``struct``, ``protobuf`` or the compression libraries escapes to a user: the
+codec catches those at its edge and re-raises one of these.
+"""
+
+from __future__ import annotations
+
+
+class PulsarTapError(Exception):
+    """Base of every error pulsar-tap raises deliberately."""
+
+
+class ProtocolError(PulsarTapError):
+    """The bytes on the wire break the Pulsar binary protocol.
+
+    ``server_error`` is the ServerError name a broker would reply with.
+    """
+
+    server_error: str = "UnknownError"
+
+
+class FrameTooLarge(ProtocolError):
+    """A frame is larger than the negotiated maximum."""
+
+    server_error = "TooManyRequests"
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"frame of {size} bytes exceeds the limit of {limit} bytes")
+        self.size = size
+        self.limit = limit
+
+
+class MalformedFrame(ProtocolError):
+    """Sizes inside a frame are inconsistent, or a section is truncated."""
+
+
+class BadMagic(MalformedFrame):
+    """A payload section does not start with a known magic number."""
+
+
+class ChecksumMismatch(ProtocolError):
+    """A payload's CRC32C does not match the checksum in its frame."""
+
+    server_error = "ChecksumError"
+
+    def __init__(self, expected: int, actual: int) -> None:
+        super().__init__(f"checksum mismatch: frame says {expected:#010x}, payload has {actual:#010x}")
+        self.expected = expected
+        self.actual = actual
+
+
+class UnknownCommand(ProtocolError):
+    """The BaseCommand type is not one this protocol version defines."""
+
+    def __init__(self, type_value: int) -> None:
+        super().__init__(f"unknown command type {type_value}")
+        self.type_value = type_value
+
+
+class CommandDecodeError(ProtocolError):
+    """A BaseCommand could not be decoded."""
+
+
+class MetadataDecodeError(ProtocolError):
+    """A MessageMetadata, SingleMessageMetadata or BrokerEntryMetadata could not be decoded."""
+
+
+class CompressionError(ProtocolError):
+    """A payload could not be compressed or decompressed as its metadata says."""
+
+
+class BatchError(ProtocolError):
+    """A batched payload does not hold the messages its metadata announces."""
+
+
+class ChunkError(ProtocolError):
+    """Chunks of a large message are missing, out of order or inconsistent."""
+
+
+class MarkerError(ProtocolError):
+    """A replication marker's payload could not be decoded."""
+
+
+class ConfigError(PulsarTapError):
+    """A configuration or rule file is wrong; names the file, line and dotted key."""
+
+    def __init__(self, message: str, *, file: str | None = None, line: int | None = None,
+                 key: str | None = None) -> None:
+        self.message = message
+        self.file = file
+        self.line = line
+        self.key = key
+        super().__init__(self.format())
+
+    def format(self) -> str:
+        """Render as ``FILE:LINE: KEY: message`` (parts that are unknown are left out)."""
+        parts: list[str] = []
+        if self.file is not None:
+            parts.append(self.file if self.line is None else f"{self.file}:{self.line}")
+        if self.key is not None:
+            parts.append(self.key)
+        parts.append(self.message)
+        return ": ".join(parts)
+
+
+class UsageError(PulsarTapError):
+    """A command was given bad arguments; printed as one line, exit status 2."""

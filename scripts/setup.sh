@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs pulsar-tap with everything it needs into ./.venv (safe to run again).
+#   bash scripts/setup.sh
+# Python packages come pinned from pyproject.toml; system tools (a Java runtime
+# for Spark) come from Debian's packages when missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$python" -m venv .venv
+fi
+
+stamp=.venv/.pulsar-tap-installed
+want=$(cat pyproject.toml | sha256sum | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    echo "setup: installing Python packages into .venv" >&2
+    .venv/bin/python -m pip install --quiet --upgrade pip
+    .venv/bin/python -m pip install --quiet -e '.[dev]'
+    echo "$want" > "$stamp"
+fi
+
+apt_install() {
+    local sudo=""
+    if [ "$(id -u)" != 0 ]; then
+        if command -v sudo >/dev/null 2>&1; then sudo="sudo"; else
+            echo "setup: please install Debian packages: $*" >&2; return 0; fi
+    fi
+    echo "setup: installing Debian packages: $*" >&2
+    $sudo apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+}
+
+need=()
+command -v java >/dev/null 2>&1 || need+=(default-jre-headless)
+if [ ${#need[@]} -gt 0 ]; then apt_install "${need[@]}"; fi
