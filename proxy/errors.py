@@ -66,6 +66,10 @@ class CommandDecodeError(ProtocolError):
     """A BaseCommand could not be decoded."""
 
 
+class CommandEncodeError(ProtocolError):
+    """A command could not be encoded (e.g. a rewrite left a required field unset)."""
+
+
 class MetadataDecodeError(ProtocolError):
     """A MessageMetadata, SingleMessageMetadata or BrokerEntryMetadata could not be decoded."""
 
@@ -84,6 +88,10 @@ class ChunkError(ProtocolError):
 
 class MarkerError(ProtocolError):
     """A replication marker's payload could not be decoded."""
+
+
+class RecordingError(PulsarTapError):
+    """A recording directory or segment cannot be read or written (damaged, missing, not a recording)."""
 
 
 class ConfigError(PulsarTapError):
@@ -110,3 +118,32 @@ class ConfigError(PulsarTapError):
 
 class UsageError(PulsarTapError):
     """A command was given bad arguments; printed as one line, exit status 2."""
+
+
+class ClientError(PulsarTapError):
+    """The built-in Pulsar client could not complete an operation."""
+
+
+class BrokerError(ClientError):
+    """A request refused with a ServerError: raised by the built-in client when the broker
+    answers ERROR, SEND_ERROR or a failed lookup, and by the embedded broker to answer so.
+
+    ``server_error`` is the ServerError name (e.g. ``"ConsumerBusy"``).
+    """
+
+    def __init__(self, server_error: str, message: str) -> None:
+        super().__init__(f"{server_error}: {message}" if message else server_error)
+        self.server_error = server_error
+        self.message = message
+
+
+class ConnectionFailed(ClientError):
+    """A connection to a broker could not be opened or was lost."""
+
+
+class RequestTimeout(ClientError):
+    """A request, or a message's send receipt, did not arrive in time."""
+
+
+class ClientClosed(ClientError):
+    """The client, producer or consumer was closed while the operation waited."""

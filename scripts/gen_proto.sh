@@ -7,5 +7,5 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$here/proxy/pb}
 mkdir -p "$out"
 python=${PYTHON:-python}
-"$python" -m grpc_tools.protoc -I"$here/proto" --python_out="$out" --pyi_out="$out" \
+"$python" -m grpc_tools.protoc -I"$here/proto" --python_out="$out" \
     PulsarApi.proto PulsarMarkers.proto $(cd "$here/proto" && ls | grep -v -e '^PulsarApi.proto$' -e '^PulsarMarkers.proto$' | grep '\.proto$' || true)

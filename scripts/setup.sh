@@ -32,5 +32,7 @@ apt_install() {
 }
 
 need=()
-command -v java >/dev/null 2>&1 || need+=(default-jre-headless)
+command -v java >/dev/null 2>&1 || need+=(default-jre-headless)   # Spark (pulsar-tap analyze)
+command -v haproxy >/dev/null 2>&1 || need+=(haproxy)             # bench/proxy.py baseline
+command -v tshark >/dev/null 2>&1 || need+=(tshark)               # pcap export check
 if [ ${#need[@]} -gt 0 ]; then apt_install "${need[@]}"; fi

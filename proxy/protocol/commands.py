@@ -61,7 +61,7 @@ def wrap(sub: Message) -> api.BaseCommand:
         number = _TYPE_OF_MESSAGE[sub.DESCRIPTOR.name]
     except KeyError:
         raise TypeError(f"{sub.DESCRIPTOR.name} is not a BaseCommand sub-command") from None
-    cmd = api.BaseCommand(type=number)  # type: ignore[arg-type]
+    cmd = api.BaseCommand(type=number)
     getattr(cmd, SUB_FIELDS[number]).CopyFrom(sub)
     return cmd
 

@@ -25,12 +25,13 @@ from collections.abc import Iterator
 from typing import Final, TypeVar
 
 import crc32c as _crc32c
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import DecodeError, EncodeError, Message
 
 from proxy.errors import (
     BadMagic,
     ChecksumMismatch,
     CommandDecodeError,
+    CommandEncodeError,
     FrameTooLarge,
     MalformedFrame,
     MetadataDecodeError,
@@ -174,7 +175,7 @@ def decode_message(cls: type[M], data: bytes, what: str) -> M:
     except (DecodeError, RuntimeError, ValueError) as exc:
         raise MetadataDecodeError(f"undecodable {what}: {exc}") from None
     if not msg.IsInitialized():
-        missing = ", ".join(msg.FindInitializationErrors())
+        missing = ", ".join(msg.FindInitializationErrors())  # type: ignore[attr-defined]
         raise MetadataDecodeError(f"{what} lacks required fields: {missing}")
     return msg
 
@@ -336,7 +337,11 @@ class FrameDecoder:
 def _command_bytes(cmd: api.BaseCommand | Message) -> bytes:
     if not isinstance(cmd, api.BaseCommand):
         cmd = wrap(cmd)
-    return cmd.SerializeToString()
+    try:
+        data: bytes = cmd.SerializeToString()
+    except EncodeError as exc:
+        raise CommandEncodeError(str(exc)) from None
+    return data
 
 
 def encode_command(cmd: api.BaseCommand | Message) -> bytes:

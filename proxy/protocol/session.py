@@ -1,0 +1,454 @@
+"""The per-connection session machine, shared by the proxy, the client and the broker.
+
+One Pulsar connection, seen as the frames that cross it in both directions
+(Pulsar binary protocol: "Connection establishment", "Producer", "Consumer",
+"Lookup").  :class:`SessionTracker` keeps
+
+- the connection state, moved only by :data:`TRANSITIONS` — the one table of the
+  handshake and of which side may send what; a frame the table does not allow is
+  a :class:`~proxy.errors.ProtocolError`;
+- the ids the connection has handed out: producer id -> topic and producer name,
+  consumer id -> topic, subscription and consumer name, so that frames carrying
+  only ids can be attributed to a topic;
+- the requests awaiting an answer, keyed by ``request_id``, by ``(producer_id,
+  sequence_id)`` for SEND, and in order for PING; a response that matches one
+  yields a :class:`RequestPair` with the latency.
+
+The proxy feeds it both directions; the client feeds what it sends and receives,
+the broker likewise.  Time comes in as ``now_ns``; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Any, Final
+
+from proxy.errors import ProtocolError
+from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.commands import SUB_FIELDS, TYPE_NAMES, type_name
+from proxy.protocol.frame import Frame
+
+T = api.BaseCommand.Type
+
+
+class Direction(enum.StrEnum):
+    TO_BROKER = "to_broker"
+    TO_CLIENT = "to_client"
+
+
+class ConnectionState(enum.Enum):
+    AWAITING_CONNECT = "awaiting_connect"
+    CONNECTING = "connecting"
+    CONNECTED = "connected"
+    CLOSED = "closed"
+
+
+class IllegalFrame(ProtocolError):
+    """A frame arrived that the connection's state does not allow from that side."""
+
+
+#: Commands a client (or a broker acting as a client of another broker) sends.
+CLIENT_COMMANDS: Final = frozenset({
+    T.CONNECT, T.SUBSCRIBE, T.PRODUCER, T.SEND, T.ACK, T.FLOW, T.UNSUBSCRIBE, T.CLOSE_PRODUCER,
+    T.CLOSE_CONSUMER, T.PING, T.PONG, T.REDELIVER_UNACKNOWLEDGED_MESSAGES, T.PARTITIONED_METADATA,
+    T.LOOKUP, T.CONSUMER_STATS, T.SEEK, T.GET_LAST_MESSAGE_ID, T.GET_TOPICS_OF_NAMESPACE, T.GET_SCHEMA,
+    T.AUTH_RESPONSE, T.GET_OR_CREATE_SCHEMA, T.NEW_TXN, T.ADD_PARTITION_TO_TXN, T.ADD_SUBSCRIPTION_TO_TXN,
+    T.END_TXN, T.END_TXN_ON_PARTITION, T.END_TXN_ON_SUBSCRIPTION, T.TC_CLIENT_CONNECT_REQUEST,
+    T.WATCH_TOPIC_LIST, T.WATCH_TOPIC_LIST_CLOSE, T.SCALABLE_TOPIC_LOOKUP, T.SCALABLE_TOPIC_CLOSE,
+    T.SCALABLE_TOPIC_SUBSCRIBE, T.WATCH_SCALABLE_TOPICS, T.WATCH_SCALABLE_TOPICS_CLOSE,
+    T.WATCH_TC_ASSIGNMENTS, T.WATCH_TC_ASSIGNMENTS_CLOSE,
+})
+#: Commands a broker sends.
+BROKER_COMMANDS: Final = frozenset({
+    T.CONNECTED, T.SEND_RECEIPT, T.SEND_ERROR, T.MESSAGE, T.SUCCESS, T.ERROR, T.CLOSE_PRODUCER,
+    T.CLOSE_CONSUMER, T.PRODUCER_SUCCESS, T.PING, T.PONG, T.PARTITIONED_METADATA_RESPONSE,
+    T.LOOKUP_RESPONSE, T.CONSUMER_STATS_RESPONSE, T.REACHED_END_OF_TOPIC, T.GET_LAST_MESSAGE_ID_RESPONSE,
+    T.ACTIVE_CONSUMER_CHANGE, T.GET_TOPICS_OF_NAMESPACE_RESPONSE, T.GET_SCHEMA_RESPONSE, T.AUTH_CHALLENGE,
+    T.ACK_RESPONSE, T.GET_OR_CREATE_SCHEMA_RESPONSE, T.NEW_TXN_RESPONSE, T.ADD_PARTITION_TO_TXN_RESPONSE,
+    T.ADD_SUBSCRIPTION_TO_TXN_RESPONSE, T.END_TXN_RESPONSE, T.END_TXN_ON_PARTITION_RESPONSE,
+    T.END_TXN_ON_SUBSCRIPTION_RESPONSE, T.TC_CLIENT_CONNECT_RESPONSE, T.WATCH_TOPIC_LIST_SUCCESS,
+    T.WATCH_TOPIC_UPDATE, T.TOPIC_MIGRATED, T.SCALABLE_TOPIC_UPDATE, T.SCALABLE_TOPIC_SUBSCRIBE_RESPONSE,
+    T.SCALABLE_TOPIC_ASSIGNMENT_UPDATE, T.WATCH_SCALABLE_TOPICS_UPDATE, T.WATCH_TC_ASSIGNMENTS_UPDATE,
+})
+
+_S = ConnectionState
+_TO_BROKER, _TO_CLIENT = Direction.TO_BROKER, Direction.TO_CLIENT
+
+
+def _build_transitions() -> dict[tuple[ConnectionState, Direction, int], ConnectionState]:
+    table: dict[tuple[ConnectionState, Direction, int], ConnectionState] = {
+        # The handshake.  A broker that needs more auth data answers AUTH_CHALLENGE
+        # and the client AUTH_RESPONSE, as often as it takes; ERROR refuses the client.
+        (_S.AWAITING_CONNECT, _TO_BROKER, T.CONNECT): _S.CONNECTING,
+        (_S.CONNECTING, _TO_CLIENT, T.CONNECTED): _S.CONNECTED,
+        (_S.CONNECTING, _TO_CLIENT, T.AUTH_CHALLENGE): _S.CONNECTING,
+        (_S.CONNECTING, _TO_BROKER, T.AUTH_RESPONSE): _S.CONNECTING,
+        (_S.CONNECTING, _TO_CLIENT, T.ERROR): _S.CLOSED,
+        (_S.CONNECTING, _TO_CLIENT, T.PING): _S.CONNECTING,
+        (_S.CONNECTING, _TO_BROKER, T.PONG): _S.CONNECTING,
+        (_S.CONNECTING, _TO_BROKER, T.PING): _S.CONNECTING,
+        (_S.CONNECTING, _TO_CLIENT, T.PONG): _S.CONNECTING,
+    }
+    # Once connected, each side may send its own commands; re-authentication included.
+    for command in CLIENT_COMMANDS - {T.CONNECT}:
+        table[(_S.CONNECTED, _TO_BROKER, command)] = _S.CONNECTED
+    for command in BROKER_COMMANDS - {T.CONNECTED}:
+        table[(_S.CONNECTED, _TO_CLIENT, command)] = _S.CONNECTED
+    return table
+
+
+#: (state, direction, command type) -> next state.  Anything missing is a protocol error.
+TRANSITIONS: Final = _build_transitions()
+
+#: request type -> the response types that answer it (matched by request_id)
+RESPONSES: Final[dict[int, frozenset[int]]] = {
+    T.PARTITIONED_METADATA: frozenset({T.PARTITIONED_METADATA_RESPONSE, T.ERROR}),
+    T.LOOKUP: frozenset({T.LOOKUP_RESPONSE, T.ERROR}),
+    T.PRODUCER: frozenset({T.PRODUCER_SUCCESS, T.ERROR}),
+    T.SUBSCRIBE: frozenset({T.SUCCESS, T.ERROR}),
+    T.UNSUBSCRIBE: frozenset({T.SUCCESS, T.ERROR}),
+    T.CLOSE_PRODUCER: frozenset({T.SUCCESS, T.ERROR}),
+    T.CLOSE_CONSUMER: frozenset({T.SUCCESS, T.ERROR}),
+    T.SEEK: frozenset({T.SUCCESS, T.ERROR}),
+    T.GET_LAST_MESSAGE_ID: frozenset({T.GET_LAST_MESSAGE_ID_RESPONSE, T.ERROR}),
+    T.CONSUMER_STATS: frozenset({T.CONSUMER_STATS_RESPONSE, T.ERROR}),
+    T.GET_TOPICS_OF_NAMESPACE: frozenset({T.GET_TOPICS_OF_NAMESPACE_RESPONSE, T.ERROR}),
+    T.GET_SCHEMA: frozenset({T.GET_SCHEMA_RESPONSE, T.ERROR}),
+    T.GET_OR_CREATE_SCHEMA: frozenset({T.GET_OR_CREATE_SCHEMA_RESPONSE, T.ERROR}),
+    T.ACK: frozenset({T.ACK_RESPONSE, T.ERROR}),
+    T.NEW_TXN: frozenset({T.NEW_TXN_RESPONSE, T.ERROR}),
+    T.ADD_PARTITION_TO_TXN: frozenset({T.ADD_PARTITION_TO_TXN_RESPONSE, T.ERROR}),
+    T.ADD_SUBSCRIPTION_TO_TXN: frozenset({T.ADD_SUBSCRIPTION_TO_TXN_RESPONSE, T.ERROR}),
+    T.END_TXN: frozenset({T.END_TXN_RESPONSE, T.ERROR}),
+    T.END_TXN_ON_PARTITION: frozenset({T.END_TXN_ON_PARTITION_RESPONSE, T.ERROR}),
+    T.END_TXN_ON_SUBSCRIPTION: frozenset({T.END_TXN_ON_SUBSCRIPTION_RESPONSE, T.ERROR}),
+    T.TC_CLIENT_CONNECT_REQUEST: frozenset({T.TC_CLIENT_CONNECT_RESPONSE, T.ERROR}),
+    T.WATCH_TOPIC_LIST: frozenset({T.WATCH_TOPIC_LIST_SUCCESS, T.ERROR}),
+    T.WATCH_TOPIC_LIST_CLOSE: frozenset({T.SUCCESS, T.ERROR}),
+}
+#: the types of every frame that answers a request_id
+_RESPONSE_TYPES: Final = frozenset().union(*RESPONSES.values())
+
+#: Requests held at most per connection; beyond it the oldest is forgotten (counted).
+MAX_PENDING_REQUESTS: Final = 65_536
+
+#: Which field of a command's sub-command names what it is about.
+_ATTRIBUTION: Final[dict[int, str]] = {
+    T.SEND: "producer_id", T.SEND_RECEIPT: "producer_id", T.SEND_ERROR: "producer_id",
+    T.CLOSE_PRODUCER: "producer_id", T.PRODUCER_SUCCESS: "request_id",
+    T.MESSAGE: "consumer_id", T.ACK: "consumer_id", T.FLOW: "consumer_id",
+    T.UNSUBSCRIBE: "consumer_id", T.CLOSE_CONSUMER: "consumer_id",
+    T.REDELIVER_UNACKNOWLEDGED_MESSAGES: "consumer_id", T.CONSUMER_STATS: "consumer_id",
+    T.REACHED_END_OF_TOPIC: "consumer_id", T.SEEK: "consumer_id", T.GET_LAST_MESSAGE_ID: "consumer_id",
+    T.ACTIVE_CONSUMER_CHANGE: "consumer_id", T.ACK_RESPONSE: "consumer_id",
+    T.PRODUCER: "topic", T.SUBSCRIBE: "topic", T.LOOKUP: "topic", T.PARTITIONED_METADATA: "topic",
+    T.GET_SCHEMA: "topic", T.GET_OR_CREATE_SCHEMA: "topic",
+}
+
+
+@dataclass(slots=True)
+class ProducerInfo:
+    producer_id: int
+    topic: str
+    producer_name: str | None
+    ready: bool = False
+
+
+@dataclass(slots=True)
+class ConsumerInfo:
+    consumer_id: int
+    topic: str
+    subscription: str
+    sub_type: str
+    consumer_name: str | None
+    ready: bool = False
+
+
+@dataclass(slots=True)
+class PendingRequest:
+    type: int
+    key: Any
+    start_ns: int
+    topic: str | None
+    producer_id: int | None = None
+    consumer_id: int | None = None
+    num_messages: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RequestPair:
+    """A request and the response that answered it (or the lack of one)."""
+
+    request_type: int
+    response_type: int | None
+    start_ns: int
+    end_ns: int
+    topic: str | None
+    outcome: str  # "ok" | "error" | "unanswered"
+    error_code: str | None = None
+    error_message: str | None = None
+    request_id: int | None = None
+    producer_id: int | None = None
+    consumer_id: int | None = None
+    sequence_id: int | None = None
+    num_messages: int = 0
+
+    @property
+    def latency_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+    @property
+    def request_command(self) -> str:
+        return type_name(self.request_type)
+
+    @property
+    def response_command(self) -> str | None:
+        return None if self.response_type is None else type_name(self.response_type)
+
+
+@dataclass(slots=True)
+class Observation:
+    """What one frame meant: its attribution and the request it completed, if any."""
+
+    topic: str | None = None
+    producer: ProducerInfo | None = None
+    consumer: ConsumerInfo | None = None
+    completed: RequestPair | None = None
+
+
+def _server_error_name(code: int) -> str:
+    try:
+        return str(api.ServerError.Name(code))
+    except ValueError:
+        return f"UNKNOWN({code})"
+
+
+class SessionTracker:
+    """Follows one connection's frames in both directions; see the module docstring."""
+
+    def __init__(self, *, strict: bool = True, max_pending: int = MAX_PENDING_REQUESTS) -> None:
+        self.strict = strict
+        self.state = ConnectionState.AWAITING_CONNECT
+        self.protocol_version: int | None = None
+        self.max_message_size: int | None = None
+        self.client_version: str | None = None
+        self.proxy_to_broker_url: str | None = None
+        self.producers: dict[int, ProducerInfo] = {}
+        self.consumers: dict[int, ConsumerInfo] = {}
+        self._pending: OrderedDict[Any, PendingRequest] = OrderedDict()
+        self._pings: dict[Direction, deque[int]] = {_TO_BROKER: deque(maxlen=64), _TO_CLIENT: deque(maxlen=64)}
+        self._max_pending = max_pending
+        self.forgotten_requests = 0
+
+    @property
+    def pending_requests(self) -> int:
+        return len(self._pending)
+
+    def check(self, frame_type: int, direction: Direction) -> ConnectionState:
+        """The state after ``frame_type`` from ``direction``; raises IllegalFrame if not allowed."""
+        next_state = TRANSITIONS.get((self.state, direction, frame_type))
+        if next_state is None:
+            side = "client" if direction is _TO_BROKER else "broker"
+            raise IllegalFrame(f"{type_name(frame_type)} from the {side} is not allowed while "
+                               f"the connection is {self.state.value}")
+        return next_state
+
+    def observe(self, frame: Frame, direction: Direction, now_ns: int) -> Observation:
+        """Account for one frame crossing the connection."""
+        if frame.type not in TYPE_NAMES:
+            raise IllegalFrame(f"unknown command type {frame.type}")
+        try:
+            next_state = self.check(frame.type, direction)
+        except IllegalFrame:
+            if self.strict:
+                raise
+            next_state = self.state
+        cmd = frame.command
+        obs = self._observe(frame.type, cmd, direction, now_ns)
+        self.state = next_state
+        return obs
+
+    def close(self, now_ns: int) -> list[RequestPair]:
+        """The connection closed: every request still pending ends unanswered."""
+        self.state = ConnectionState.CLOSED
+        ended = [self._pair(req, None, now_ns, "unanswered") for req in self._pending.values()]
+        self._pending.clear()
+        return ended
+
+    # -- the work, per command ---------------------------------------------------------------
+
+    def _observe(self, kind: int, cmd: api.BaseCommand, direction: Direction, now_ns: int) -> Observation:
+        obs = Observation()
+        if kind == T.CONNECT:
+            self.protocol_version = cmd.connect.protocol_version
+            self.client_version = cmd.connect.client_version
+            if cmd.connect.HasField("proxy_to_broker_url"):
+                self.proxy_to_broker_url = cmd.connect.proxy_to_broker_url
+            self._add(PendingRequest(kind, "connect", now_ns, None))
+            return obs
+        if kind == T.CONNECTED:
+            self.protocol_version = min(self.protocol_version or cmd.connected.protocol_version,
+                                        cmd.connected.protocol_version)
+            if cmd.connected.HasField("max_message_size"):
+                self.max_message_size = cmd.connected.max_message_size
+            obs.completed = self._complete("connect", kind, now_ns, "ok")
+            return obs
+        if kind == T.ERROR and self.state is ConnectionState.CONNECTING and "connect" in self._pending:
+            obs.completed = self._complete("connect", kind, now_ns, "error",
+                                           _server_error_name(cmd.error.error), cmd.error.message)
+            return obs
+        if kind in (T.PING, T.PONG):
+            return self._observe_ping(kind, direction, now_ns)
+        sub = getattr(cmd, SUB_FIELDS[kind])
+        self._attribute(kind, sub, obs)
+        if kind == T.SEND:
+            self._observe_send(sub, obs, now_ns)
+        elif kind in (T.SEND_RECEIPT, T.SEND_ERROR):
+            self._observe_send_answer(kind, sub, obs, now_ns)
+        elif kind in RESPONSES and direction is _TO_BROKER:
+            self._observe_request(kind, sub, obs, now_ns)
+        elif kind in _RESPONSE_TYPES and direction is _TO_CLIENT and sub.HasField("request_id"):
+            self._observe_response(kind, sub, obs, now_ns)
+        if kind in (T.CLOSE_PRODUCER, T.CLOSE_CONSUMER) and direction is _TO_CLIENT:
+            # The broker closed it (e.g. topic unload); the client will create it anew.
+            if kind == T.CLOSE_PRODUCER:
+                self.producers.pop(sub.producer_id, None)
+            else:
+                self.consumers.pop(sub.consumer_id, None)
+        return obs
+
+    def _attribute(self, kind: int, sub: Any, obs: Observation) -> None:
+        field = _ATTRIBUTION.get(kind)
+        if field is None or not sub.HasField(field):
+            return
+        if field == "producer_id":
+            obs.producer = self.producers.get(sub.producer_id)
+            obs.topic = obs.producer.topic if obs.producer else None
+        elif field == "consumer_id":
+            obs.consumer = self.consumers.get(sub.consumer_id)
+            obs.topic = obs.consumer.topic if obs.consumer else None
+        elif field == "topic":
+            obs.topic = sub.topic
+        else:  # request_id: a response names its request's topic
+            pending = self._pending.get(("req", sub.request_id))
+            obs.topic = pending.topic if pending else None
+
+    def _observe_request(self, kind: int, sub: Any, obs: Observation, now_ns: int) -> None:
+        if kind == T.ACK and not sub.HasField("request_id"):
+            return
+        req = PendingRequest(kind, ("req", sub.request_id), now_ns, obs.topic, num_messages=0)
+        if kind == T.PRODUCER:
+            req.producer_id = sub.producer_id
+            self.producers[sub.producer_id] = ProducerInfo(
+                sub.producer_id, sub.topic, sub.producer_name if sub.HasField("producer_name") else None)
+            obs.producer = self.producers[sub.producer_id]
+        elif kind == T.SUBSCRIBE:
+            req.consumer_id = sub.consumer_id
+            self.consumers[sub.consumer_id] = ConsumerInfo(
+                sub.consumer_id, sub.topic, sub.subscription, api.CommandSubscribe.SubType.Name(sub.subType),
+                sub.consumer_name if sub.HasField("consumer_name") else None)
+            obs.consumer = self.consumers[sub.consumer_id]
+        elif kind == T.CLOSE_PRODUCER:
+            req.producer_id = sub.producer_id
+        elif kind in (T.CLOSE_CONSUMER, T.UNSUBSCRIBE, T.SEEK, T.GET_LAST_MESSAGE_ID, T.CONSUMER_STATS, T.ACK):
+            req.consumer_id = sub.consumer_id
+            if kind == T.ACK:
+                req.num_messages = len(sub.message_id)
+        self._add(req)
+
+    def _observe_response(self, kind: int, sub: Any, obs: Observation, now_ns: int) -> None:
+        key = ("req", sub.request_id)
+        req = self._pending.get(key)
+        if req is None or kind not in RESPONSES.get(req.type, ()):
+            return
+        obs.topic = obs.topic or req.topic
+        if kind == T.PRODUCER_SUCCESS:
+            producer = self.producers.get(req.producer_id or 0)
+            if producer is not None:
+                producer.producer_name = sub.producer_name
+                obs.producer = producer
+            if sub.HasField("producer_ready") and not sub.producer_ready:
+                return  # queued for exclusive access: the request is still pending
+            if producer is not None:
+                producer.ready = True
+        error_code, message = _error_of(kind, sub)
+        if error_code is None and req.type == T.SUBSCRIBE and req.consumer_id in self.consumers:
+            self.consumers[req.consumer_id].ready = True
+        if error_code is not None:
+            # A failed creation leaves no producer or consumer behind.
+            if req.type == T.PRODUCER and req.producer_id is not None:
+                self.producers.pop(req.producer_id, None)
+            if req.type == T.SUBSCRIBE and req.consumer_id is not None:
+                self.consumers.pop(req.consumer_id, None)
+        elif req.type == T.CLOSE_PRODUCER and req.producer_id is not None:
+            self.producers.pop(req.producer_id, None)
+        elif req.type in (T.CLOSE_CONSUMER, T.UNSUBSCRIBE) and req.consumer_id is not None:
+            self.consumers.pop(req.consumer_id, None)
+        obs.completed = self._complete(key, kind, now_ns, "ok" if error_code is None else "error",
+                                       error_code, message)
+
+    def _observe_send(self, sub: Any, obs: Observation, now_ns: int) -> None:
+        req = PendingRequest(T.SEND, ("send", sub.producer_id, sub.sequence_id), now_ns, obs.topic,
+                             producer_id=sub.producer_id, num_messages=sub.num_messages)
+        self._add(req)
+
+    def _observe_send_answer(self, kind: int, sub: Any, obs: Observation, now_ns: int) -> None:
+        key = ("send", sub.producer_id, sub.sequence_id)
+        if key not in self._pending:
+            return
+        error_code, message = _error_of(kind, sub)
+        obs.completed = self._complete(key, kind, now_ns, "ok" if error_code is None else "error",
+                                       error_code, message)
+
+    def _observe_ping(self, kind: int, direction: Direction, now_ns: int) -> Observation:
+        obs = Observation()
+        if kind == T.PING:
+            self._pings[direction].append(now_ns)
+            return obs
+        # A PONG answers the oldest PING sent the other way.
+        pings = self._pings[_TO_CLIENT if direction is _TO_BROKER else _TO_BROKER]
+        if pings:
+            start = pings.popleft()
+            obs.completed = RequestPair(T.PING, T.PONG, start, now_ns, None, "ok")
+        return obs
+
+    def _add(self, req: PendingRequest) -> None:
+        self._pending[req.key] = req
+        if len(self._pending) > self._max_pending:
+            self._pending.popitem(last=False)
+            self.forgotten_requests += 1
+
+    def _complete(self, key: Any, response_type: int, now_ns: int, outcome: str,
+                  error_code: str | None = None, message: str | None = None) -> RequestPair | None:
+        req = self._pending.pop(key, None)
+        if req is None:
+            return None
+        return self._pair(req, response_type, now_ns, outcome, error_code, message)
+
+    @staticmethod
+    def _pair(req: PendingRequest, response_type: int | None, now_ns: int, outcome: str,
+              error_code: str | None = None, message: str | None = None) -> RequestPair:
+        key = req.key
+        return RequestPair(
+            req.type, response_type, req.start_ns, now_ns, req.topic, outcome, error_code, message,
+            request_id=key[1] if isinstance(key, tuple) and key[0] == "req" else None,
+            producer_id=req.producer_id, consumer_id=req.consumer_id,
+            sequence_id=key[2] if isinstance(key, tuple) and key[0] == "send" else None,
+            num_messages=req.num_messages,
+        )
+
+
+def _error_of(kind: int, sub: Any) -> tuple[str | None, str | None]:
+    """The ServerError name and message a response carries, if it reports a failure."""
+    fields = sub.DESCRIPTOR.fields_by_name
+    for code_field, message_field in (("error", "message"), ("error_code", "error_message")):
+        if code_field in fields and sub.HasField(code_field):
+            message = getattr(sub, message_field) if message_field in fields and sub.HasField(message_field) else None
+            return _server_error_name(getattr(sub, code_field)), message
+    failed = (kind == T.LOOKUP_RESPONSE and sub.response == api.CommandLookupTopicResponse.Failed) or (
+        kind == T.PARTITIONED_METADATA_RESPONSE and sub.response == api.CommandPartitionedTopicMetadataResponse.Failed)
+    if failed:
+        return "UnknownError", sub.message if sub.HasField("message") else None
+    return None, None
