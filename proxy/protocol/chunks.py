@@ -37,13 +37,22 @@ class _Partial:
     received: int = 0
 
 
+#: MessageMetadata fields that describe one chunk rather than the whole message
+CHUNK_FIELDS: Final = ("uuid", "chunk_id", "num_chunks_from_msg", "total_chunk_msg_size")
+
+
 @dataclass(frozen=True, slots=True)
 class AssembledMessage:
-    """A whole message rebuilt from its chunks: metadata of the last chunk, the whole payload."""
+    """A whole message rebuilt from its chunks.
+
+    ``metadata`` is the last chunk's with the chunk fields cleared, so it describes
+    the whole payload and decodes like any unchunked message; ``uuid`` is kept apart.
+    """
 
     metadata: api.MessageMetadata
     payload: bytes
     num_chunks: int
+    uuid: str
 
 
 class ChunkAssembler:
@@ -100,7 +109,11 @@ class ChunkAssembler:
             self.discarded += 1
             raise ChunkError(f"chunks of {metadata.uuid} sum to {partial.received} bytes, "
                              f"total_chunk_msg_size says {partial.total_size}")
-        return AssembledMessage(metadata, b"".join(partial.parts), partial.num_chunks)
+        whole = api.MessageMetadata()
+        whole.CopyFrom(metadata)
+        for name in CHUNK_FIELDS:
+            whole.ClearField(name)
+        return AssembledMessage(whole, b"".join(partial.parts), partial.num_chunks, metadata.uuid)
 
     def _evict(self) -> None:
         while len(self._pending) > self.max_pending_messages:

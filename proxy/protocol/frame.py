@@ -303,7 +303,8 @@ class FrameDecoder:
             raise MalformedFrame("empty command")
         if available < frame_size:
             return None
-        raw = bytes(buf[pos:pos + frame_size])
+        with memoryview(buf) as view:  # one copy, not a bytearray slice and then bytes()
+            raw = bytes(view[pos:pos + frame_size])
         self._pos = pos + frame_size
         frame_type = peek_type(raw, _HEADER_SIZE, _HEADER_SIZE + cmd_size)
         if frame_size > _HEADER_SIZE + cmd_size:

@@ -124,8 +124,10 @@ def test_chunks_reassemble_and_then_decompress() -> None:
     assert all(r is None for r in results[:-1])
     whole = results[-1]
     assert whole is not None
-    assert is_chunk(whole.metadata)
+    assert not is_chunk(whole.metadata)
+    assert whole.uuid == "prod-1"
     assert whole.payload == packed
+    assert decode_messages(whole.metadata, whole.payload)[0].payload == NOISE
     assert compression.decompress(whole.metadata.compression, whole.payload, whole.metadata.uncompressed_size) == NOISE
     assert assembler.pending == 0
 

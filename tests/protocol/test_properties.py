@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -39,7 +41,7 @@ def _frames(data: bytes, cuts: list[int]) -> list[bytes] | type[ProtocolError]:
     out: list[Frame] = []
     bounds = sorted({0, len(data), *(c % (len(data) + 1) for c in cuts)})
     try:
-        for a, b in zip(bounds, bounds[1:], strict=False):
+        for a, b in itertools.pairwise(bounds):
             out += decoder.receive(data[a:b])
             for frame in out:  # decoding what was accepted may fail, but only with our errors
                 _ = frame.command
