@@ -35,4 +35,5 @@ need=()
 command -v java >/dev/null 2>&1 || need+=(default-jre-headless)   # Spark (pulsar-tap analyze)
 command -v haproxy >/dev/null 2>&1 || need+=(haproxy)             # bench/proxy.py baseline
 command -v tshark >/dev/null 2>&1 || need+=(tshark)               # pcap export check
+command -v chromium >/dev/null 2>&1 || need+=(chromium)           # sequence-diagram screenshot check
 if [ ${#need[@]} -gt 0 ]; then apt_install "${need[@]}"; fi

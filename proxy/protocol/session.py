@@ -23,6 +23,7 @@ from __future__ import annotations
 import enum
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Final
 
 from proxy.errors import ProtocolError
@@ -30,7 +31,9 @@ from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.commands import SUB_FIELDS, TYPE_NAMES, type_name
 from proxy.protocol.frame import Frame
 
-T = api.BaseCommand.Type
+#: Command type values as plain ints: attribute lookups on protobuf's enum wrapper are slow
+#: and this module compares types on every frame.
+T: Any = SimpleNamespace(**{name: number for number, name in TYPE_NAMES.items()})
 
 
 class Direction(enum.StrEnum):
@@ -102,6 +105,11 @@ def _build_transitions() -> dict[tuple[ConnectionState, Direction, int], Connect
 #: (state, direction, command type) -> next state.  Anything missing is a protocol error.
 TRANSITIONS: Final = _build_transitions()
 
+#: The same table split by state and direction, for the per-frame lookup (enum hashing is slow).
+_ALLOWED: Final[dict[tuple[ConnectionState, bool], dict[int, ConnectionState]]] = {}
+for (_state, _direction, _kind), _next in TRANSITIONS.items():
+    _ALLOWED.setdefault((_state, _direction is _TO_BROKER), {})[_kind] = _next
+
 #: request type -> the response types that answer it (matched by request_id)
 RESPONSES: Final[dict[int, frozenset[int]]] = {
     T.PARTITIONED_METADATA: frozenset({T.PARTITIONED_METADATA_RESPONSE, T.ERROR}),
@@ -164,6 +172,8 @@ class ConsumerInfo:
     sub_type: str
     consumer_name: str | None
     ready: bool = False
+    #: FLOW permits granted and not yet used by MESSAGEs (batch entries count per message)
+    permits: int = 0
 
 
 @dataclass(slots=True)
@@ -248,7 +258,8 @@ class SessionTracker:
 
     def check(self, frame_type: int, direction: Direction) -> ConnectionState:
         """The state after ``frame_type`` from ``direction``; raises IllegalFrame if not allowed."""
-        next_state = TRANSITIONS.get((self.state, direction, frame_type))
+        allowed = _ALLOWED.get((self.state, direction is _TO_BROKER))
+        next_state = allowed.get(frame_type) if allowed is not None else None
         if next_state is None:
             side = "client" if direction is _TO_BROKER else "broker"
             raise IllegalFrame(f"{type_name(frame_type)} from the {side} is not allowed while "
@@ -266,7 +277,7 @@ class SessionTracker:
                 raise
             next_state = self.state
         cmd = frame.command
-        obs = self._observe(frame.type, cmd, direction, now_ns)
+        obs = self._observe(frame, cmd, direction, now_ns)
         self.state = next_state
         return obs
 
@@ -279,7 +290,8 @@ class SessionTracker:
 
     # -- the work, per command ---------------------------------------------------------------
 
-    def _observe(self, kind: int, cmd: api.BaseCommand, direction: Direction, now_ns: int) -> Observation:
+    def _observe(self, frame: Frame, cmd: api.BaseCommand, direction: Direction, now_ns: int) -> Observation:
+        kind = frame.type
         obs = Observation()
         if kind == T.CONNECT:
             self.protocol_version = cmd.connect.protocol_version
@@ -303,6 +315,14 @@ class SessionTracker:
             return self._observe_ping(kind, direction, now_ns)
         sub = getattr(cmd, SUB_FIELDS[kind])
         self._attribute(kind, sub, obs)
+        if kind == T.FLOW and obs.consumer is not None:
+            obs.consumer.permits += sub.messagePermits
+        elif kind == T.MESSAGE and obs.consumer is not None:
+            section = frame.payload
+            metadata = section.metadata if section is not None else None
+            used = metadata.num_messages_in_batch if metadata is not None and metadata.HasField(
+                "num_messages_in_batch") else 1
+            obs.consumer.permits = max(0, obs.consumer.permits - used)
         if kind == T.SEND:
             self._observe_send(sub, obs, now_ns)
         elif kind in (T.SEND_RECEIPT, T.SEND_ERROR):

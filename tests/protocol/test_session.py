@@ -120,6 +120,11 @@ def test_consumer_frames_are_attributed_and_acks_with_request_ids_pair() -> None
     s.observe(f(api.CommandSuccess(request_id=1)), C, 5)
     assert s.consumers[2].sub_type == "Shared" and s.consumers[2].ready
     assert s.observe(f(api.CommandFlow(consumer_id=2, messagePermits=10)), B, 6).topic == "t1"
+    batch = frame_from_bytes(encode_payload_command(
+        api.CommandMessage(consumer_id=2, message_id=api.MessageIdData(ledgerId=1, entryId=1)),
+        api.MessageMetadata(producer_name="p", sequence_id=1, publish_time=1, num_messages_in_batch=3), b"x"))
+    s.observe(batch, C, 7)
+    assert s.consumers[2].permits == 7  # a batch uses one permit per message in it
     s.observe(f(api.CommandAck(consumer_id=2, ack_type=api.CommandAck.Individual,
                                message_id=[api.MessageIdData(ledgerId=1, entryId=1)], request_id=9)), B, 10)
     obs = s.observe(f(api.CommandAckResponse(consumer_id=2, request_id=9)), C, 30)
