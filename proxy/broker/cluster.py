@@ -1,0 +1,189 @@
+"""The cluster: its brokers, topic ownership, partitioned metadata and the topic registry.
+
+Stands in for what Pulsar keeps in its metadata store and load manager.  Every
+broker of the embedded cluster shares one :class:`Cluster`; storage is shared as
+BookKeeper is, so a topic can move between brokers without losing data.  A topic
+is owned by one live broker, chosen by a stable hash of its name over the live
+brokers when the topic is first looked up (or after an unload or a broker's
+death); LOOKUP on any other broker answers Redirect to the owner, and producers
+or consumers that reach a non-owner get ServiceNotReady so they look up again.
+New topics are created on first use; with ``auto_partitions`` set, a topic first
+seen through PARTITIONED_METADATA is created partitioned (Pulsar's
+``allowAutoTopicCreationType=partitioned``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Final
+
+from proxy.broker.naming import TopicName, stable_topic_hash
+from proxy.broker.topic import Topic
+from proxy.errors import BrokerError
+from proxy.protocol.frame import DEFAULT_MAX_MESSAGE_SIZE
+
+DEFAULT_RETENTION_MB: Final = 1024
+
+
+@dataclass
+class ClusterConfig:
+    """Settings of an embedded cluster (the ``pulsar-tap broker`` flags)."""
+
+    cluster_name: str = "standalone"
+    host: str = "127.0.0.1"
+    brokers: int = 1
+    auto_partitions: int = 0
+    topics: dict[str, int] = field(default_factory=dict)
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    retention_mb: int = DEFAULT_RETENTION_MB
+    deduplication: bool = False
+    auth_token: str | None = None
+    keepalive_seconds: float = 30.0
+    auto_create: bool = True
+
+
+@dataclass
+class BrokerInfo:
+    index: int
+    host: str
+    port: int
+    alive: bool = False
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def service_url(self) -> str:
+        return f"pulsar://{self.host}:{self.port}"
+
+
+class Cluster:
+    """Shared state of every broker of one embedded cluster."""
+
+    def __init__(self, config: ClusterConfig) -> None:
+        self.config = config
+        self.brokers: list[BrokerInfo] = []
+        self.topics: dict[str, Topic] = {}
+        #: partitioned topic name -> number of partitions
+        self.partitioned: dict[str, int] = {}
+        self.owners: dict[str, int] = {}
+        self._ledger_ids = itertools.count(1)
+        self._producer_names = itertools.count(0)
+        for name, partitions in config.topics.items():
+            self.create_topic(name, partitions)
+
+    # -- brokers and ownership ------------------------------------------------------
+
+    def add_broker(self, host: str, port: int) -> BrokerInfo:
+        info = BrokerInfo(len(self.brokers), host, port)
+        self.brokers.append(info)
+        return info
+
+    def live_brokers(self) -> list[BrokerInfo]:
+        return [b for b in self.brokers if b.alive]
+
+    def owner(self, topic: str) -> BrokerInfo:
+        """The broker that owns a topic (partition), assigning one if nobody does."""
+        index = self.owners.get(topic)
+        if index is not None and self.brokers[index].alive:
+            return self.brokers[index]
+        live = self.live_brokers()
+        if not live:
+            raise BrokerError("ServiceNotReady", "no broker of the cluster is running")
+        chosen = live[stable_topic_hash(topic) % len(live)]
+        self.owners[topic] = chosen.index
+        return chosen
+
+    def check_owner(self, topic: str, broker_index: int) -> None:
+        if self.owner(topic).index != broker_index:
+            raise BrokerError("ServiceNotReady", f"Namespace bundle for topic ({topic}) not served by this instance")
+
+    def broker_down(self, broker_index: int) -> None:
+        self.brokers[broker_index].alive = False
+        for topic, owner in list(self.owners.items()):
+            if owner == broker_index:
+                del self.owners[topic]
+
+    def generate_producer_name(self, broker_index: int) -> str:
+        return f"{self.config.cluster_name}-{broker_index}-{next(self._producer_names)}"
+
+    # -- topics ---------------------------------------------------------------------
+
+    def create_topic(self, name: str, partitions: int) -> str:
+        """Create a topic (partitioned when partitions > 0); returns its full name."""
+        topic = TopicName.parse(name)
+        full = str(topic)
+        if partitions > 0:
+            if full in self.partitioned or full in self.topics:
+                raise BrokerError("UnknownError", f"Topic {full} already exists")
+            self.partitioned[full] = partitions
+            for i in range(partitions):
+                self.get_topic(str(topic.partition(i)))
+        else:
+            self.get_topic(full)
+        return full
+
+    def partitions_of(self, name: str, auto_create: bool = True) -> int:
+        """PARTITIONED_METADATA: the partition count (0 for a non-partitioned topic)."""
+        topic = TopicName.parse(name)
+        full = str(topic)
+        if full in self.partitioned:
+            return self.partitioned[full]
+        if (auto_create and self.config.auto_create and self.config.auto_partitions > 0
+                and topic.partition_index < 0 and full not in self.topics):
+            self.create_topic(full, self.config.auto_partitions)
+            return self.config.auto_partitions
+        return 0
+
+    def get_topic(self, name: str, create: bool = True) -> Topic:
+        topic_name = TopicName.parse(name)
+        full = str(topic_name)
+        topic = self.topics.get(full)
+        if topic is None:
+            if full in self.partitioned:
+                raise BrokerError("NotAllowedError", f"{full} is a partitioned topic; use its partitions")
+            if not create or not self.config.auto_create:
+                raise BrokerError("TopicNotFound", f"Topic {full} does not exist")
+            topic = Topic(full, topic_name.partition_index, next(self._ledger_ids),
+                          self.config.retention_mb * 1024 * 1024, dedup=self.config.deduplication)
+            self.topics[full] = topic
+        return topic
+
+    def resolve(self, name: str) -> list[Topic]:
+        """The topics a name stands for: the partitions of a partitioned topic, else itself."""
+        full = str(TopicName.parse(name))
+        if full in self.partitioned:
+            base = TopicName.parse(full)
+            return [self.get_topic(str(base.partition(i))) for i in range(self.partitioned[full])]
+        topic = self.topics.get(full)
+        if topic is None:
+            raise BrokerError("TopicNotFound", f"Topic {full} does not exist")
+        return [topic]
+
+    def topics_of_namespace(self, namespace: str, persistent: bool = True, non_persistent: bool = False) -> list[str]:
+        """Topic names in a namespace, partitions listed one by one (as Pulsar's broker lists them)."""
+        names: set[str] = set()
+        for full in self.topics:
+            topic = TopicName.parse(full)
+            if topic.namespace_name != namespace:
+                continue
+            if (topic.domain == "persistent" and persistent) or (topic.domain == "non-persistent" and non_persistent):
+                names.add(full)
+        return sorted(names)
+
+    def partitioned_topics_of_namespace(self, namespace: str) -> list[str]:
+        return sorted(n for n in self.partitioned if TopicName.parse(n).namespace_name == namespace)
+
+    def unload(self, name: str) -> None:
+        """Close the topic's producers and consumers and release its ownership."""
+        for topic in self.resolve(name):
+            topic.unload()
+            self.owners.pop(topic.name, None)
+
+    def terminate(self, name: str) -> tuple[int, int]:
+        last = (-1, -1)
+        for topic in self.resolve(name):
+            last = topic.terminate()
+        return last

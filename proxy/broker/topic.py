@@ -1,0 +1,282 @@
+"""A topic (or one partition of a partitioned topic) on the embedded broker.
+
+A topic owns its ledger, its producers (with Pulsar's access modes), its
+subscriptions, its schemas and its deduplication state; it is where a SEND
+becomes an entry and where the subscriptions are told to dispatch.  Rules follow
+``AbstractTopic``/``PersistentTopic``: a Shared producer is refused while an
+exclusive one exists (ProducerBusy); an Exclusive producer is refused while any
+other exists (ProducerFenced); WaitForExclusive is queued until the topic is
+free; ExclusiveWithFencing closes every other producer; a producer name already
+connected is refused (ProducerBusy).  A terminated topic takes no more messages
+(TopicTerminatedError) and tells caught-up consumers REACHED_END_OF_TOPIC.
+Nothing here does I/O: producers are closed through a :class:`ProducerSink`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final, Protocol
+
+from proxy.broker.cursor import Cursor
+from proxy.broker.ledger import Entry, Ledger
+from proxy.broker.subscription import Subscription
+from proxy.errors import BrokerError
+from proxy.pb import PulsarApi_pb2 as api
+
+AccessMode = api.ProducerAccessMode
+SHARED_ACCESS: Final = AccessMode.Shared
+EXCLUSIVE_ACCESS: Final = AccessMode.Exclusive
+WAIT_FOR_EXCLUSIVE: Final = AccessMode.WaitForExclusive
+EXCLUSIVE_WITH_FENCING: Final = AccessMode.ExclusiveWithFencing
+
+#: ledger id meaning "before every ledger" / "after every ledger" in a client's MessageIdData
+_EARLIEST_LEDGER: Final = -1
+_INT64_MAX: Final = (1 << 63) - 1
+
+
+class ProducerSink(Protocol):
+    """Where a topic's notifications for one producer go (the producer's connection)."""
+
+    def send_close_producer(self, producer: Producer) -> None: ...
+
+    def send_producer_ready(self, producer: Producer) -> None: ...
+
+
+@dataclass(eq=False)
+class Producer:
+    producer_id: int
+    producer_name: str
+    access_mode: int
+    sink: ProducerSink
+    connection_id: int = 0
+    request_id: int = 0
+    ready: bool = True
+    messages_in: int = 0
+    bytes_in: int = 0
+
+
+@dataclass
+class SchemaVersion:
+    version: int
+    schema: api.Schema
+
+
+@dataclass
+class TopicStats:
+    messages_in: int = 0
+    bytes_in: int = 0
+    #: (time_ns, messages_in) samples for the rate over the last seconds
+    samples: list[tuple[int, int, int]] = field(default_factory=list)
+
+
+def signed64(value: int) -> int:
+    """A uint64 wire value as the int64 a Java broker sees."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+class Topic:
+    """One topic or partition: ledger, producers, subscriptions, schemas."""
+
+    def __init__(self, name: str, partition_index: int, ledger_id: int, retention_bytes: int,
+                 dedup: bool = False) -> None:
+        self.name = name
+        self.partition_index = partition_index
+        self.ledger = Ledger(ledger_id, retention_bytes)
+        self.producers: list[Producer] = []
+        self.waiting_exclusive: list[Producer] = []
+        self.subscriptions: dict[str, Subscription] = {}
+        self.schemas: list[SchemaVersion] = []
+        self.dedup_enabled = dedup
+        self.last_sequence: dict[str, int] = {}
+        self.terminated = False
+        self.exclusive_producer: str | None = None
+        self.epoch = 0
+        self.stats = TopicStats()
+
+    # -- producers ----------------------------------------------------------------
+
+    def add_producer(self, producer: Producer) -> None:
+        """Register a producer, enforcing access modes; may leave it waiting (not ready)."""
+        if self.terminated:
+            raise BrokerError("TopicTerminatedError", "Topic was already terminated")
+        mode = producer.access_mode
+        others = [p for p in self.producers if p is not producer]
+        if mode == SHARED_ACCESS:
+            if self.exclusive_producer is not None or self.waiting_exclusive:
+                raise BrokerError("ProducerBusy",
+                                  f"Topic has an existing exclusive producer: {self.exclusive_producer}")
+        elif mode == EXCLUSIVE_ACCESS:
+            if self.exclusive_producer is not None or self.waiting_exclusive:
+                raise BrokerError("ProducerFenced",
+                                  f"Topic has an existing exclusive producer: {self.exclusive_producer}")
+            if others:
+                raise BrokerError("ProducerFenced", "Topic has existing shared producers")
+        elif mode == EXCLUSIVE_WITH_FENCING:
+            for waiting in self.waiting_exclusive:
+                waiting.sink.send_close_producer(waiting)
+            self.waiting_exclusive.clear()
+            for other in others:
+                other.sink.send_close_producer(other)
+                self.producers.remove(other)
+        elif mode == WAIT_FOR_EXCLUSIVE:
+            if self.exclusive_producer is not None or others:
+                producer.ready = False
+                self.waiting_exclusive.append(producer)
+                return
+        else:
+            raise BrokerError("UnknownError", f"Invalid producer access mode: {mode}")
+        self._check_name(producer)
+        if mode != SHARED_ACCESS:
+            self.exclusive_producer = producer.producer_name
+            self.epoch += 1
+        producer.ready = True
+        self.producers.append(producer)
+
+    def _check_name(self, producer: Producer) -> None:
+        for other in self.producers:
+            if other.producer_name == producer.producer_name and other is not producer:
+                raise BrokerError("ProducerBusy", f"Producer with name '{producer.producer_name}' "
+                                                  f"is already connected to topic '{self.name}'")
+
+    def remove_producer(self, producer: Producer) -> None:
+        if producer in self.waiting_exclusive:
+            self.waiting_exclusive.remove(producer)
+            return
+        if producer not in self.producers:
+            return
+        self.producers.remove(producer)
+        if self.exclusive_producer == producer.producer_name:
+            self.exclusive_producer = None
+        self._promote_waiting()
+
+    def _promote_waiting(self) -> None:
+        if self.producers or not self.waiting_exclusive:
+            return
+        nxt = self.waiting_exclusive.pop(0)
+        self.exclusive_producer = nxt.producer_name
+        self.epoch += 1
+        nxt.ready = True
+        self.producers.append(nxt)
+        nxt.sink.send_producer_ready(nxt)
+
+    def last_sequence_id(self, producer_name: str) -> int:
+        return self.last_sequence.get(producer_name, -1) if self.dedup_enabled else -1
+
+    # -- publishing ---------------------------------------------------------------
+
+    def publish(self, producer: Producer, section: bytes, metadata: api.MessageMetadata,
+                num_messages: int, now_ns: int) -> Entry | None:
+        """Store a SEND's payload section; None when deduplication drops it as a repeat."""
+        if self.terminated:
+            raise BrokerError("TopicTerminatedError", "Topic was already terminated")
+        if not producer.ready:
+            raise BrokerError("ProducerBusy", "Producer is not ready to publish (waiting for exclusive access)")
+        if self.dedup_enabled:
+            highest = metadata.highest_sequence_id if metadata.HasField("highest_sequence_id") else 0
+            highest = max(highest, metadata.sequence_id)
+            last = self.last_sequence.get(producer.producer_name, -1)
+            if metadata.sequence_id <= last:
+                return None
+            self.last_sequence[producer.producer_name] = highest
+        entry = self.ledger.append(section, metadata)
+        producer.messages_in += entry.num_messages
+        producer.bytes_in += entry.size
+        self.stats.messages_in += entry.num_messages
+        self.stats.bytes_in += entry.size
+        self._sample(now_ns)
+        for subscription in list(self.subscriptions.values()):
+            subscription.dispatch()
+        return entry
+
+    def _sample(self, now_ns: int) -> None:
+        samples = self.stats.samples
+        if not samples or now_ns - samples[-1][0] >= 100_000_000:
+            samples.append((now_ns, self.stats.messages_in, self.stats.bytes_in))
+            while len(samples) > 2 and now_ns - samples[1][0] > 10_000_000_000:
+                samples.pop(0)
+
+    def rates(self, now_ns: int) -> tuple[float, float]:
+        """Messages and bytes per second published over the last ~10 seconds."""
+        samples = self.stats.samples
+        if not samples:
+            return 0.0, 0.0
+        t0, m0, b0 = samples[0]
+        elapsed = max((now_ns - t0) / 1e9, 1.0)
+        return (self.stats.messages_in - m0) / elapsed, (self.stats.bytes_in - b0) / elapsed
+
+    # -- subscriptions --------------------------------------------------------------
+
+    def start_position(self, message_id: api.MessageIdData | None, initial_earliest: bool) -> int:
+        """The entry id a new cursor reads next, from a start message id or an initial position."""
+        if message_id is None:
+            return self.ledger.first_entry_id if initial_earliest else self.ledger.next_entry_id
+        ledger_id = signed64(message_id.ledgerId)
+        entry_id = signed64(message_id.entryId)
+        if ledger_id < self.ledger.ledger_id or (ledger_id == _EARLIEST_LEDGER):
+            return self.ledger.first_entry_id
+        if ledger_id > self.ledger.ledger_id or entry_id == _INT64_MAX:
+            return self.ledger.next_entry_id
+        # a reader starts after its start message; a batch is sent again so the
+        # client can skip the messages up to the given batch index
+        if message_id.HasField("batch_index") and message_id.batch_index >= 0:
+            return max(entry_id, self.ledger.first_entry_id)
+        return max(entry_id + 1, self.ledger.first_entry_id)
+
+    def subscription(self, name: str, sub_type: int, durable: bool, start_entry: int) -> Subscription:
+        existing = self.subscriptions.get(name)
+        if existing is not None:
+            return existing
+        cursor = Cursor(self.ledger, start_entry - 1)
+        sub = Subscription(self, name, sub_type, durable, cursor)
+        self.subscriptions[name] = sub
+        return sub
+
+    def remove_subscription(self, name: str) -> None:
+        self.subscriptions.pop(name, None)
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def unload(self) -> None:
+        """Close every producer and consumer (they re-lookup and come back), as a bundle unload does."""
+        for producer in self.producers + self.waiting_exclusive:
+            producer.sink.send_close_producer(producer)
+        self.producers.clear()
+        self.waiting_exclusive.clear()
+        self.exclusive_producer = None
+        for name, sub in list(self.subscriptions.items()):
+            for consumer in list(sub.consumers):
+                consumer.sink.send_close_consumer(consumer)
+                sub.remove_consumer(consumer)
+            if not sub.durable:
+                del self.subscriptions[name]
+
+    def terminate(self) -> tuple[int, int]:
+        """Refuse further messages; returns the last message id (ledger, entry)."""
+        self.terminated = True
+        for sub in self.subscriptions.values():
+            sub.dispatch()
+        return self.ledger.ledger_id, self.ledger.last_entry_id
+
+    # -- schemas ----------------------------------------------------------------------
+
+    def schema(self, version: int | None) -> SchemaVersion | None:
+        if not self.schemas:
+            return None
+        if version is None:
+            return self.schemas[-1]
+        for stored in self.schemas:
+            if stored.version == version:
+                return stored
+        return None
+
+    def add_schema(self, schema: api.Schema) -> int:
+        """Store a schema (or find an identical one) and return its version."""
+        for stored in self.schemas:
+            if (stored.schema.type == schema.type and stored.schema.schema_data == schema.schema_data
+                    and list(stored.schema.properties) == list(schema.properties)):
+                return stored.version
+        version = len(self.schemas)
+        copy = api.Schema()
+        copy.CopyFrom(schema)
+        self.schemas.append(SchemaVersion(version, copy))
+        return version

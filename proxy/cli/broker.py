@@ -1,0 +1,183 @@
+"""``pulsar-tap broker``: run the embedded in-memory Pulsar broker cluster.
+
+N brokers listen on consecutive ports from the ``--listen`` port (or on ephemeral
+ports when it is 0); each prints ``ready: listening on HOST:PORT`` once it accepts
+connections, lowest port first; ``--ready-file`` also writes the addresses as
+JSON.  SIGINT or SIGTERM stop the cluster cleanly with exit status 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+from pathlib import Path
+
+NAME = "broker"
+HELP = "run the embedded in-memory Pulsar broker (a cluster of N brokers)"
+DESCRIPTION = """\
+Run an in-memory Apache Pulsar broker cluster that the official clients accept.
+N brokers listen on consecutive ports starting at the --listen port; every topic
+is owned by one of them (a stable hash of its name) and lookups on the others
+answer Redirect.  New topics are created on first use, as partitioned topics of
+N partitions when --partitions is given.  Every message is kept in memory (up to
+--retention-mb per topic, oldest dropped first).
+
+examples:
+  pulsar-tap broker --listen 127.0.0.1:6650
+  pulsar-tap broker --listen 127.0.0.1:6650 --brokers 3 --partitions 4 --admin 127.0.0.1:8080
+  pulsar-tap broker --topic orders=4 --topic persistent://acme/ns/audit --ready-file /tmp/ready.json
+  pulsar-tap broker --auth-token token.txt --keepalive 10
+"""
+
+DEFAULT_LISTEN = "127.0.0.1:6650"
+
+
+def _host_port(value: str, flag: str) -> tuple[str, int]:
+    from proxy.errors import UsageError
+
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise UsageError(f"{flag}: expected HOST:PORT, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+def _topic(value: str) -> tuple[str, int]:
+    from proxy.errors import UsageError
+
+    name, sep, count = value.rpartition("=")
+    if not sep:
+        name, count = value, "0"
+    if not name or not count.isdigit():
+        raise UsageError(f"--topic: expected NAME or NAME=PARTITIONS, got {value!r}")
+    return name, int(count)
+
+
+def _positive(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+    return number
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--listen", metavar="HOST:PORT", default=DEFAULT_LISTEN,
+                        help=f"address of the first broker (default {DEFAULT_LISTEN}; port 0: ephemeral ports)")
+    parser.add_argument("--brokers", metavar="N", type=_positive, default=1,
+                        help="number of brokers, on consecutive ports (default 1)")
+    parser.add_argument("--partitions", metavar="N", type=_positive, default=0,
+                        help="auto-create new topics as partitioned topics of N partitions (default: not partitioned)")
+    parser.add_argument("--topic", metavar="NAME[=PARTITIONS]", action="append", default=[],
+                        help="pre-create a topic (full or short name), partitioned when PARTITIONS > 0; repeatable")
+    parser.add_argument("--cluster", metavar="NAME", default="standalone",
+                        help="cluster name, used in generated producer names (default standalone)")
+    parser.add_argument("--admin", metavar="HOST:PORT",
+                        help="serve the admin REST API (subset of Pulsar's admin API v2) here")
+    parser.add_argument("--max-message-size", metavar="BYTES", type=_positive, default=5 * 1024 * 1024,
+                        help="max_message_size advertised in CONNECTED (default 5 MiB)")
+    parser.add_argument("--retention-mb", metavar="MB", type=_positive, default=1024,
+                        help="messages kept per topic, oldest dropped first (default 1024)")
+    parser.add_argument("--auth-token", metavar="FILE",
+                        help="require token authentication with the token in FILE")
+    parser.add_argument("--keepalive", metavar="SECONDS", type=float, default=30.0,
+                        help="PING idle clients after this long and close them if the next PING gets no PONG "
+                             "(default 30; 0 disables)")
+    parser.add_argument("--deduplication", action="store_true",
+                        help="drop messages whose sequence id a producer name already stored")
+    parser.add_argument("--ready-file", metavar="PATH",
+                        help='write {"listen": ["HOST:PORT", ...], "admin": "HOST:PORT"|null} once ready')
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                        help="log level (default info)")
+
+
+def build_config(args: argparse.Namespace) -> tuple[object, list[int], tuple[str, int] | None]:
+    """The ClusterConfig, broker ports and admin address for these arguments."""
+    from proxy.broker.cluster import ClusterConfig
+    from proxy.broker.naming import full_name
+    from proxy.errors import BrokerError, UsageError
+
+    host, port = _host_port(args.listen, "--listen")
+    if args.brokers < 1:
+        raise UsageError("--brokers: must be at least 1")
+    if port and port + args.brokers - 1 > 65535:
+        raise UsageError(f"--brokers: {args.brokers} ports from {port} run past 65535")
+    ports = [port + i if port else 0 for i in range(args.brokers)]
+    admin = _host_port(args.admin, "--admin") if args.admin else None
+    topics: dict[str, int] = {}
+    for value in args.topic:
+        name, partitions = _topic(value)
+        try:
+            topics[full_name(name)] = partitions
+        except BrokerError as exc:
+            raise UsageError(f"--topic: {exc.message}") from None
+    token = None
+    if args.auth_token:
+        try:
+            token = Path(args.auth_token).read_text().strip()
+        except OSError as exc:
+            raise UsageError(f"--auth-token: cannot read {args.auth_token}: {exc.strerror or exc}") from None
+        if not token:
+            raise UsageError(f"--auth-token: {args.auth_token} is empty")
+    if args.max_message_size < 1024:
+        raise UsageError("--max-message-size: must be at least 1024 bytes")
+    config = ClusterConfig(cluster_name=args.cluster, host=host, brokers=args.brokers,
+                           auto_partitions=args.partitions, topics=topics,
+                           max_message_size=args.max_message_size, retention_mb=args.retention_mb,
+                           deduplication=args.deduplication, auth_token=token, keepalive_seconds=args.keepalive)
+    return config, ports, admin
+
+
+def write_ready_file(path: str, listen: list[str], admin: str | None) -> None:
+    Path(path).write_text(json.dumps({"listen": listen, "admin": admin}) + "\n")
+
+
+def run(args: argparse.Namespace) -> int:
+    import trio
+
+    from proxy.broker.cluster import ClusterConfig
+    from proxy.broker.embedded import ClusterRunner
+    from proxy.errors import PulsarTapError
+    from proxy.telemetry.logs import configure_logging
+
+    config, ports, admin = build_config(args)
+    assert isinstance(config, ClusterConfig)
+    configure_logging("console", args.log_level)
+    runner = ClusterRunner(config, ports, admin=admin)
+
+    async def main() -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                addresses: list[str] = await nursery.start(runner.run)
+                if args.ready_file:
+                    write_ready_file(args.ready_file, addresses, runner.admin_address)
+                for address in sorted(addresses, key=lambda a: int(a.rpartition(":")[2])):
+                    print(f"ready: listening on {address}", flush=True)
+                if runner.admin_address is not None:
+                    print(f"admin: listening on http://{runner.admin_address}", flush=True)
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
+                    break
+
+    try:
+        trio.run(main)
+    except (OSError, BaseExceptionGroup) as exc:
+        os_error = _os_error_in(exc)
+        if os_error is None:
+            raise
+        raise PulsarTapError(f"cannot listen on {args.listen}: {os_error.strerror or os_error}") from None
+    return 0
+
+
+def _os_error_in(exc: BaseException) -> OSError | None:
+    """The OSError (e.g. address in use) inside a possibly nested exception group."""
+    if isinstance(exc, OSError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _os_error_in(inner)
+            if found is not None:
+                return found
+    return None

@@ -1,0 +1,60 @@
+"""The broker side of a connection with no sockets: frames in, frames out."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.broker.cluster import Cluster, ClusterConfig
+from proxy.broker.connection import BrokerConnection
+from proxy.errors import ProtocolError
+from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.frame import Frame, FrameDecoder, encode_command, frame_from_bytes
+
+
+def make(brokers: int = 2) -> tuple[Cluster, list[BrokerConnection]]:
+    cluster = Cluster(ClusterConfig(brokers=brokers))
+    for port in range(brokers):
+        cluster.add_broker("127.0.0.1", 6650 + port).alive = True
+    connections = [BrokerConnection(cluster, i, i, "test", lambda: 0) for i in range(brokers)]
+    return cluster, connections
+
+
+def roundtrip(conn: BrokerConnection, sub: object) -> list[Frame]:
+    conn.handle(frame_from_bytes(encode_command(sub)))  # type: ignore[arg-type]
+    decoder = FrameDecoder()
+    return [f for chunk in conn.take_output() for f in decoder.receive(chunk)]
+
+
+def test_handshake_then_lookup_connect_on_the_owner_and_redirect_elsewhere() -> None:
+    cluster, (first, second) = make()
+    for conn in (first, second):
+        [connected] = roundtrip(conn, api.CommandConnect(client_version="t", protocol_version=25))
+        assert connected.type_name == "CONNECTED"
+        assert connected.command.connected.protocol_version == 21
+    topic = "persistent://public/default/sans-io"
+    owner = cluster.owner(topic).index
+    answers = {}
+    for conn in (first, second):
+        [reply] = roundtrip(conn, api.CommandLookupTopic(topic=topic, request_id=9))
+        answers[conn.broker_index] = reply.command.lookupTopicResponse.response
+    assert answers[owner] == api.CommandLookupTopicResponse.Connect
+    assert answers[1 - owner] == api.CommandLookupTopicResponse.Redirect
+
+
+def test_frames_the_transition_table_forbids_are_protocol_errors() -> None:
+    _, (conn, _) = make()
+    with pytest.raises(ProtocolError):
+        roundtrip(conn, api.CommandProducer(topic="t", producer_id=1, request_id=1))
+
+
+def test_partitioned_metadata_auto_creates_partitioned_topics_when_configured() -> None:
+    cluster = Cluster(ClusterConfig(auto_partitions=3))
+    cluster.add_broker("127.0.0.1", 6650).alive = True
+    conn = BrokerConnection(cluster, 0, 1, "test", lambda: 0)
+    roundtrip(conn, api.CommandConnect(client_version="t", protocol_version=21))
+    [reply] = roundtrip(conn, api.CommandPartitionedTopicMetadata(topic="auto", request_id=1))
+    assert reply.command.partitionMetadataResponse.partitions == 3
+    assert cluster.topics_of_namespace("public/default") == [
+        f"persistent://public/default/auto-partition-{i}" for i in range(3)]
+    [again] = roundtrip(conn, api.CommandPartitionedTopicMetadata(topic="auto-partition-1", request_id=2))
+    assert again.command.partitionMetadataResponse.partitions == 0

@@ -1,0 +1,147 @@
+"""Topic lifecycle on the embedded cluster: unload, broker loss, termination, regex, schemas, auth."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import _pulsar
+import pulsar
+import pytest
+
+from proxy.broker import ThreadedCluster
+
+TIMEOUT_MS = 10_000
+
+
+def test_unload_while_producing_reconnects_and_loses_nothing(broker_cluster) -> None:  # type: ignore[no-untyped-def]
+    cluster: ThreadedCluster = broker_cluster(brokers=3)
+    client = pulsar.Client(cluster.service_url, operation_timeout_seconds=10)
+    try:
+        consumer = client.subscribe("unloaded", "s", consumer_type=pulsar.ConsumerType.Exclusive)
+        producer = client.create_producer("unloaded", batching_enabled=False, send_timeout_millis=10_000)
+        stop = threading.Event()
+
+        def unloader() -> None:
+            while not stop.is_set():
+                time.sleep(0.05)
+                cluster.unload_topic("unloaded")
+
+        thread = threading.Thread(target=unloader)
+        thread.start()
+        try:
+            for i in range(300):
+                producer.send_async(str(i).encode(), None)
+                if i % 50 == 0:
+                    time.sleep(0.1)
+            producer.flush()
+        finally:
+            stop.set()
+            thread.join()
+        seen = set()
+        while len(seen) < 300:
+            msg = consumer.receive(TIMEOUT_MS)
+            seen.add(int(msg.data()))
+            consumer.acknowledge(msg)
+        assert seen == set(range(300))
+    finally:
+        client.close()
+
+
+def test_killed_broker_topics_move_and_restart_rebinds(broker_cluster) -> None:  # type: ignore[no-untyped-def]
+    cluster: ThreadedCluster = broker_cluster(brokers=2)
+    client = pulsar.Client(cluster.service_url, operation_timeout_seconds=10)
+    try:
+        # find a topic owned by broker 1, so killing it leaves the service URL alive
+        topic = next(f"moving-{i}" for i in range(100)
+                     if cluster.call(cluster.cluster.owner, f"persistent://public/default/moving-{i}").index == 1)
+        consumer = client.subscribe(topic, "s")
+        producer = client.create_producer(topic, batching_enabled=False)
+        producer.send(b"before")
+        cluster.kill_broker(1)
+        producer.send(b"after")
+        assert [consumer.receive(TIMEOUT_MS).data() for _ in range(2)] == [b"before", b"after"]
+        cluster.restart_broker(1)
+        assert cluster.cluster.brokers[1].alive
+        other = pulsar.Client(f"pulsar://{cluster.addresses[1]}", operation_timeout_seconds=5)
+        try:
+            other.create_producer(topic).send(b"via restarted broker")
+        finally:
+            other.close()
+        assert consumer.receive(TIMEOUT_MS).data() == b"via restarted broker"
+    finally:
+        client.close()
+
+
+def test_terminated_topic_refuses_sends_and_new_producers(broker: ThreadedCluster) -> None:
+    """REACHED_END_OF_TOPIC is checked on the wire in test_broker_wire.py: the C++ client has
+    no handler for that command and drops its connection when a broker (this one or Apache
+    Pulsar's) sends it, so a caught-up official consumer cannot show it."""
+    client = pulsar.Client(broker.service_url, operation_timeout_seconds=5)
+    try:
+        producer = client.create_producer("ending", batching_enabled=False)
+        producer.send(b"last")
+        broker.terminate_topic("ending")
+        with pytest.raises(pulsar.TopicTerminated):
+            producer.send(b"too late")
+        with pytest.raises(pulsar.TopicTerminated):
+            client.create_producer("ending")
+        assert len(broker.cluster.topics["persistent://public/default/ending"].ledger) == 1
+    finally:
+        client.close()
+
+
+def test_regex_subscription_finds_topics_created_later(broker: ThreadedCluster,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # pulsar-client's Python wrapper accepts pattern_auto_discovery_period but never
+    # passes it on; set it on the configuration object the wrapper creates
+    real_configuration = _pulsar.ConsumerConfiguration
+
+    def configuration() -> _pulsar.ConsumerConfiguration:
+        conf = real_configuration()
+        conf.pattern_auto_discovery_period(1)
+        return conf
+
+    monkeypatch.setattr(_pulsar, "ConsumerConfiguration", configuration)
+    client = pulsar.Client(broker.service_url, operation_timeout_seconds=5)
+    try:
+        client.create_producer("regex-a").send(b"a")
+        consumer = client.subscribe(re.compile("persistent://public/default/regex-.*"), "r",
+                                    initial_position=pulsar.InitialPosition.Earliest,
+                                    pattern_auto_discovery_period=1)
+        assert consumer.receive(TIMEOUT_MS).data() == b"a"
+        client.create_producer("regex-b").send(b"b")
+        assert consumer.receive(TIMEOUT_MS).data() == b"b"
+    finally:
+        client.close()
+
+
+def test_schema_is_stored_versioned_and_checked_by_consumers(broker: ThreadedCluster) -> None:
+    client = pulsar.Client(broker.service_url, operation_timeout_seconds=5)
+    try:
+        producer = client.create_producer("typed", schema=pulsar.schema.StringSchema())
+        consumer = client.subscribe("typed", "s", schema=pulsar.schema.StringSchema(),
+                                    initial_position=pulsar.InitialPosition.Earliest)
+        producer.send("hello")
+        msg = consumer.receive(TIMEOUT_MS)
+        assert msg.value() == "hello"
+        topic = broker.cluster.topics["persistent://public/default/typed"]
+        assert topic.schemas[0].schema.type == pulsar.schema.StringSchema().schema_info().schema_type()
+    finally:
+        client.close()
+
+
+def test_token_authentication_accepts_the_token_and_refuses_others(broker_cluster) -> None:  # type: ignore[no-untyped-def]
+    cluster: ThreadedCluster = broker_cluster(auth_token="secret-token")
+    good = pulsar.Client(cluster.service_url, authentication=pulsar.AuthenticationToken("secret-token"),
+                         operation_timeout_seconds=5)
+    bad = pulsar.Client(cluster.service_url, authentication=pulsar.AuthenticationToken("wrong"),
+                        operation_timeout_seconds=3)
+    try:
+        good.create_producer("authed").send(b"ok")
+        with pytest.raises(pulsar.PulsarException):
+            bad.create_producer("authed")
+    finally:
+        good.close()
+        bad.close()
