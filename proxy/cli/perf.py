@@ -1,0 +1,319 @@
+"""``pulsar-tap perf``: a load generator on the built-in client.
+
+``produce`` runs N producers spread over the given topics at a target rate (0: as
+fast as the pending-message limit allows) and measures publish latency (send to
+receipt).  ``consume`` runs N consumers and measures end-to-end latency from the
+publish time.  ``roundtrip`` does both at once, stamping each payload with its
+send time so end-to-end latency is exact.  Progress goes to stderr once a second;
+the summary goes to stdout, as JSON with ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import struct
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+NAME = "perf"
+HELP = "load generator on the built-in client"
+DESCRIPTION = """\
+Produce and/or consume messages with the built-in Pulsar client and report
+throughput and latency (p50/p99/max).
+
+examples:
+  pulsar-tap perf produce --url pulsar://127.0.0.1:6650 --topic perf --messages 100000 --size 1024
+  pulsar-tap perf produce --url pulsar://127.0.0.1:6650 --topic a --topic b --producers 4 \\
+      --rate 20000 --duration 30 --compression LZ4
+  pulsar-tap perf consume --url pulsar://127.0.0.1:6650 --topic perf --subscription s --type Shared \\
+      --consumers 2 --duration 30
+  pulsar-tap perf roundtrip --url pulsar://127.0.0.1:6650 --topic rt --messages 50000 --json
+"""
+
+_STAMP = struct.Struct(">Q")
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default="pulsar://127.0.0.1:6650", help="service URL (default %(default)s)")
+    parser.add_argument("--topic", action="append", required=True,
+                        help="topic to use; repeat for several (producers/consumers are spread over them)")
+    limit = parser.add_mutually_exclusive_group()
+    limit.add_argument("--messages", type=int, default=0, help="stop after N messages in total")
+    limit.add_argument("--duration", type=float, default=0.0, help="stop after S seconds")
+    parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--token", help="auth token")
+
+
+def _add_produce(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rate", type=float, default=0.0, help="messages per second in total (0: unlimited)")
+    parser.add_argument("--size", type=int, default=1024, help="payload bytes (default %(default)s)")
+    parser.add_argument("--producers", type=int, default=1, help="number of producers (default 1)")
+    batching = parser.add_mutually_exclusive_group()
+    batching.add_argument("--batching", dest="batching", action="store_true", default=True,
+                          help="batch messages (default)")
+    batching.add_argument("--no-batching", dest="batching", action="store_false", help="send one message per SEND")
+    parser.add_argument("--compression", default="NONE", choices=["NONE", "LZ4", "ZLIB", "ZSTD", "SNAPPY"],
+                        type=str.upper)
+    parser.add_argument("--max-pending", type=int, default=1000, help="pending messages per producer")
+
+
+def _add_consume(parser: argparse.ArgumentParser, *, subscription_required: bool) -> None:
+    parser.add_argument("--subscription", required=subscription_required, default="perf-roundtrip",
+                        help="subscription name")
+    parser.add_argument("--type", dest="sub_type", default="Exclusive",
+                        choices=["Exclusive", "Shared", "Failover", "Key_Shared"])
+    parser.add_argument("--consumers", type=int, default=1, help="number of consumers (default 1)")
+    parser.add_argument("--receiver-queue-size", type=int, default=1000)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    modes = parser.add_subparsers(dest="mode", metavar="MODE", required=True, parser_class=type(parser))
+    produce = modes.add_parser("produce", help="publish messages")
+    _add_common(produce)
+    _add_produce(produce)
+    consume = modes.add_parser("consume", help="consume messages")
+    _add_common(consume)
+    _add_consume(consume, subscription_required=True)
+    roundtrip = modes.add_parser("roundtrip", help="publish and consume, measuring end-to-end latency")
+    _add_common(roundtrip)
+    _add_produce(roundtrip)
+    _add_consume(roundtrip, subscription_required=False)
+
+
+@dataclass
+class _Totals:
+    messages: int = 0
+    bytes: int = 0
+    errors: int = 0
+    last_messages: int = 0
+    histogram: Any = None
+    window: Any = None
+    first_error: str | None = None
+
+    def __post_init__(self) -> None:
+        from proxy.client.latency import LatencyHistogram
+
+        self.histogram = LatencyHistogram()
+        self.window = LatencyHistogram()
+
+    def record(self, size: int, latency: float) -> None:
+        self.messages += 1
+        self.bytes += size
+        self.histogram.record(latency)
+        self.window.record(latency)
+
+    def summary(self, elapsed: float) -> dict[str, Any]:
+        hist = self.histogram
+        return {
+            "messages": self.messages, "bytes": self.bytes, "errors": self.errors,
+            "seconds": round(elapsed, 3),
+            "msg_per_sec": round(self.messages / elapsed, 1) if elapsed > 0 else 0.0,
+            "mbit_per_sec": round(self.bytes * 8 / elapsed / 1e6, 2) if elapsed > 0 else 0.0,
+            "latency_ms": {name: round(value * 1000, 3) for name, value in (
+                ("mean", hist.mean), ("p50", hist.percentile(50)), ("p95", hist.percentile(95)),
+                ("p99", hist.percentile(99)), ("p999", hist.percentile(99.9)), ("max", hist.max))},
+        }
+
+
+@dataclass
+class _Run:
+    args: argparse.Namespace
+    produced: _Totals = field(default_factory=_Totals)
+    consumed: _Totals = field(default_factory=_Totals)
+    done_producing: bool = False
+
+
+def _validate(args: argparse.Namespace) -> None:
+    from proxy.errors import UsageError
+
+    for name in ("messages", "producers", "consumers", "size", "max_pending", "receiver_queue_size"):
+        value = getattr(args, name, None)
+        if value is not None and value < 0:
+            raise UsageError(f"--{name.replace('_', '-')} must not be negative")
+    if getattr(args, "producers", 1) < 1 or getattr(args, "consumers", 1) < 1:
+        raise UsageError("need at least one producer and one consumer")
+    if args.duration < 0 or getattr(args, "rate", 0) < 0:
+        raise UsageError("--duration and --rate must not be negative")
+    if args.mode == "roundtrip" and args.size < _STAMP.size:
+        raise UsageError(f"roundtrip needs --size of at least {_STAMP.size} bytes (the send time stamp)")
+    if args.mode != "consume" and not args.messages and not args.duration:
+        args.messages = 10_000
+
+
+def run(args: argparse.Namespace) -> int:
+    import trio
+
+    from proxy.client.names import parse_service_url
+
+    _validate(args)
+    parse_service_url(args.url)
+    state = _Run(args)
+    summary = trio.run(_main, state)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        _print_summary(summary)
+    failed = summary.get("produce", {}).get("errors", 0)
+    return 1 if failed else 0
+
+
+async def _main(state: _Run) -> dict[str, Any]:
+    import trio
+
+    from proxy.client import PulsarClient
+    from proxy.errors import ClientError, ConnectionFailed
+
+    args = state.args
+    started = trio.current_time()
+    try:
+        async with PulsarClient(args.url, token=args.token, operation_timeout=30.0) as client:
+            consumers = []
+            if args.mode in ("consume", "roundtrip"):
+                for index in range(args.consumers):
+                    topic = args.topic[index % len(args.topic)]
+                    consumers.append(await client.subscribe(
+                        topic, args.subscription, subscription_type=args.sub_type,
+                        initial_position="Earliest" if args.mode == "roundtrip" else "Latest",
+                        receiver_queue_size=args.receiver_queue_size))
+            producers = []
+            if args.mode in ("produce", "roundtrip"):
+                for index in range(args.producers):
+                    topic = args.topic[index % len(args.topic)]
+                    producers.append(await client.create_producer(
+                        topic, compression=args.compression, batching=args.batching,
+                        max_pending_messages=args.max_pending))
+            started = trio.current_time()
+            async with trio.open_nursery() as nursery:
+                if not args.quiet:
+                    nursery.start_soon(_report, state, started)
+                if args.duration:
+                    nursery.cancel_scope.deadline = started + args.duration
+                async with trio.open_nursery() as workers:
+                    for consumer in consumers:
+                        workers.start_soon(_consume, state, consumer, workers.cancel_scope)
+                    if producers:
+                        workers.start_soon(_produce_all, state, producers, workers.cancel_scope, bool(consumers))
+                nursery.cancel_scope.cancel()
+            elapsed = trio.current_time() - started
+    except ConnectionFailed as exc:
+        raise ClientError(f"cannot reach {args.url}: {exc}") from None
+    summary: dict[str, Any] = {"mode": args.mode, "url": args.url, "topics": args.topic}
+    if args.mode in ("produce", "roundtrip"):
+        summary["produce"] = state.produced.summary(elapsed)
+        summary["produce"]["config"] = {"producers": args.producers, "size": args.size, "rate": args.rate,
+                                        "batching": args.batching, "compression": args.compression}
+        if state.produced.first_error:
+            summary["produce"]["first_error"] = state.produced.first_error
+    if args.mode in ("consume", "roundtrip"):
+        summary["consume"] = state.consumed.summary(elapsed)
+        summary["consume"]["config"] = {"consumers": args.consumers, "subscription_type": args.sub_type}
+    return summary
+
+
+async def _produce_all(state: _Run, producers: list[Any], scope: Any, wait_for_consumers: bool) -> None:
+    import trio
+
+    args = state.args
+    per_producer = [args.messages // len(producers) + (1 if i < args.messages % len(producers) else 0)
+                    for i in range(len(producers))] if args.messages else [0] * len(producers)
+    async with trio.open_nursery() as nursery:
+        for producer, count in zip(producers, per_producer, strict=True):
+            nursery.start_soon(_produce, state, producer, count, args.rate / len(producers))
+    state.done_producing = True
+    if not wait_for_consumers:
+        scope.cancel()
+
+
+async def _produce(state: _Run, producer: Any, count: int, rate: float) -> None:
+    import trio
+
+    from proxy.client.receipt import Receipt
+    from proxy.errors import ClientError
+
+    args = state.args
+    totals = state.produced
+    body = bytes(args.size)
+    start = trio.current_time()
+    sent = 0
+
+    def on_done(receipt: Receipt, sent_at: float) -> None:
+        if receipt.error is not None:
+            totals.errors += 1
+            totals.first_error = totals.first_error or str(receipt.error)
+        else:
+            totals.record(args.size, trio.current_time() - sent_at)
+
+    while not count or sent < count:
+        if rate > 0:
+            await trio.sleep_until(start + sent / rate)
+        payload = _STAMP.pack(time.time_ns()) + body[_STAMP.size:] if args.mode == "roundtrip" else body
+        sent_at = trio.current_time()
+        try:
+            receipt = await producer.send_async(payload)
+        except ClientError as exc:
+            totals.errors += 1
+            totals.first_error = totals.first_error or str(exc)
+            continue
+        receipt.add_done_callback(lambda r, t=sent_at: on_done(r, t))
+        sent += 1
+        if rate <= 0 and sent % 256 == 0:
+            await trio.lowlevel.checkpoint()
+    await producer.flush()
+
+
+async def _consume(state: _Run, consumer: Any, scope: Any) -> None:
+    args = state.args
+    totals = state.consumed
+    target = args.messages
+    while True:
+        message = await consumer.receive()
+        now_ns = time.time_ns()
+        if args.mode == "roundtrip" and len(message.payload) >= _STAMP.size:
+            latency = (now_ns - _STAMP.unpack_from(message.payload)[0]) / 1e9
+        else:
+            latency = max(0.0, now_ns / 1e9 - message.publish_time / 1000)
+        totals.record(len(message.payload), latency)
+        consumer.acknowledge(message)
+        if target and totals.messages >= target:
+            scope.cancel()  # every consumer stops once the total is reached
+            return
+
+
+async def _report(state: _Run, started: float) -> None:
+    import trio
+
+    last = started
+    while True:
+        await trio.sleep(1)
+        now = trio.current_time()
+        parts = [f"{now - started:7.1f}s"]
+        for label, totals in (("produced", state.produced), ("consumed", state.consumed)):
+            if totals.messages or totals.errors or (label == "produced" and state.args.mode != "consume") or (
+                    label == "consumed" and state.args.mode != "produce"):
+                rate = (totals.messages - totals.last_messages) / (now - last)
+                totals.last_messages = totals.messages
+                parts.append(f"{label} {rate:10.1f} msg/s  p50 {totals.window.percentile(50) * 1000:7.2f} ms  "
+                             f"p99 {totals.window.percentile(99) * 1000:7.2f} ms  total {totals.messages}"
+                             + (f"  errors {totals.errors}" if totals.errors else ""))
+                totals.window.reset()
+        last = now
+        print(" | ".join(parts), file=sys.stderr, flush=True)
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    for label in ("produce", "consume"):
+        part = summary.get(label)
+        if part is None:
+            continue
+        lat = part["latency_ms"]
+        kind = "publish" if label == "produce" else "end-to-end"
+        print(f"{label}: {part['messages']} messages in {part['seconds']} s = {part['msg_per_sec']} msg/s "
+              f"({part['mbit_per_sec']} Mbit/s), errors {part['errors']}")
+        print(f"  {kind} latency ms: mean {lat['mean']} p50 {lat['p50']} p95 {lat['p95']} p99 {lat['p99']} "
+              f"p99.9 {lat['p999']} max {lat['max']}")
+        if part.get("first_error"):
+            print(f"  first error: {part['first_error']}")
