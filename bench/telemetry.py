@@ -1,0 +1,262 @@
+"""Benchmark: what telemetry costs — off, metrics only, traces at 100 % and at 1 % sampling.
+
+Two measurements:
+
+- ``proxy``: passthrough throughput through the real proxy.  An embedded broker
+  runs as a ``pulsar-tap broker`` subprocess; the proxy (``ProxyServer``) runs in
+  this process on its own Trio thread with the telemetry observer attached per
+  mode (``noop-observer``: an observer that does nothing, which separates the
+  relay's cost of decoding every frame for observers from telemetry's own); the
+  official client produces ``--messages`` messages of ``--size`` bytes with
+  batching off (one SEND and one SEND_RECEIPT per message, the worst case for
+  per-frame telemetry) through it.  Modes are interleaved over ``--repeat``
+  rounds and the best round of each is kept.  Printed: messages/s, the ratio to
+  ``off``, and the events the observer queue dropped (telemetry falling behind
+  shows there, never as slower traffic).
+- ``observer``: the sans-IO core alone: a scripted session of SEND/SEND_RECEIPT
+  frames fed straight into :class:`proxy.telemetry.Telemetry`; printed as
+  microseconds per frame.
+
+Spans go to a discarding exporter behind the real batch span processor, so the
+SDK's work is counted but no collector is needed.
+
+Usage: ``.venv/bin/python bench/telemetry.py [--messages 2000] [--size 100]
+[--repeat 3] [--mode proxy|observer|both]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+# bench/ holds a proxy.py of its own: keep this script's directory from shadowing the package.
+if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+    sys.path.pop(0)
+
+import trio
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from proxy.config.proxy_config import HostPort, LimitsConfig, ProxyConfig, ServiceUrl
+from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.frame import Frame, encode_command, encode_payload_command, frame_from_bytes
+from proxy.protocol.session import Direction
+from proxy.server.app import ProxyServer
+from proxy.server.hooks import ConnectionEvent, FrameEvent, Observer
+from proxy.telemetry import ExportSettings, TelemetryPipeline, build_telemetry
+
+MODES = ("off", "noop-observer", "metrics", "traces-100%", "traces-1%")
+
+
+class NoopObserver:
+    """Receives every event and does nothing: the relay's own cost of having an observer."""
+
+    def on_frame(self, event: FrameEvent) -> None:
+        del event
+
+    def on_connection(self, event: ConnectionEvent) -> None:
+        del event
+
+
+class DiscardingExporter(SpanExporter):
+    """Counts spans and throws them away."""
+
+    def __init__(self) -> None:
+        self.spans = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.spans += len(spans)
+        return SpanExportResult.SUCCESS
+
+
+def pipeline_for(mode: str) -> TelemetryPipeline | None:
+    if mode in ("off", "noop-observer"):
+        return None
+    if mode == "metrics":
+        return build_telemetry(ExportSettings(), metrics=True)
+    sample = 1.0 if mode == "traces-100%" else 0.01
+    return build_telemetry(ExportSettings(sample=sample), metrics=True, span_exporter=DiscardingExporter(), seed=1)
+
+
+# -- through the proxy ------------------------------------------------------------------------
+class ProxyThread:
+    def __init__(self, server: ProxyServer) -> None:
+        self.server = server
+        self.token: trio.lowlevel.TrioToken | None = None
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._main, daemon=True)
+
+    def _main(self) -> None:
+        async def main() -> None:
+            self.token = trio.lowlevel.current_trio_token()
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.server.run)
+                self.ready.set()
+        trio.run(main)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        if not self.ready.wait(10):
+            raise RuntimeError("proxy did not start")
+        return f"pulsar://{self.server.main_address}"
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.token is not None
+        with contextlib.suppress(trio.RunFinishedError):
+            self.token.run_sync_soon(self.server.request_shutdown)
+        self.thread.join(30)
+
+
+def start_broker(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    ready = workdir / "broker.json"
+    exe = Path(sys.executable).with_name("pulsar-tap")
+    broker = subprocess.Popen([str(exe), "broker", "--listen", "127.0.0.1:0", "--ready-file", str(ready),
+                               "--log-level", "error"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if ready.exists() and ready.read_text().strip():
+            listen = json.loads(ready.read_text())["listen"][0]
+            return broker, f"pulsar://{listen}"
+        time.sleep(0.05)
+    broker.kill()
+    raise RuntimeError("the embedded broker did not start")
+
+
+def produce_through(service_url: str, mode: str, messages: int, size: int, round_: int) -> tuple[float, int, int]:
+    """(messages/s, observer events dropped, spans exported) for one mode."""
+    import pulsar
+
+    pipeline = pipeline_for(mode)
+    config = ProxyConfig(upstream=ServiceUrl.parse(service_url), listen=HostPort("127.0.0.1", 0),
+                         limits=LimitsConfig(drain_seconds=0.5))
+    observers: list[Observer] = [pipeline.observer] if pipeline is not None else []
+    if mode == "noop-observer":
+        observers = [NoopObserver()]
+    server = ProxyServer(config, observers=observers)
+    payload = b"x" * size
+    with ProxyThread(server) as url:
+        client = pulsar.Client(url, operation_timeout_seconds=30, log_conf_file_path=None,
+                               logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+        try:
+            producer = client.create_producer(f"persistent://public/default/bench-{mode}-{round_}",
+                                              batching_enabled=False, max_pending_messages=2000,
+                                              block_if_queue_full=True, send_timeout_millis=20_000)
+            producer.send(payload)  # warm-up: lookup, connection, producer
+            started = time.perf_counter()
+            for _ in range(messages):
+                producer.send_async(payload, None)
+            producer.flush()
+            elapsed = time.perf_counter() - started
+            producer.close()
+        finally:
+            client.close()
+    dropped = server.observers.dropped
+    spans = 0
+    if pipeline is not None:
+        pipeline.force_flush()
+        pipeline.shutdown()
+        spans = pipeline.telemetry.spans.spans_written if pipeline.telemetry.spans else 0
+    return messages / elapsed, dropped, spans
+
+
+def bench_proxy(messages: int, size: int, repeat: int) -> None:
+    best: dict[str, tuple[float, int, int]] = {}
+    for round_ in range(repeat):
+        for mode in MODES:
+            # a fresh broker per run: no run inherits another's topics, memory or trouble
+            with tempfile.TemporaryDirectory() as tmp:
+                broker, service_url = start_broker(Path(tmp))
+                try:
+                    result = produce_through(service_url, mode, messages, size, round_)
+                except Exception as exc:  # e.g. the client's flush timing out: report, go on
+                    print(f"{mode}: round {round_} failed: {exc!r}", file=sys.stderr)
+                    continue
+                finally:
+                    broker.terminate()
+                    broker.wait(10)
+            if mode not in best or result[0] > best[mode][0]:
+                best[mode] = result
+    base = best["off"][0] if "off" in best else float("nan")
+    print(f"through the proxy: {messages} messages of {size} B, batching off, best of {repeat} "
+          f"(CPU count {os.cpu_count()})")
+    print(f"{'mode':<14}{'msgs/s':>10}{'ratio':>8}{'dropped events':>16}{'request spans':>15}")
+    for mode in MODES:
+        if mode not in best:
+            print(f"{mode:<14}{'failed':>10}")
+            continue
+        rate, dropped, spans = best[mode]
+        print(f"{mode:<14}{rate:>10.0f}{rate / base:>8.2f}{dropped:>16}{spans:>15}")
+
+
+# -- the observer alone -----------------------------------------------------------------------
+def scripted_frames(count: int, size: int) -> list[tuple[Direction, Frame]]:
+    topic = "persistent://public/default/bench"
+    frames = [
+        (Direction.TO_BROKER, frame_from_bytes(encode_command(api.CommandConnect(client_version="b",
+                                                                                 protocol_version=21)))),
+        (Direction.TO_CLIENT, frame_from_bytes(encode_command(api.CommandConnected(server_version="b",
+                                                                                   protocol_version=21)))),
+        (Direction.TO_BROKER, frame_from_bytes(encode_command(api.CommandProducer(topic=topic, producer_id=1,
+                                                                                  request_id=1)))),
+        (Direction.TO_CLIENT, frame_from_bytes(encode_command(api.CommandProducerSuccess(request_id=1,
+                                                                                         producer_name="p")))),
+    ]
+    payload = b"x" * size
+    for sequence_id in range(count):
+        metadata = api.MessageMetadata(producer_name="p", sequence_id=sequence_id, publish_time=1,
+                                       uncompressed_size=size)
+        send = api.CommandSend(producer_id=1, sequence_id=sequence_id, num_messages=1)
+        frames.append((Direction.TO_BROKER, frame_from_bytes(encode_payload_command(send, metadata, payload))))
+        receipt = api.CommandSendReceipt(producer_id=1, sequence_id=sequence_id,
+                                         message_id=api.MessageIdData(ledgerId=1, entryId=sequence_id))
+        frames.append((Direction.TO_CLIENT, frame_from_bytes(encode_command(receipt))))
+    return frames
+
+
+def bench_observer(messages: int, size: int, repeat: int) -> None:
+    print(f"observer alone: {messages} SEND + {messages} SEND_RECEIPT frames, best of {repeat}")
+    print(f"{'mode':<14}{'us/frame':>10}{'frames/s':>12}")
+    for mode in ("metrics", "traces-100%", "traces-1%"):
+        best = float("inf")
+        for _ in range(repeat):
+            frames = scripted_frames(messages, size)  # fresh frames: lazily decoded parts are not cached
+            pipeline = pipeline_for(mode)
+            assert pipeline is not None
+            telemetry = pipeline.telemetry
+            telemetry.connection_opened(1, 0, "127.0.0.1:1", "pulsar://127.0.0.1:6650")
+            ts = 1
+            started = time.perf_counter()
+            for direction, frame in frames:
+                telemetry.frame(1, direction, frame, ts, forwarded_ns=ts)
+                ts += 1000
+            best = min(best, time.perf_counter() - started)
+            pipeline.shutdown()
+        per_frame = best / len(frames)
+        print(f"{mode:<14}{per_frame * 1e6:>10.2f}{1 / per_frame:>12.0f}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=2000)
+    parser.add_argument("--size", type=int, default=100)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--mode", choices=("proxy", "observer", "both"), default="both")
+    args = parser.parse_args(argv)
+    if args.mode in ("observer", "both"):
+        bench_observer(args.messages, args.size, args.repeat)
+    if args.mode in ("proxy", "both"):
+        bench_proxy(args.messages, args.size, args.repeat)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""The proxy's metrics, as OpenTelemetry SDK instruments, and their Prometheus exposition.
+
+:class:`ProxyMetrics` owns the instruments (names as ``/metrics`` shows them):
+
+- ``pulsar_tap_request_duration_seconds`` — histogram of request -> response time,
+  labelled ``command`` (the request's type name), ``outcome`` (ok | error |
+  unanswered) and ``topic`` per the :class:`TopicLabelPolicy`;
+- ``pulsar_tap_frames_total`` / ``pulsar_tap_bytes_total`` — frames and bytes per
+  ``command``, ``direction`` and ``origin``;
+- ``pulsar_tap_messages_total`` — messages in SEND / MESSAGE frames (batches counted
+  by their entries), per ``command`` and ``topic``;
+- ``pulsar_tap_active_connections``, ``pulsar_tap_producers``, ``pulsar_tap_consumers``,
+  ``pulsar_tap_outstanding_permits`` — gauges;
+- ``pulsar_tap_rule_hits_total{rule=...}`` — fired rules (SPEC.md fixes this name);
+- ``pulsar_tap_dropped_events_total{source=...}`` — events that observers (the
+  recorder, telemetry itself) lost to a full queue, read from callbacks.
+
+Topic labels have bounded cardinality: the policy keeps at most ``max_topics``
+distinct topic values (optionally only those matching glob patterns) and folds the
+rest into ``other``.  An in-process :class:`InMemoryMetricReader` backs
+:meth:`ProxyMetrics.prometheus_text`; other readers (OTLP) can be added.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricReader
+from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+from opentelemetry.sdk.resources import Resource
+
+from proxy.telemetry import prometheus
+
+#: Seconds; from sub-millisecond loopback round trips to slow broker fail-overs.
+LATENCY_BUCKETS_S: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                            0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+OTHER_TOPIC: Final = "other"
+REQUEST_DURATION: Final = "pulsar_tap_request_duration_seconds"
+
+
+@dataclass
+class TopicLabelPolicy:
+    """Which topics get their own label value.
+
+    ``max_topics`` = 0 removes the topic label altogether; otherwise the first
+    ``max_topics`` distinct topics seen (among those matching ``patterns``, when
+    given) keep their name and every other topic is labelled ``other``.
+    """
+
+    max_topics: int = 100
+    patterns: tuple[str, ...] = ()
+    _kept: set[str] = field(default_factory=set, repr=False)
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_topics > 0
+
+    def label(self, topic: str | None) -> str:
+        if not topic:
+            return ""
+        if topic in self._kept:
+            return topic
+        if len(self._kept) >= self.max_topics:
+            return OTHER_TOPIC
+        if self.patterns and not any(fnmatch.fnmatchcase(topic, p) for p in self.patterns):
+            return OTHER_TOPIC
+        self._kept.add(topic)
+        return topic
+
+
+class ProxyMetrics:
+    """The instruments; see the module docstring.  Methods are cheap and never do I/O.
+
+    Counters and gauges are kept as plain numbers and read by observable
+    instruments when a reader collects (an SDK ``add`` per frame would cost more
+    than the rest of telemetry); only the latency histogram records per request.
+    """
+
+    def __init__(self, *, topic_policy: TopicLabelPolicy | None = None,
+                 extra_readers: Sequence[MetricReader] = (), resource: Resource | None = None) -> None:
+        self.topics = topic_policy or TopicLabelPolicy()
+        self.reader = InMemoryMetricReader()
+        views = [View(instrument_name=REQUEST_DURATION,
+                      aggregation=ExplicitBucketHistogramAggregation(LATENCY_BUCKETS_S))]
+        self.provider = MeterProvider(metric_readers=[self.reader, *extra_readers], views=views,
+                                      resource=resource or Resource.create({"service.name": "pulsar-tap"}))
+        meter = self.provider.get_meter("pulsar-tap")
+        self._drop_sources: dict[str, Callable[[], int]] = {}
+        #: (command, direction, origin) -> [frames, bytes]
+        self._frames: dict[tuple[str, str, str], list[int]] = {}
+        #: (command, topic label) -> messages
+        self._messages: dict[tuple[str, str], int] = {}
+        self._rule_hits: dict[str, int] = {}
+        self.active_connections = 0
+        self.producers = 0
+        self.consumers = 0
+        self.outstanding_permits = 0
+        self.request_duration = meter.create_histogram(
+            REQUEST_DURATION, unit="s", description="Time from a request to its response, as the client sees it")
+        meter.create_observable_counter("pulsar_tap_frames", callbacks=[self._observe_frames],
+                                        description="Frames through the proxy")
+        meter.create_observable_counter("pulsar_tap_bytes", callbacks=[self._observe_bytes], unit="By",
+                                        description="Frame bytes through the proxy")
+        meter.create_observable_counter("pulsar_tap_messages", callbacks=[self._observe_messages],
+                                        description="Messages in SEND and MESSAGE frames (batch entries counted)")
+        for name, description in (("active_connections", "Client connections open through the proxy"),
+                                  ("producers", "Producers open"), ("consumers", "Consumers open"),
+                                  ("outstanding_permits", "FLOW permits granted and not yet used by MESSAGEs")):
+            meter.create_observable_gauge(f"pulsar_tap_{name}", callbacks=[self._gauge(name)],
+                                          description=description)
+        meter.create_observable_counter("pulsar_tap_rule_hits", callbacks=[self._observe_rule_hits],
+                                        description="Times each rule fired")
+        meter.create_observable_counter("pulsar_tap_dropped_events", callbacks=[self._observe_drops],
+                                        description="Events observers lost to a full queue, per source")
+
+    # -- recording ------------------------------------------------------------------------
+    def request(self, command: str, topic: str | None, outcome: str, seconds: float) -> None:
+        attributes = {"command": command, "outcome": outcome}
+        if self.topics.enabled:
+            attributes["topic"] = self.topics.label(topic)
+        self.request_duration.record(max(seconds, 0.0), attributes)
+
+    def frame(self, command: str, direction: str, origin: str, size: int) -> None:
+        counts = self._frames.get((command, direction, origin))
+        if counts is None:
+            counts = self._frames[(command, direction, origin)] = [0, 0]
+        counts[0] += 1
+        counts[1] += size
+
+    def message_count(self, command: str, topic: str | None, count: int) -> None:
+        key = (command, self.topics.label(topic) if self.topics.enabled else "")
+        self._messages[key] = self._messages.get(key, 0) + count
+
+    def rules_fired(self, names: Iterable[str]) -> None:
+        for name in names:
+            self._rule_hits[name] = self._rule_hits.get(name, 0) + 1
+
+    def add_drop_source(self, source: str, dropped: Callable[[], int]) -> None:
+        """Report ``dropped()`` as ``pulsar_tap_dropped_events_total{source=...}`` (e.g. the recorder's queue)."""
+        self._drop_sources[source] = dropped
+
+    # -- collection callbacks (run on the reader's thread: they copy before iterating) ----
+    def _observe_frames(self, options: CallbackOptions) -> Iterable[Observation]:
+        del options
+        return [Observation(counts[0], {"command": c, "direction": d, "origin": o})
+                for (c, d, o), counts in list(self._frames.items())]
+
+    def _observe_bytes(self, options: CallbackOptions) -> Iterable[Observation]:
+        del options
+        return [Observation(counts[1], {"command": c, "direction": d, "origin": o})
+                for (c, d, o), counts in list(self._frames.items())]
+
+    def _observe_messages(self, options: CallbackOptions) -> Iterable[Observation]:
+        del options
+        return [Observation(count, {"command": command, "topic": topic} if self.topics.enabled else
+                            {"command": command}) for (command, topic), count in list(self._messages.items())]
+
+    def _observe_rule_hits(self, options: CallbackOptions) -> Iterable[Observation]:
+        del options
+        return [Observation(hits, {"rule": name}) for name, hits in list(self._rule_hits.items())]
+
+    def _gauge(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
+            del options
+            return [Observation(getattr(self, name))]
+        return observe
+
+    def _observe_drops(self, options: CallbackOptions) -> Iterable[Observation]:
+        del options
+        return [Observation(read(), {"source": source}) for source, read in list(self._drop_sources.items())]
+
+    # -- reading --------------------------------------------------------------------------
+    def prometheus_text(self, exclude: Iterable[str] = ()) -> str:
+        """Everything collected so far (but the ``exclude`` d families), as Prometheus text."""
+        return prometheus.render(self.reader.get_metrics_data(), exclude=exclude)
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()

@@ -1,0 +1,139 @@
+"""The telemetry observer: frames in, spans and metrics out.
+
+:class:`Telemetry` is the sans-IO core.  Feed it what the relay reports —
+:meth:`~Telemetry.connection_opened`, :meth:`~Telemetry.frame` (with the instant the
+frame was received and, when known, the instant it was forwarded, plus the names
+of the rules that fired on it) and :meth:`~Telemetry.connection_closed` — and it
+keeps one :class:`~proxy.telemetry.tracker.ConnectionTimeline` per connection, hands
+finished exchanges and delivery cycles to the :class:`~proxy.telemetry.tracer.SpanWriter`
+(if tracing is on) and counts everything in :class:`~proxy.telemetry.metrics.ProxyMetrics`
+(if metrics are on).  It never changes traffic and never raises on odd frames.
+
+:class:`TelemetryObserver` adapts it to the proxy's observer hook
+(:class:`proxy.server.hooks.Observer`): it is called from the observer task, behind
+the bounded queue, never on the relay's path.
+"""
+
+from __future__ import annotations
+
+from proxy.protocol.commands import type_name
+from proxy.protocol.frame import Frame
+from proxy.protocol.session import Direction
+from proxy.server.hooks import ConnectionEvent, ConnectionInfo, FrameEvent
+from proxy.telemetry.metrics import ProxyMetrics
+from proxy.telemetry.tracer import Peer, SpanWriter
+from proxy.telemetry.tracker import ConnectionTimeline, FrameOutcome
+
+
+class Telemetry:
+    """The sans-IO core; see the module docstring."""
+
+    def __init__(self, spans: SpanWriter | None = None, metrics: ProxyMetrics | None = None) -> None:
+        self.spans = spans
+        self.metrics = metrics
+        self._timelines: dict[int, ConnectionTimeline] = {}
+        self._peers: dict[int, Peer] = {}
+        self.frames_seen = 0
+
+    @property
+    def connections(self) -> int:
+        return len(self._timelines)
+
+    def connection_opened(self, conn_id: int, ts_ns: int, client: str | None = None,
+                          broker: str | None = None) -> None:
+        if conn_id in self._timelines:
+            return
+        self._timelines[conn_id] = ConnectionTimeline(conn_id, inspect_trace_context=self.spans is not None)
+        self._peers[conn_id] = Peer(client, broker)
+        if self.spans is not None:
+            self.spans.connection_opened(conn_id, self._peers[conn_id], ts_ns)
+        if self.metrics is not None:
+            self.metrics.active_connections += 1
+
+    def frame(self, conn_id: int, direction: Direction, frame: Frame, received_ns: int, *,
+              forwarded_ns: int | None = None, origin: str | None = None, fired: tuple[str, ...] = (),
+              broker: str | None = None) -> None:
+        """One frame crossed (``origin`` defaults to the sender its direction implies)."""
+        self.frames_seen += 1
+        if origin is None:
+            origin = "client" if direction is Direction.TO_BROKER else "broker"
+        timeline = self._timelines.get(conn_id)
+        if timeline is None:
+            self.connection_opened(conn_id, received_ns, broker=broker)
+            timeline = self._timelines[conn_id]
+        if broker is not None and self._peers[conn_id].broker != broker:
+            self._peers[conn_id] = Peer(self._peers[conn_id].client, broker)
+            if self.spans is not None:
+                self.spans.connection_routed(conn_id, self._peers[conn_id])
+        if self.spans is None and self.metrics is None:
+            return
+        outcome = timeline.frame(frame, direction, origin, received_ns, forwarded_ns, fired)
+        if self.metrics is not None:
+            command = type_name(frame.type)
+            self.metrics.frame(command, direction.value, origin, frame.size)
+            if outcome.messages:
+                self.metrics.message_count(command, outcome.topic, outcome.messages)
+            if fired:
+                self.metrics.rules_fired(fired)
+        self._publish(conn_id, outcome)
+
+    def connection_closed(self, conn_id: int, ts_ns: int, reason: str | None = None) -> None:
+        timeline = self._timelines.pop(conn_id, None)
+        if timeline is None:
+            return
+        self._publish(conn_id, timeline.close(ts_ns))
+        self._peers.pop(conn_id, None)
+        if self.spans is not None:
+            self.spans.connection_closed(conn_id, ts_ns, reason)
+        if self.metrics is not None:
+            self.metrics.active_connections -= 1
+
+    def close(self, ts_ns: int) -> None:
+        """Stop: every open connection ends (its pending requests unanswered)."""
+        for conn_id in list(self._timelines):
+            self.connection_closed(conn_id, ts_ns, "telemetry stopped")
+
+    def _publish(self, conn_id: int, outcome: FrameOutcome) -> None:
+        peer = self._peers.get(conn_id, Peer())
+        metrics, spans = self.metrics, self.spans
+        for exchange in outcome.exchanges:
+            if metrics is not None:
+                metrics.request(exchange.command, exchange.pair.topic, exchange.pair.outcome,
+                                exchange.duration_ns / 1e9)
+            if spans is not None:
+                spans.exchange(exchange, peer)
+        if spans is not None:
+            for cycle in outcome.cycles:
+                spans.delivery(cycle, peer)
+            if outcome.loose_rules:
+                spans.loose_rules(conn_id, outcome.loose_rules)
+        if metrics is not None:
+            if outcome.producers_delta:
+                metrics.producers += outcome.producers_delta
+            if outcome.consumers_delta:
+                metrics.consumers += outcome.consumers_delta
+            if outcome.permits_delta:
+                metrics.outstanding_permits += outcome.permits_delta
+
+
+def _broker_of(connection: ConnectionInfo) -> str | None:
+    return connection.broker_url
+
+
+class TelemetryObserver:
+    """:class:`Telemetry` behind the proxy's observer hook."""
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        self.telemetry = telemetry
+
+    def on_connection(self, event: ConnectionEvent) -> None:
+        info = event.connection
+        if event.closed:
+            self.telemetry.connection_closed(info.conn_id, event.ts_ns, event.reason)
+        else:
+            self.telemetry.connection_opened(info.conn_id, event.ts_ns, info.client, _broker_of(info))
+
+    def on_frame(self, event: FrameEvent) -> None:
+        self.telemetry.frame(event.connection.conn_id, event.direction, event.frame, event.ts_ns,
+                             forwarded_ns=event.forwarded_ns, origin=event.origin.value, fired=event.fired,
+                             broker=_broker_of(event.connection))

@@ -1,0 +1,292 @@
+"""OpenTelemetry spans for what the proxy saw: connections, request/response pairs, deliveries.
+
+:class:`SpanWriter` turns the records of :mod:`proxy.telemetry.tracker` into spans
+with explicit start and end times (the instants the relay reported, so a span
+covers exactly what the client experienced, injected delays included):
+
+- a **connection span** (``pulsar.connection``) per proxied connection, parent of the
+  rest, from accept to close;
+- a **request span** per request/response pair, named after the request
+  (``SEND``, ``LOOKUP``, ...), carrying ``pulsar.command``, the messaging semantic
+  conventions (``messaging.system=pulsar``, ``messaging.destination.name``,
+  ``messaging.operation.type``/``.name``, batch counts, sizes), the client and broker
+  addresses, ids, the error code and message, ``pulsar.proxy_time_ms`` and
+  ``pulsar.upstream_time_ms``; a pair left unanswered at close ends as an error;
+- LOOKUP: one span per hop; a hop that follows a Redirect for the same topic links
+  to the span of the hop that redirected it (across connections);
+- a **delivery span** (``DELIVERY``) per FLOW grant, ending at the MESSAGE that used
+  its last permit;
+- a SEND whose message properties carry W3C ``traceparent`` joins that trace (the
+  connection span is then a link), and further batch entries' contexts are links;
+- each fired rule is a span event named ``rule`` (``rule.name``), and the list of
+  rules is the ``pulsar.rules`` attribute.
+
+Sampling: ``sample`` is the probability of recording a request or delivery span,
+drawn from a seeded generator; connection spans are always recorded; a span that
+joins a W3C trace follows that trace's sampled flag instead.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Final
+from urllib.parse import urlsplit
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util.types import AttributeValue
+
+from proxy.pb import PulsarApi_pb2 as api
+from proxy.telemetry.tracker import DeliveryCycle, Exchange, FiredRule, TraceContext
+
+# Command types as plain ints: the protobuf enum wrapper's attribute lookups are slow on a per-frame path.
+T = SimpleNamespace(**{name: int(value) for name, value in api.BaseCommand.Type.items()})
+
+CONNECTION_SPAN: Final = "pulsar.connection"
+DELIVERY_SPAN: Final = "DELIVERY"
+#: Topics whose last LOOKUP hop was a Redirect, remembered for the next hop's link.
+MAX_PENDING_REDIRECTS: Final = 4096
+
+_OPERATION: Final[dict[int, tuple[str, str]]] = {
+    T.SEND: ("send", "send"),
+    T.PRODUCER: ("create", "create_producer"),
+    T.SUBSCRIBE: ("receive", "subscribe"),
+    T.ACK: ("settle", "ack"),
+    T.FLOW: ("receive", "flow"),
+}
+_PROPAGATOR: Final = TraceContextTextMapPropagator()
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """Addresses of the two sides of a connection."""
+
+    client: str | None = None
+    broker: str | None = None
+
+
+def _host_port(address: str | None) -> tuple[str, int] | None:
+    if not address:
+        return None
+    parsed = urlsplit(address if "://" in address else f"//{address}")
+    try:
+        port = parsed.port
+    except ValueError:
+        return None
+    if parsed.hostname is None or port is None:
+        return None
+    return parsed.hostname, port
+
+
+class SpanWriter:
+    """Writes spans through an OpenTelemetry tracer; see the module docstring."""
+
+    def __init__(self, tracer: trace.Tracer, *, sample: float = 1.0, rng: random.Random | None = None) -> None:
+        self.tracer = tracer
+        self.sample = sample
+        self._rng = rng or random.Random(0)
+        self._connections: dict[int, trace.Span] = {}
+        self._redirects: OrderedDict[str, tuple[SpanContext, int]] = OrderedDict()
+        self.spans_written = 0
+        self.spans_skipped = 0
+
+    # -- connections ----------------------------------------------------------------------
+    def connection_opened(self, conn_id: int, peer: Peer, ts_ns: int) -> None:
+        if conn_id in self._connections:
+            return
+        attributes: dict[str, AttributeValue] = {"pulsar.connection.id": conn_id, "messaging.system": "pulsar"}
+        _peer_attributes(attributes, peer)
+        self._connections[conn_id] = self.tracer.start_span(
+            CONNECTION_SPAN, context=Context(), kind=SpanKind.SERVER, attributes=attributes, start_time=ts_ns)
+
+    def connection_routed(self, conn_id: int, peer: Peer) -> None:
+        """The connection's broker became known (the relay routes it after CONNECT)."""
+        span = self._connections.get(conn_id)
+        if span is not None:
+            attributes: dict[str, AttributeValue] = {}
+            _peer_attributes(attributes, peer)
+            span.set_attributes(attributes)
+
+    def connection_closed(self, conn_id: int, ts_ns: int, reason: str | None = None) -> None:
+        span = self._connections.pop(conn_id, None)
+        if span is None:
+            return
+        if reason:
+            span.set_attribute("pulsar.connection.close_reason", reason)
+        span.end(end_time=ts_ns)
+
+    def loose_rules(self, conn_id: int, rules: Sequence[FiredRule]) -> None:
+        """Rules that fired on frames outside any request or delivery: events on the connection span."""
+        span = self._connections.get(conn_id)
+        if span is not None:
+            _rule_events(span, rules)
+
+    # -- requests -------------------------------------------------------------------------
+    def exchange(self, exchange: Exchange, peer: Peer) -> None:
+        pair = exchange.pair
+        traces = exchange.request.traces if exchange.request is not None else ()
+        if not traces and not self._sampled():
+            self.spans_skipped += 1
+            return
+        parent, links = self._parent_and_links(exchange.conn_id, traces)
+        hop = 1
+        if pair.request_type == T.LOOKUP and pair.topic:
+            redirected = self._redirects.pop(pair.topic, None)
+            if redirected is not None:
+                links.append(Link(redirected[0], {"pulsar.link": "redirected_by"}))
+                hop = redirected[1] + 1
+        attributes = self._exchange_attributes(exchange, peer)
+        if pair.request_type == T.LOOKUP:
+            attributes["pulsar.lookup.hop"] = hop
+        kind = SpanKind.PRODUCER if pair.request_type == T.SEND else SpanKind.SERVER
+        span = self.tracer.start_span(exchange.command, context=parent, kind=kind, attributes=attributes,
+                                      links=links, start_time=exchange.start_ns)
+        _rule_events(span, exchange.rules)
+        if pair.outcome == "unanswered":
+            span.set_status(Status(StatusCode.ERROR, "unanswered: the connection closed first"))
+        elif pair.outcome == "error":
+            span.set_status(Status(StatusCode.ERROR, pair.error_message or pair.error_code or "error"))
+        if pair.request_type == T.LOOKUP and exchange.lookup_answer == "Redirect" and pair.topic:
+            self._redirects[pair.topic] = (span.get_span_context(), hop)
+            self._redirects.move_to_end(pair.topic)
+            if len(self._redirects) > MAX_PENDING_REDIRECTS:
+                self._redirects.popitem(last=False)
+        span.end(end_time=max(exchange.end_ns, exchange.start_ns))
+        self.spans_written += 1
+
+    def _exchange_attributes(self, exchange: Exchange, peer: Peer) -> dict[str, AttributeValue]:
+        pair = exchange.pair
+        attributes: dict[str, AttributeValue] = {
+            "pulsar.command": exchange.command,
+            "messaging.system": "pulsar",
+            "pulsar.connection.id": exchange.conn_id,
+            "pulsar.outcome": pair.outcome,
+            "pulsar.proxy_time_ms": exchange.proxy_ns / 1e6,
+            "pulsar.upstream_time_ms": exchange.upstream_ns / 1e6,
+        }
+        _peer_attributes(attributes, peer)
+        if pair.response_command is not None:
+            attributes["pulsar.response"] = pair.response_command
+        if pair.topic:
+            attributes["messaging.destination.name"] = pair.topic
+        operation = _OPERATION.get(pair.request_type)
+        if operation is not None:
+            attributes["messaging.operation.type"], attributes["messaging.operation.name"] = operation
+        for name, value in (("pulsar.request_id", pair.request_id), ("pulsar.producer_id", pair.producer_id),
+                            ("pulsar.consumer_id", pair.consumer_id), ("pulsar.sequence_id", pair.sequence_id)):
+            if value is not None:
+                attributes[name] = value
+        if pair.request_type == T.SEND:
+            attributes["messaging.batch.message_count"] = max(pair.num_messages, 1)
+        elif pair.request_type == T.ACK and pair.num_messages:
+            attributes["messaging.batch.message_count"] = pair.num_messages
+        if exchange.request is not None:
+            attributes["pulsar.request.size"] = exchange.request.size
+            if exchange.request.authoritative is not None:
+                attributes["pulsar.lookup.authoritative"] = exchange.request.authoritative
+        if exchange.producer_name or exchange.consumer_name:
+            attributes["messaging.client.id"] = exchange.producer_name or exchange.consumer_name or ""
+        if exchange.subscription:
+            attributes["messaging.destination.subscription.name"] = exchange.subscription
+        if pair.error_code:
+            attributes["error.type"] = pair.error_code
+            attributes["pulsar.error.code"] = pair.error_code
+        if pair.error_message:
+            attributes["pulsar.error.message"] = pair.error_message
+        if exchange.lookup_answer:
+            attributes["pulsar.lookup.response"] = exchange.lookup_answer
+        if exchange.lookup_broker_url:
+            attributes["pulsar.lookup.broker_url"] = exchange.lookup_broker_url
+        if exchange.rules:
+            attributes["pulsar.rules"] = list(dict.fromkeys(rule.name for rule in exchange.rules))
+        return attributes
+
+    # -- deliveries -----------------------------------------------------------------------
+    def delivery(self, cycle: DeliveryCycle, peer: Peer) -> None:
+        if not self._sampled():
+            self.spans_skipped += 1
+            return
+        attributes: dict[str, AttributeValue] = {
+            "pulsar.command": "FLOW",
+            "messaging.system": "pulsar",
+            "messaging.operation.type": "receive",
+            "messaging.operation.name": "deliver",
+            "pulsar.connection.id": cycle.conn_id,
+            "pulsar.consumer_id": cycle.consumer_id,
+            "pulsar.flow.permits": cycle.permits,
+            "messaging.batch.message_count": cycle.messages,
+            "pulsar.delivery.frames": cycle.frames,
+            "pulsar.delivery.bytes": cycle.bytes,
+            "pulsar.delivery.complete": cycle.complete,
+        }
+        _peer_attributes(attributes, peer)
+        if cycle.ended_by:
+            attributes["pulsar.delivery.ended_by"] = cycle.ended_by
+        if cycle.topic:
+            attributes["messaging.destination.name"] = cycle.topic
+        if cycle.subscription:
+            attributes["messaging.destination.subscription.name"] = cycle.subscription
+        if cycle.consumer_name:
+            attributes["messaging.client.id"] = cycle.consumer_name
+        if cycle.rules:
+            attributes["pulsar.rules"] = list(dict.fromkeys(rule.name for rule in cycle.rules))
+        parent, links = self._parent_and_links(cycle.conn_id, ())
+        span = self.tracer.start_span(DELIVERY_SPAN, context=parent, kind=SpanKind.CONSUMER, attributes=attributes,
+                                      links=links, start_time=cycle.flow_received_ns)
+        _rule_events(span, cycle.rules)
+        span.end(end_time=max(cycle.end_ns, cycle.flow_received_ns))
+        self.spans_written += 1
+
+    # -- helpers --------------------------------------------------------------------------
+    def _sampled(self) -> bool:
+        return self.sample >= 1.0 or self._rng.random() < self.sample
+
+    def _parent_and_links(self, conn_id: int, traces: Sequence[TraceContext]) -> tuple[Context, list[Link]]:
+        connection = self._connections.get(conn_id)
+        connection_context = trace.set_span_in_context(connection) if connection is not None else Context()
+        links: list[Link] = []
+        parent: Context | None = None
+        for found in traces:
+            carrier = {"traceparent": found.traceparent}
+            if found.tracestate:
+                carrier["tracestate"] = found.tracestate
+            context = _PROPAGATOR.extract(carrier, context=Context())
+            span_context = trace.get_current_span(context).get_span_context()
+            if not span_context.is_valid:
+                continue
+            if parent is None:
+                parent = context
+            else:
+                links.append(Link(span_context, {"pulsar.link": "batch_entry"}))
+        if parent is None:
+            return connection_context, links
+        if connection is not None:
+            links.insert(0, Link(connection.get_span_context(), {"pulsar.link": "connection"}))
+        return parent, links
+
+    def close_all(self, ts_ns: int) -> None:
+        for conn_id in list(self._connections):
+            self.connection_closed(conn_id, ts_ns, "telemetry stopped")
+
+
+def _peer_attributes(attributes: dict[str, AttributeValue], peer: Peer) -> None:
+    client = _host_port(peer.client)
+    if client is not None:
+        attributes["client.address"], attributes["client.port"] = client
+    broker = _host_port(peer.broker)
+    if broker is not None:
+        attributes["server.address"], attributes["server.port"] = broker
+    if peer.broker:
+        attributes["pulsar.broker"] = peer.broker
+
+
+def _rule_events(span: trace.Span, rules: Sequence[FiredRule]) -> None:
+    for rule in rules:
+        span.add_event("rule", {"rule.name": rule.name, "pulsar.command": rule.command,
+                                "pulsar.direction": rule.direction}, timestamp=rule.ts_ns)

@@ -1,0 +1,429 @@
+"""One connection's traffic turned into timed exchanges and delivery cycles, for telemetry.
+
+:class:`ConnectionTimeline` feeds every frame of one proxied connection to a
+:class:`~proxy.protocol.session.SessionTracker` (which pairs requests with
+responses: by ``request_id``, by ``(producer_id, sequence_id)`` for SEND, in order
+for PING) and adds what telemetry needs on top:
+
+- the four instants of a request/response pair as the relay reports them — request
+  received from the client, forwarded to the broker, response received from the
+  broker, forwarded to the client — so time inside the proxy (rule delays included)
+  separates from time upstream;
+- the rules that fired on either frame;
+- W3C trace context (``traceparent`` / ``tracestate``) found in a SEND's message
+  properties, batch entries included;
+- LOOKUP answers (Connect, Redirect, Failed) and the broker they point at;
+- consumer delivery cycles: a FLOW grants permits, the MESSAGEs that follow use
+  them (a batch uses one permit per entry, as brokers count), and the cycle ends
+  when the permits are used up, the consumer goes away or the connection closes;
+- how many producers, consumers and outstanding permits the connection holds.
+
+Results come back from :meth:`ConnectionTimeline.frame` and
+:meth:`ConnectionTimeline.close` as :class:`Exchange` and :class:`DeliveryCycle`
+records.  No clocks, no I/O: times arrive with the frames.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any, Final
+
+from proxy.errors import ProtocolError
+from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.commands import type_name
+from proxy.protocol.frame import Frame
+from proxy.protocol.message import decode_messages
+from proxy.protocol.session import Direction, RequestPair, SessionTracker
+
+# Command types as plain ints: the protobuf enum wrapper's attribute lookups are slow on a per-frame path.
+T = SimpleNamespace(**{name: int(value) for name, value in api.BaseCommand.Type.items()})
+
+TRACEPARENT: Final = "traceparent"
+TRACESTATE: Final = "tracestate"
+#: Requests whose timing is kept while awaiting an answer; beyond it the oldest is forgotten.
+MAX_TIMED_REQUESTS: Final = 65_536
+#: Open FLOW grants kept per consumer; older grants beyond it are folded into the newest.
+MAX_OPEN_CYCLES: Final = 64
+_LOOKUP_ANSWERS: Final = {api.CommandLookupTopicResponse.Connect: "Connect",
+                          api.CommandLookupTopicResponse.Redirect: "Redirect",
+                          api.CommandLookupTopicResponse.Failed: "Failed"}
+
+
+@dataclass(frozen=True, slots=True)
+class FiredRule:
+    """A rule that fired on one frame."""
+
+    name: str
+    ts_ns: int
+    command: str
+    direction: str
+
+
+@dataclass(frozen=True, slots=True)
+class TraceContext:
+    """W3C trace context carried in a message's properties."""
+
+    traceparent: str
+    tracestate: str | None = None
+
+
+@dataclass(slots=True)
+class RequestTiming:
+    """A request as the proxy saw it, kept until its answer arrives."""
+
+    command: str
+    received_ns: int
+    forwarded_ns: int | None
+    size: int
+    rules: list[FiredRule] = field(default_factory=list)
+    traces: tuple[TraceContext, ...] = ()
+    authoritative: bool | None = None
+
+
+@dataclass(slots=True)
+class Exchange:
+    """A finished request/response pair with its timing; ``pair`` is the session machine's view."""
+
+    conn_id: int
+    pair: RequestPair
+    request: RequestTiming | None
+    response_received_ns: int | None
+    response_forwarded_ns: int | None
+    response_origin: str | None
+    rules: list[FiredRule]
+    producer_name: str | None = None
+    consumer_name: str | None = None
+    subscription: str | None = None
+    lookup_answer: str | None = None
+    lookup_broker_url: str | None = None
+
+    @property
+    def command(self) -> str:
+        return self.pair.request_command
+
+    @property
+    def start_ns(self) -> int:
+        return self.request.received_ns if self.request is not None else self.pair.start_ns
+
+    @property
+    def end_ns(self) -> int:
+        """When the client got its answer (or when the session gave up on it)."""
+        if self.response_forwarded_ns is not None:
+            return self.response_forwarded_ns
+        if self.response_received_ns is not None:
+            return self.response_received_ns
+        return self.pair.end_ns
+
+    @property
+    def duration_ns(self) -> int:
+        return max(self.end_ns - self.start_ns, 0)
+
+    @property
+    def upstream_ns(self) -> int:
+        """Time the request spent beyond the proxy: forwarded upstream until its answer came back."""
+        if self.response_origin == "proxy" or self.response_received_ns is None:
+            return 0
+        sent = self.start_ns
+        if self.request is not None and self.request.forwarded_ns is not None:
+            sent = self.request.forwarded_ns
+        return max(self.response_received_ns - sent, 0)
+
+    @property
+    def proxy_ns(self) -> int:
+        """Time spent inside the proxy (rule delays included), both ways."""
+        return max(self.duration_ns - self.upstream_ns, 0)
+
+
+@dataclass(slots=True)
+class DeliveryCycle:
+    """A FLOW grant and the MESSAGEs it paid for."""
+
+    conn_id: int
+    consumer_id: int
+    topic: str | None
+    subscription: str | None
+    consumer_name: str | None
+    permits: int
+    flow_received_ns: int
+    flow_forwarded_ns: int | None
+    messages: int = 0
+    frames: int = 0
+    bytes: int = 0
+    first_message_ns: int | None = None
+    last_message_ns: int | None = None
+    complete: bool = False
+    ended_by: str | None = None  # "permits used" | "consumer closed" | "connection closed"
+    rules: list[FiredRule] = field(default_factory=list)
+
+    @property
+    def remaining(self) -> int:
+        return max(self.permits - self.messages, 0)
+
+    @property
+    def end_ns(self) -> int:
+        return self.last_message_ns if self.last_message_ns is not None else self.flow_received_ns
+
+
+@dataclass(slots=True)
+class FrameOutcome:
+    """What one frame changed, for spans and metrics."""
+
+    topic: str | None = None
+    exchanges: list[Exchange] = field(default_factory=list)
+    cycles: list[DeliveryCycle] = field(default_factory=list)
+    #: rules that fired on a frame belonging to no exchange or cycle
+    loose_rules: list[FiredRule] = field(default_factory=list)
+    messages: int = 0
+    producers_delta: int = 0
+    consumers_delta: int = 0
+    permits_delta: int = 0
+
+
+class ConnectionTimeline:
+    """Follows one connection; see the module docstring."""
+
+    def __init__(self, conn_id: int, *, inspect_trace_context: bool = True) -> None:
+        self.conn_id = conn_id
+        self.session = SessionTracker(strict=False)
+        self.inspect_trace_context = inspect_trace_context
+        self._timings: OrderedDict[Any, RequestTiming] = OrderedDict()
+        self._pings: dict[Direction, deque[RequestTiming]] = {
+            Direction.TO_BROKER: deque(maxlen=64), Direction.TO_CLIENT: deque(maxlen=64)}
+        self._cycles: dict[int, deque[DeliveryCycle]] = {}
+        self.producers = 0
+        self.consumers = 0
+        self.frames_not_understood = 0
+
+    @property
+    def outstanding_permits(self) -> int:
+        return sum(cycle.remaining for cycles in self._cycles.values() for cycle in cycles)
+
+    def frame(self, frame: Frame, direction: Direction, origin: str, received_ns: int,
+              forwarded_ns: int | None = None, fired: tuple[str, ...] = ()) -> FrameOutcome:
+        """Account for one frame; ``forwarded_ns`` is when it left the proxy (None: not forwarded/unknown)."""
+        out = FrameOutcome()
+        kind = frame.type
+        command = type_name(kind)
+        rules = [FiredRule(name, received_ns, command, direction.value) for name in fired]
+        if origin == "proxy" and direction is Direction.TO_BROKER:
+            # The proxy's own copy of a request it changed, or one it originated: the client's
+            # original (if any) is already accounted for, and the client waits on no answer to it.
+            out.loose_rules = rules
+            return out
+        try:
+            observation = self.session.observe(frame, direction, received_ns)
+        except ProtocolError:
+            self.frames_not_understood += 1
+            out.loose_rules = rules
+            return out
+        out.topic = observation.topic
+        placed = False
+        if direction is Direction.TO_BROKER or kind == T.PING:
+            placed = self._start_request(frame, kind, command, direction, received_ns, forwarded_ns, rules)
+        if observation.completed is not None:
+            out.exchanges.append(self._finish(observation.completed, frame, direction, origin, received_ns,
+                                              forwarded_ns, rules))
+            placed = True
+        if kind == T.FLOW and direction is Direction.TO_BROKER:
+            out.permits_delta += self._grant(frame, received_ns, forwarded_ns, rules)
+            placed = True
+        elif kind == T.MESSAGE and direction is Direction.TO_CLIENT:
+            placed = self._deliver(frame, forwarded_ns or received_ns, rules, out) or placed
+        if kind in (T.SEND, T.MESSAGE):
+            out.messages = _message_count(frame, kind)
+        self._count_ids(out)
+        if not placed:
+            out.loose_rules = rules
+        return out
+
+    def close(self, now_ns: int) -> FrameOutcome:
+        """The connection closed: pending requests end unanswered, open cycles end."""
+        out = FrameOutcome()
+        for pair in self.session.close(now_ns):
+            timing = self._timings.pop(_key_of(pair), None)
+            out.exchanges.append(Exchange(self.conn_id, pair, timing, None, None, None,
+                                          list(timing.rules) if timing else []))
+        self._timings.clear()
+        for consumer_id in list(self._cycles):
+            out.permits_delta -= self._end_cycles(consumer_id, "connection closed", out)
+        out.producers_delta, out.consumers_delta = -self.producers, -self.consumers
+        self.producers = self.consumers = 0
+        return out
+
+    # -- requests -------------------------------------------------------------------------
+    def _start_request(self, frame: Frame, kind: int, command: str, direction: Direction, received_ns: int,
+                       forwarded_ns: int | None, rules: list[FiredRule]) -> bool:
+        key = _request_key(frame, kind)
+        if key is None:
+            return False
+        timing = RequestTiming(command, received_ns, forwarded_ns, frame.size, list(rules))
+        if kind == T.PING:
+            self._pings[direction].append(timing)
+            return True
+        if kind == T.SEND and self.inspect_trace_context:
+            timing.traces = _trace_contexts(frame)
+        elif kind == T.LOOKUP:
+            timing.authoritative = frame.command.lookupTopic.authoritative
+        self._timings[key] = timing
+        if len(self._timings) > MAX_TIMED_REQUESTS:
+            self._timings.popitem(last=False)
+        return True
+
+    def _finish(self, pair: RequestPair, frame: Frame, direction: Direction, origin: str, received_ns: int,
+                forwarded_ns: int | None, rules: list[FiredRule]) -> Exchange:
+        if pair.request_type == T.PING:
+            pings = self._pings[Direction.TO_CLIENT if direction is Direction.TO_BROKER else Direction.TO_BROKER]
+            timing = pings.popleft() if pings else None
+        else:
+            timing = self._timings.pop(_key_of(pair), None)
+        exchange = Exchange(self.conn_id, pair, timing, received_ns, forwarded_ns, origin,
+                            [*(timing.rules if timing else ()), *rules])
+        if pair.producer_id is not None and (producer := self.session.producers.get(pair.producer_id)):
+            exchange.producer_name = producer.producer_name
+        if pair.consumer_id is not None and (consumer := self.session.consumers.get(pair.consumer_id)):
+            exchange.consumer_name = consumer.consumer_name
+            exchange.subscription = consumer.subscription
+        if frame.type == T.LOOKUP_RESPONSE:
+            answer = frame.command.lookupTopicResponse
+            exchange.lookup_answer = _LOOKUP_ANSWERS.get(answer.response)
+            if answer.HasField("brokerServiceUrl"):
+                exchange.lookup_broker_url = answer.brokerServiceUrl
+            elif answer.HasField("brokerServiceUrlTls"):
+                exchange.lookup_broker_url = answer.brokerServiceUrlTls
+        return exchange
+
+    # -- delivery cycles ------------------------------------------------------------------
+    def _grant(self, frame: Frame, received_ns: int, forwarded_ns: int | None, rules: list[FiredRule]) -> int:
+        flow = frame.command.flow
+        consumer = self.session.consumers.get(flow.consumer_id)
+        cycle = DeliveryCycle(self.conn_id, flow.consumer_id, consumer.topic if consumer else None,
+                              consumer.subscription if consumer else None,
+                              consumer.consumer_name if consumer else None,
+                              flow.messagePermits, received_ns, forwarded_ns, rules=list(rules))
+        cycles = self._cycles.setdefault(flow.consumer_id, deque())
+        cycles.append(cycle)
+        if len(cycles) > MAX_OPEN_CYCLES:
+            oldest = cycles.popleft()
+            cycles[0].permits += oldest.remaining
+        return int(flow.messagePermits)
+
+    def _deliver(self, frame: Frame, ts_ns: int, rules: list[FiredRule], out: FrameOutcome) -> bool:
+        consumer_id = frame.command.message.consumer_id
+        cycles = self._cycles.get(consumer_id)
+        if not cycles:
+            return False
+        used = _message_count(frame, T.MESSAGE)
+        out.permits_delta -= min(used, sum(c.remaining for c in cycles))
+        cycle = cycles[0]
+        cycle.rules.extend(rules)
+        cycle.frames += 1
+        cycle.bytes += frame.size
+        if cycle.first_message_ns is None:
+            cycle.first_message_ns = ts_ns
+        while used > 0 and cycles:
+            cycle = cycles[0]
+            take = min(used, cycle.remaining)
+            cycle.messages += take
+            used -= take
+            cycle.last_message_ns = ts_ns
+            if cycle.first_message_ns is None:
+                cycle.first_message_ns = ts_ns
+            if cycle.remaining == 0:
+                cycle.complete = True
+                cycle.ended_by = "permits used"
+                out.cycles.append(cycles.popleft())
+        if not cycles:
+            del self._cycles[consumer_id]
+        return True
+
+    def _end_cycles(self, consumer_id: int, reason: str, out: FrameOutcome) -> int:
+        remaining = 0
+        for cycle in self._cycles.pop(consumer_id, ()):
+            remaining += cycle.remaining
+            cycle.ended_by = reason
+            out.cycles.append(cycle)
+        return remaining
+
+    def _count_ids(self, out: FrameOutcome) -> None:
+        producers, consumers = len(self.session.producers), len(self.session.consumers)
+        out.producers_delta, out.consumers_delta = producers - self.producers, consumers - self.consumers
+        self.producers, self.consumers = producers, consumers
+        if out.consumers_delta < 0 or len(self._cycles) > consumers:
+            for consumer_id in [c for c in self._cycles if c not in self.session.consumers]:
+                out.permits_delta -= self._end_cycles(consumer_id, "consumer closed", out)
+
+
+def _request_key(frame: Frame, kind: int) -> Any:
+    """The key the session machine files a request under (None: not a request it pairs)."""
+    if kind == T.CONNECT:
+        return "connect"
+    if kind == T.PING:
+        return "ping"
+    if kind == T.SEND:
+        send = frame.command.send
+        return ("send", send.producer_id, send.sequence_id)
+    sub = frame.sub
+    if sub.DESCRIPTOR.fields_by_name.get("request_id") is not None and sub.HasField("request_id"):
+        return ("req", sub.request_id)  # type: ignore[attr-defined]
+    return None
+
+
+def _key_of(pair: RequestPair) -> Any:
+    if pair.request_type == T.CONNECT:
+        return "connect"
+    if pair.sequence_id is not None:
+        return ("send", pair.producer_id, pair.sequence_id)
+    return ("req", pair.request_id)
+
+
+def _message_count(frame: Frame, kind: int) -> int:
+    if kind == T.SEND:
+        send = frame.command.send
+        return send.num_messages if send.HasField("num_messages") else 1
+    section = frame.payload
+    if section is None:
+        return 1
+    try:
+        metadata = section.metadata
+    except ProtocolError:
+        return 1
+    return int(metadata.num_messages_in_batch) if metadata.HasField("num_messages_in_batch") else 1
+
+
+def _trace_contexts(frame: Frame) -> tuple[TraceContext, ...]:
+    """W3C trace contexts in a SEND's message properties: the frame's own, then each batch entry's."""
+    section = frame.payload
+    if section is None or (TRACEPARENT.encode() not in frame.raw and _section_is_plain(section)):
+        return ()
+    try:
+        metadata = section.metadata
+        found = _from_properties({kv.key: kv.value for kv in metadata.properties})
+        if found is not None:
+            return (found,)
+        if not metadata.HasField("num_messages_in_batch"):
+            return ()
+        contexts: list[TraceContext] = []
+        for message in decode_messages(metadata, section.payload):
+            context = _from_properties(message.properties)
+            if context is not None and context not in contexts:
+                contexts.append(context)
+        return tuple(contexts)
+    except ProtocolError:
+        return ()
+
+
+def _section_is_plain(section: Any) -> bool:
+    """True when a payload section's bytes are uncompressed, so a text search can rule properties out."""
+    try:
+        return bool(section.metadata.compression == api.NONE)
+    except ProtocolError:
+        return True
+
+
+def _from_properties(properties: dict[str, str]) -> TraceContext | None:
+    parent = properties.get(TRACEPARENT)
+    if not parent:
+        return None
+    return TraceContext(parent, properties.get(TRACESTATE))

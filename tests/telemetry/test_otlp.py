@@ -1,0 +1,197 @@
+"""OTLP export to collectors the tests run on loopback, and what happens when none answers."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import socket
+import time
+from concurrent import futures
+from functools import partial
+
+import grpc
+import pytest
+import structlog
+import trio
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+from proxy.telemetry import ExportSettings, build_telemetry
+
+from .scripted import BASE_NS, connect, create_producer, produce
+
+HTTP_OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n"
+
+
+class OtlpHttpReceiver:
+    """A minimal OTLP/HTTP collector: decodes each POSTed ExportTraceServiceRequest."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, trace_service_pb2.ExportTraceServiceRequest]] = []
+        self.metrics: list[metrics_service_pb2.ExportMetricsServiceRequest] = []
+        self.received = trio.Event()
+
+    async def serve(self, stream: trio.SocketStream) -> None:
+        buffer = b""
+        async with stream:
+            while True:
+                while b"\r\n\r\n" not in buffer:
+                    chunk = await stream.receive_some(65536)
+                    if not chunk:
+                        return
+                    buffer += chunk
+                head, buffer = buffer.split(b"\r\n\r\n", 1)
+                lines = head.decode("latin-1").split("\r\n")
+                path = lines[0].split(" ")[1]
+                headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+                length = int(headers.get("content-length", "0"))
+                while len(buffer) < length:
+                    chunk = await stream.receive_some(65536)
+                    if not chunk:
+                        return
+                    buffer += chunk
+                body, buffer = buffer[:length], buffer[length:]
+                if headers.get("content-encoding") == "gzip":
+                    body = gzip.decompress(body)
+                if path == "/v1/metrics":
+                    metrics_request = metrics_service_pb2.ExportMetricsServiceRequest()
+                    metrics_request.ParseFromString(body)
+                    self.metrics.append(metrics_request)
+                else:
+                    request = trace_service_pb2.ExportTraceServiceRequest()
+                    request.ParseFromString(body)
+                    self.requests.append((path, request))
+                self.received.set()
+                await stream.send_all(HTTP_OK)
+
+    def spans(self) -> list[Span]:
+        return [span for _, request in self.requests for resource in request.resource_spans
+                for scope in resource.scope_spans for span in scope.spans]
+
+
+def attributes(span: Span) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for kv in span.attributes:
+        kind = kv.value.WhichOneof("value")
+        out[kv.key] = getattr(kv.value, kind) if kind else None
+    return out
+
+
+async def test_otlp_http_exporter_delivers_spans_to_a_loopback_collector() -> None:
+    receiver = OtlpHttpReceiver()
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(partial(trio.serve_tcp, receiver.serve, 0, host="127.0.0.1"))
+            port = listeners[0].socket.getsockname()[1]
+            pipeline = build_telemetry(ExportSettings(exporter="otlp", endpoint=f"http://127.0.0.1:{port}/",
+                                                      protocol="http", schedule_delay_ms=50))
+            telemetry = pipeline.telemetry
+            ts = connect(telemetry, 1, BASE_NS)
+            ts = create_producer(telemetry, 1, ts)
+            produce(telemetry, 1, ts, 3)
+            assert await trio.to_thread.run_sync(pipeline.force_flush, 10_000)
+            await trio.to_thread.run_sync(pipeline.shutdown)
+            nursery.cancel_scope.cancel()
+    assert {path for path, _ in receiver.requests} == {"/v1/traces"}
+    exported = {metric.name for request in receiver.metrics for resource in request.resource_metrics
+                for scope in resource.scope_metrics for metric in scope.metrics}
+    assert {"pulsar_tap_request_duration_seconds", "pulsar_tap_frames"} <= exported
+    sends = [span for span in receiver.spans() if span.name == "SEND"]
+    assert len(sends) == 3
+    found = attributes(sends[0])
+    assert found["pulsar.command"] == "SEND"
+    assert found["messaging.system"] == "pulsar"
+    assert found["messaging.destination.name"] == "persistent://public/default/orders"
+    assert sorted(attributes(span)["pulsar.sequence_id"] for span in sends) == [0, 1, 2]  # type: ignore[type-var]
+    assert sends[0].start_time_unix_nano >= BASE_NS
+    resource = receiver.requests[0][1].resource_spans[0].resource
+    assert any(kv.key == "service.name" and kv.value.string_value == "pulsar-tap" for kv in resource.attributes)
+
+
+class GrpcTraceCollector(trace_service_pb2_grpc.TraceServiceServicer):
+    def __init__(self) -> None:
+        self.requests: list[trace_service_pb2.ExportTraceServiceRequest] = []
+
+    def Export(self, request: trace_service_pb2.ExportTraceServiceRequest,
+               context: grpc.ServicerContext) -> trace_service_pb2.ExportTraceServiceResponse:
+        self.requests.append(request)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+def test_otlp_grpc_exporter_delivers_spans_to_a_loopback_collector() -> None:
+    collector = GrpcTraceCollector()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collector, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        pipeline = build_telemetry(ExportSettings(exporter="otlp", endpoint=f"http://127.0.0.1:{port}",
+                                                  protocol="grpc", otlp_metrics=False, timeout_s=5))
+        ts = connect(pipeline.telemetry, 1, BASE_NS)
+        ts = create_producer(pipeline.telemetry, 1, ts)
+        produce(pipeline.telemetry, 1, ts, 2)
+        assert pipeline.force_flush(10_000)
+        pipeline.shutdown()
+    finally:
+        server.stop(grace=None)
+    names = [span.name for request in collector.requests for resource in request.resource_spans
+             for scope in resource.scope_spans for span in scope.spans]
+    assert names.count("SEND") == 2
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def test_an_unreachable_collector_is_logged_once_and_never_slows_the_feed() -> None:
+    pipeline = build_telemetry(ExportSettings(exporter="otlp", endpoint=f"http://127.0.0.1:{closed_port()}",
+                                              otlp_metrics=False, timeout_s=0.5, schedule_delay_ms=20))
+    telemetry = pipeline.telemetry
+    with structlog.testing.capture_logs() as logs:
+        ts = connect(telemetry, 1, BASE_NS)
+        ts = create_producer(telemetry, 1, ts)
+        started = time.monotonic()
+        for _ in range(3):
+            ts = produce(telemetry, 1, ts, 300)
+            pipeline.force_flush(5_000)
+        ts = produce(telemetry, 1, ts, 1000)
+        feed_seconds = time.monotonic() - started
+        pipeline.shutdown()
+    warnings = [entry for entry in logs if "unreachable" in entry["event"]]
+    assert len(warnings) == 1, logs
+    assert warnings[0]["log_level"] == "warning"
+    assert str(warnings[0]["collector"]).endswith("/v1/traces")
+    # 1900 SENDs fed while exports fail: the feed itself never waits for the network
+    assert feed_seconds < 10
+    assert telemetry.frames_seen == 2 + 2 + 2 * 1900
+
+
+def test_bad_settings_are_config_errors() -> None:
+    from proxy.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"tracing\.exporter"):
+        ExportSettings(exporter="jaeger")
+    with pytest.raises(ConfigError, match=r"tracing\.sample"):
+        ExportSettings(sample=1.5)
+    with pytest.raises(ConfigError, match=r"tracing\.endpoint"):
+        ExportSettings(exporter="otlp", endpoint="127.0.0.1:4318")
+    assert ExportSettings(exporter="otlp", endpoint="http://c:4318/").signal_endpoint("traces") == \
+        "http://c:4318/v1/traces"
+    assert ExportSettings(exporter="otlp", protocol="grpc", endpoint="http://c:4317").signal_endpoint("traces") == \
+        "http://c:4317"
+
+
+def test_console_exporter_writes_spans_to_its_stream() -> None:
+    out = io.StringIO()
+    pipeline = build_telemetry(ExportSettings(exporter="console"), metrics=False, console=out)
+    ts = connect(pipeline.telemetry, 1, BASE_NS)
+    ts = create_producer(pipeline.telemetry, 1, ts)
+    produce(pipeline.telemetry, 1, ts, 1)
+    assert pipeline.force_flush(5_000)
+    pipeline.shutdown()
+    text = out.getvalue()
+    assert '"name": "SEND"' in text and '"pulsar.sequence_id": 0' in text
