@@ -1,0 +1,441 @@
+"""Benchmark of the proxy's fast path: direct vs haproxy vs pulsar-tap, in one run.
+
+Measures, through each of the three paths to the same stand-in broker:
+
+- passthrough throughput, one way: SEND frames of 100 B, 1 KiB, 16 KiB and 512 KiB
+  (whole-frame sizes) written in 1 MiB writes; MiB/s and frames/s, timed from the
+  client's first write to the broker's last byte;
+- round-trip latency: p50/p99 of sequential SEND -> SEND_RECEIPT on one connection;
+- concurrency: 200 connections each doing sequential round trips; round trips/s.
+
+haproxy runs ``mode tcp`` with one thread (Debian's package; skipped with a note if
+missing); pulsar-tap runs with no rules, no recording and telemetry off.  The
+stand-in broker and the load client are plain ``selectors`` loops in their own
+processes, identical for all three paths, so the ratios compare the proxies.
+
+    .venv/bin/python bench/proxy.py              # the full run (about a minute)
+    .venv/bin/python bench/proxy.py --quick      # shorter phases
+    .venv/bin/python bench/proxy.py --profile /tmp/tap.prof   # pulsar-tap under cProfile
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import multiprocessing
+import os
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.frame import encode_command, encode_payload_command, frame_from_bytes
+
+SIZES = [("100 B", 100), ("1 KiB", 1024), ("16 KiB", 16 * 1024), ("512 KiB", 512 * 1024)]
+WRITE_SIZE = 1024 * 1024
+CONCURRENT_CONNECTIONS = 200
+
+CONNECTED = encode_command(api.CommandConnected(server_version="bench", protocol_version=21,
+                                                max_message_size=5 * 1024 * 1024))
+RECEIPT = encode_command(api.CommandSendReceipt(producer_id=1, sequence_id=1))
+
+
+def connect_frame(mode: str) -> bytes:
+    return encode_command(api.CommandConnect(client_version=f"bench-{mode}", protocol_version=21))
+
+
+def send_frame(total: int) -> bytes:
+    """A SEND frame of exactly ``total`` bytes (size prefix included)."""
+    def build(payload: int) -> bytes:
+        return encode_payload_command(api.CommandSend(producer_id=1, sequence_id=1),
+                                      api.MessageMetadata(producer_name="bench", sequence_id=1, publish_time=1),
+                                      b"x" * payload)
+    frame = build(total - len(build(0)))
+    assert len(frame) == total, (len(frame), total)
+    return frame
+
+
+# -- the stand-in broker ---------------------------------------------------------------------
+@dataclass
+class _Peer:
+    sock: socket.socket
+    buf: bytearray = field(default_factory=bytearray)
+    mode: str | None = None
+    received: int = 0
+    first_ns: int = 0
+    last_ns: int = 0
+
+
+def _frames_in(buf: bytearray) -> int:
+    """Count and remove the whole frames at the start of ``buf``."""
+    pos, count, end = 0, 0, len(buf)
+    while end - pos >= 4:
+        size = int.from_bytes(buf[pos:pos + 4], "big") + 4
+        if end - pos < size:
+            break
+        pos += size
+        count += 1
+    del buf[:pos]
+    return count
+
+
+def broker_main(listen: socket.socket, reports: Any) -> None:
+    """Answer CONNECT, then either swallow bytes (sink) or answer each frame with a receipt (echo)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    selector = selectors.DefaultSelector()
+    listen.setblocking(False)
+    selector.register(listen, selectors.EVENT_READ, None)
+    while True:
+        for key, _ in selector.select():
+            if key.data is None:
+                sock, _ = listen.accept()
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                selector.register(sock, selectors.EVENT_READ, _Peer(sock))
+                continue
+            peer: _Peer = key.data
+            try:
+                data = peer.sock.recv(WRITE_SIZE)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                data = b""
+            now = time.monotonic_ns()
+            if not data:
+                if peer.mode == "sink":
+                    reports.put((peer.received, peer.first_ns, peer.last_ns))
+                selector.unregister(peer.sock)
+                peer.sock.close()
+                continue
+            if peer.mode == "sink":
+                if not peer.first_ns:
+                    peer.first_ns = now
+                peer.received += len(data)
+                peer.last_ns = now
+                continue
+            peer.buf += data
+            if peer.mode is None:
+                if len(peer.buf) < 4 or len(peer.buf) < int.from_bytes(peer.buf[:4], "big") + 4:
+                    continue
+                size = int.from_bytes(peer.buf[:4], "big") + 4
+                connect = frame_from_bytes(bytes(peer.buf[:size])).command.connect
+                del peer.buf[:size]
+                peer.mode = connect.client_version.removeprefix("bench-")
+                peer.sock.setblocking(True)
+                peer.sock.sendall(CONNECTED)
+                peer.sock.setblocking(False)
+                if peer.mode == "sink":
+                    peer.received = len(peer.buf)
+                    peer.first_ns = now if peer.buf else 0
+                    peer.last_ns = now
+                    peer.buf.clear()
+                    continue
+            count = _frames_in(peer.buf)
+            if count:
+                peer.sock.setblocking(True)
+                peer.sock.sendall(RECEIPT * count)
+                peer.sock.setblocking(False)
+
+
+# -- the load client -------------------------------------------------------------------------
+def open_session(port: int, mode: str) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.sendall(connect_frame(mode))
+    got = b""
+    while len(got) < len(CONNECTED):
+        chunk = sock.recv(len(CONNECTED) - len(got))
+        if not chunk:
+            raise ConnectionError("closed during the handshake")
+        got += chunk
+    return sock
+
+
+def throughput(port: int, reports: Any, frame_size: int, duration: float) -> tuple[float, float]:
+    """(MiB/s, frames/s) one way, timed from the first write to the broker's last byte."""
+    frame = send_frame(frame_size)
+    per_write = max(1, WRITE_SIZE // frame_size)
+    block = frame * per_write
+    sock = open_session(port, "sink")
+    sent_frames = 0
+    start = time.monotonic_ns()
+    deadline = start + int(duration * 1e9)
+    while time.monotonic_ns() < deadline:
+        sock.sendall(block)
+        sent_frames += per_write
+    sock.shutdown(socket.SHUT_WR)
+    received, _, last_ns = reports.get(timeout=60)
+    sock.close()
+    expected = sent_frames * frame_size
+    if received != expected:
+        raise RuntimeError(f"the broker received {received} bytes, {expected} were sent")
+    seconds = (last_ns - start) / 1e9
+    return received / seconds / (1024 * 1024), sent_frames / seconds
+
+
+def latency(port: int, rounds: int) -> tuple[float, float]:
+    """(p50, p99) of sequential SEND -> SEND_RECEIPT, in microseconds."""
+    frame = send_frame(100)
+    sock = open_session(port, "echo")
+    samples: list[int] = []
+    for index in range(rounds + 200):
+        begin = time.perf_counter_ns()
+        sock.sendall(frame)
+        got = 0
+        while got < len(RECEIPT):
+            got += len(sock.recv(4096))
+        if index >= 200:  # warm-up excluded
+            samples.append(time.perf_counter_ns() - begin)
+    sock.close()
+    samples.sort()
+    return samples[len(samples) // 2] / 1000, samples[int(len(samples) * 0.99)] / 1000
+
+
+def concurrency(port: int, connections: int, duration: float) -> float:
+    """Round trips/s of ``connections`` connections each doing sequential round trips."""
+    frame = send_frame(100)
+    socks = [open_session(port, "echo") for _ in range(connections)]
+    selector = selectors.DefaultSelector()
+    pending = {}
+    for sock in socks:
+        sock.setblocking(False)
+        selector.register(sock, selectors.EVENT_READ)
+        pending[sock] = 0
+        sock.send(frame)
+    done = 0
+    start = time.monotonic()
+    deadline = start + duration
+    while time.monotonic() < deadline:
+        for key, _ in selector.select(timeout=0.5):
+            sock = key.fileobj  # type: ignore[assignment]
+            data = sock.recv(65536)
+            if not data:
+                raise ConnectionError("closed during the concurrency test")
+            pending[sock] += len(data)
+            while pending[sock] >= len(RECEIPT):
+                pending[sock] -= len(RECEIPT)
+                done += 1
+                sock.send(frame)
+    elapsed = time.monotonic() - start
+    for sock in socks:
+        sock.close()
+    return done / elapsed
+
+
+# -- the paths under test --------------------------------------------------------------------
+def wait_for_port(port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on port {port}")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def haproxy(target: int, workdir: Path) -> Iterator[tuple[int, int] | None]:
+    binary = shutil.which("haproxy") or ("/usr/sbin/haproxy" if Path("/usr/sbin/haproxy").exists() else None)
+    if binary is None:
+        yield None
+        return
+    port = free_port()
+    config = workdir / "haproxy.cfg"
+    config.write_text(f"""global
+    nbthread 1
+    maxconn 5000
+defaults
+    mode tcp
+    timeout connect 5s
+    timeout client 120s
+    timeout server 120s
+frontend bench
+    bind 127.0.0.1:{port}
+    default_backend broker
+backend broker
+    server stand_in 127.0.0.1:{target}
+""")
+    process = subprocess.Popen([binary, "-db", "-f", str(config)], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port)
+        yield port, process.pid
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+@contextlib.contextmanager
+def pulsar_tap(target: int, workdir: Path, profile: str | None) -> Iterator[tuple[int, int]]:
+    ready = workdir / "ready.json"
+    command = [sys.executable]
+    if profile:
+        command += ["-m", "cProfile", "-o", profile]
+    command += ["-m", "proxy", "run", "--listen", "127.0.0.1:0", "--upstream", f"pulsar://127.0.0.1:{target}",
+                "--ready-file", str(ready), "--log-level", "warning", "--keepalive-seconds", "3600",
+                "--drain-seconds", "0"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        if not line.startswith("ready:"):
+            raise RuntimeError("pulsar-tap did not start")
+        yield int(line.rsplit(":", 1)[1]), process.pid
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+# -- the run ---------------------------------------------------------------------------------
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU time a process has used so far (0 without a process)."""
+    if pid is None:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(port: int, reports: Any, args: argparse.Namespace, pid: int | None = None) -> dict[str, float]:
+    """Every phase through ``port``; with ``pid``, also the proxy's CPU time per round trip."""
+    results: dict[str, float] = {}
+    if args.only in (None, "throughput"):
+        for label, size in SIZES:
+            mib, frames = throughput(port, reports, size, args.duration)
+            results[f"MiB/s {label}"] = mib
+            results[f"frames/s {label}"] = frames
+    if args.only in (None, "latency"):
+        cpu_before = cpu_seconds(pid)
+        p50, p99 = latency(port, args.rounds)
+        results["p50 us"] = p50
+        results["p99 us"] = p99
+        results["proxy CPU us/rt seq"] = (cpu_seconds(pid) - cpu_before) / (args.rounds + 200) * 1e6
+    if args.only in (None, "concurrency"):
+        cpu_before = cpu_seconds(pid)
+        rate = concurrency(port, CONCURRENT_CONNECTIONS, args.duration)
+        results["concurrent rt/s"] = rate
+        results["proxy CPU us/rt conc"] = (cpu_seconds(pid) - cpu_before) / (rate * args.duration) * 1e6
+    return results
+
+
+def targets(direct: dict[str, float], haproxy_r: dict[str, float] | None,
+            tap: dict[str, float]) -> list[tuple[str, str, bool | None]]:
+    checks: list[tuple[str, str, bool | None]] = []
+
+    def ratio_check(key: str, minimum: float) -> None:
+        if haproxy_r is None:
+            checks.append((key, f">= {minimum}x haproxy", None))
+            return
+        checks.append((key, f">= {minimum}x haproxy", tap[key] >= minimum * haproxy_r[key]))
+
+    ratio_check("MiB/s 1 KiB", 0.6)
+    ratio_check("MiB/s 16 KiB", 0.9)
+    ratio_check("MiB/s 512 KiB", 0.9)
+    checks.append(("frames/s 100 B", ">= 1,000,000", tap["frames/s 100 B"] >= 1_000_000))
+    checks.append(("p50 us", "<= direct + 80", tap["p50 us"] <= direct["p50 us"] + 80))
+    checks.append(("p99 us", "<= direct + 400", tap["p99 us"] <= direct["p99 us"] + 400))
+    ratio_check("concurrent rt/s", 0.4)
+    return checks
+
+
+def print_table(columns: dict[str, dict[str, float] | None]) -> None:
+    names = list(columns)
+    keys = list(next(c for c in columns.values() if c is not None))
+    print(f"{'measure':<20}" + "".join(f"{n:>14}" for n in names) + f"{'tap/haproxy':>13}{'tap/direct':>12}")
+    for key in keys:
+        row = f"{key:<20}"
+        for name in names:
+            column = columns[name]
+            row += f"{column[key]:>14,.1f}" if column is not None else f"{'n/a':>14}"
+        tap, hap, direct = columns["pulsar-tap"], columns.get("haproxy"), columns["direct"]
+        assert tap is not None and direct is not None
+        row += f"{tap[key] / hap[key]:>12.2f}x" if hap and hap[key] else f"{'n/a':>13}"
+        row += f"{tap[key] / direct[key]:>11.2f}x" if direct[key] else f"{'n/a':>12}"
+        print(row)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=float, default=2.0, help="seconds per throughput/concurrency phase")
+    parser.add_argument("--rounds", type=int, default=5000, help="sequential round trips for latency")
+    parser.add_argument("--quick", action="store_true", help="0.7 s phases, 2000 round trips")
+    parser.add_argument("--profile", metavar="FILE", help="run pulsar-tap under cProfile, write stats to FILE")
+    parser.add_argument("--json", action="store_true", help="also print the results as JSON")
+    parser.add_argument("--only", choices=("throughput", "latency", "concurrency"), help="run one phase")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.duration, args.rounds = 0.7, 2000
+
+    context = multiprocessing.get_context("fork")
+    reports = context.Queue()
+    listen = socket.socket()
+    listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listen.bind(("127.0.0.1", 0))
+    listen.listen(4096)
+    target = listen.getsockname()[1]
+    broker = context.Process(target=broker_main, args=(listen, reports), daemon=True)
+    broker.start()
+    listen.close()
+    columns: dict[str, dict[str, float] | None] = {}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            workdir = Path(tmp)
+            print(f"cpus: {os.cpu_count()}; phases of {args.duration:g}s; {args.rounds} round trips", flush=True)
+            columns["direct"] = measure(target, reports, args)
+            print("direct done", flush=True)
+            with haproxy(target, workdir) as running:
+                if running is None:
+                    print("haproxy was not found: its column is left out (install Debian's haproxy)")
+                    columns["haproxy"] = None
+                else:
+                    columns["haproxy"] = measure(running[0], reports, args, running[1])
+                    print("haproxy done", flush=True)
+            with pulsar_tap(target, workdir, args.profile) as (port, pid):
+                columns["pulsar-tap"] = measure(port, reports, args, pid)
+                print("pulsar-tap done", flush=True)
+    finally:
+        broker.terminate()
+        broker.join(5)
+    print()
+    print_table(columns)
+    direct, tap = columns["direct"], columns["pulsar-tap"]
+    assert direct is not None and tap is not None
+    print()
+    for key, target_text, ok in (targets(direct, columns["haproxy"], tap) if args.only is None else []):
+        verdict = "n/a (no haproxy)" if ok is None else ("met" if ok else "MISSED")
+        print(f"target {key:<18} {target_text:<18} {verdict}")
+    if args.profile:
+        import pstats
+
+        print(f"\npulsar-tap profile ({args.profile}), top functions by own time:")
+        pstats.Stats(args.profile).sort_stats("tottime").print_stats(15)
+    if args.json:
+        print(json.dumps(columns))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

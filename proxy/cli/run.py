@@ -1,0 +1,157 @@
+"""``pulsar-tap run``: run the proxy from ``proxy.yaml`` and/or flags.
+
+Flags override the file.  Prints ``ready: listening on HOST:PORT`` once accepting
+(``--ready-file`` also writes ``{"listen": [...], "admin": ...}``), and exits 0 on
+SIGINT/SIGTERM after draining.  A config the proxy refuses is one line
+``FILE:LINE: KEY: message`` (or ``--flag: message``) and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+NAME = "run"
+HELP = "run the proxy"
+DESCRIPTION = """\
+Run the Pulsar proxy: clients connect to --listen, traffic goes to --upstream.
+Settings come from proxy.yaml (-c) and/or flags; flags win.
+
+examples:
+  pulsar-tap run --listen 127.0.0.1:6650 --upstream pulsar://broker:6650
+  pulsar-tap run -c proxy.yaml
+  pulsar-tap run -c proxy.yaml --lookup proxy-through --ready-file /tmp/ready.json
+"""
+
+#: flag destination -> (config key path, flag as written)
+_FLAG_KEYS: dict[str, tuple[tuple[str, ...], str]] = {
+    "listen": (("listen",), "--listen"),
+    "upstream": (("upstream",), "--upstream"),
+    "advertise": (("advertise",), "--advertise"),
+    "lookup": (("lookup",), "--lookup"),
+    "rules": (("rules",), "--rules"),
+    "record": (("record", "dir"), "--record"),
+    "admin": (("admin", "listen"), "--admin"),
+    "tls_cert": (("tls", "cert"), "--tls-cert"),
+    "tls_key": (("tls", "key"), "--tls-key"),
+    "tls_upstream_ca": (("tls", "upstream_ca"), "--tls-upstream-ca"),
+    "max_connections": (("limits", "max_connections"), "--max-connections"),
+    "max_frame_bytes": (("limits", "max_frame_bytes"), "--max-frame-bytes"),
+    "verify_checksums": (("limits", "verify_checksums"), "--verify-checksums"),
+    "keepalive_seconds": (("limits", "keepalive_seconds"), "--keepalive-seconds"),
+    "drain_seconds": (("limits", "drain_seconds"), "--drain-seconds"),
+    "broker_ports": (("broker_ports",), "--broker-ports"),
+    "allow_broker": (("allowed_brokers",), "--allow-broker"),
+}
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-c", "--config", metavar="FILE", help="proxy.yaml")
+    parser.add_argument("--listen", metavar="HOST:PORT", help="where clients connect (default 127.0.0.1:6650)")
+    parser.add_argument("--upstream", metavar="URL", help="the cluster's service URL, pulsar:// or pulsar+ssl://")
+    parser.add_argument("--advertise", metavar="HOST", help="host written into rewritten lookups")
+    parser.add_argument("--lookup", choices=("rewrite", "proxy-through"), help="lookup mode (default rewrite)")
+    parser.add_argument("--rules", metavar="FILE", help="rule file")
+    parser.add_argument("--record", metavar="DIR", help="record traffic under DIR")
+    parser.add_argument("--admin", metavar="HOST:PORT", help="serve the admin API and /metrics")
+    parser.add_argument("--tls-cert", metavar="FILE", help="certificate served to clients (enables TLS)")
+    parser.add_argument("--tls-key", metavar="FILE", help="private key of --tls-cert")
+    parser.add_argument("--tls-upstream-ca", metavar="FILE", help="CA bundle that verifies the brokers")
+    parser.add_argument("--max-connections", type=int, metavar="N")
+    parser.add_argument("--max-frame-bytes", type=int, metavar="BYTES")
+    parser.add_argument("--verify-checksums", action="store_true", default=None,
+                        help="answer SENDs with a bad CRC32C with SEND_ERROR ChecksumError")
+    parser.add_argument("--keepalive-seconds", type=float, metavar="S", help="dead-peer detection interval")
+    parser.add_argument("--drain-seconds", type=float, metavar="S", help="grace period on shutdown")
+    parser.add_argument("--broker-ports", metavar="START-END", help="ports for per-broker listeners")
+    parser.add_argument("--allow-broker", action="append", metavar="HOST:PORT",
+                        help="a broker proxy-through may route to (repeatable)")
+    parser.add_argument("--ready-file", metavar="PATH", help="write the listening ports as JSON once ready")
+    parser.add_argument("--log-format", choices=("console", "json"), default="console")
+    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+
+
+def _document(args: argparse.Namespace) -> tuple[Any, str | None, Path | None, dict[tuple[str, ...], str]]:
+    """The config document: the file's (if any) with every given flag written over it."""
+    from proxy.config.yaml_lines import LineMap, load_file
+
+    document: Any = LineMap()
+    file = base = None
+    if args.config:
+        document = load_file(args.config)
+        if document is None:
+            document = LineMap()
+        file, base = args.config, Path(args.config).resolve().parent
+    from_flags: dict[tuple[str, ...], str] = {}
+    if not isinstance(document, dict):
+        return document, file, base, from_flags
+    for dest, (path, flag) in _FLAG_KEYS.items():
+        value = getattr(args, dest)
+        if value is None:
+            continue
+        target = document
+        for part in path[:-1]:
+            if not isinstance(target.get(part), dict):
+                target[part] = LineMap()
+            target = target[part]
+        target[path[-1]] = value
+        from_flags[path] = flag
+    return document, file, base, from_flags
+
+
+def load(args: argparse.Namespace) -> Any:
+    """The validated ProxyConfig for these arguments (UsageError / ConfigError otherwise)."""
+    from proxy.config.proxy_config import parse_config
+    from proxy.errors import ConfigError, UsageError
+
+    if not args.config and not args.upstream:
+        raise UsageError("give -c proxy.yaml or --upstream URL")
+    document, file, base, from_flags = _document(args)
+    try:
+        return parse_config(document, file=file, base_dir=base if file else Path.cwd())
+    except ConfigError as exc:
+        for path, flag in from_flags.items():
+            if exc.key is not None and (exc.key == ".".join(path) or exc.key.startswith(".".join(path) + "[")):
+                raise UsageError(f"{flag}: {exc.message}") from None
+        raise
+
+
+def write_ready_file(path: str, listen: list[str], admin: str | None) -> None:
+    Path(path).write_text(json.dumps({"listen": listen, "admin": admin}) + "\n")
+
+
+def run(args: argparse.Namespace) -> int:
+    import trio
+
+    from proxy.errors import PulsarTapError
+    from proxy.server.app import ProxyServer
+    from proxy.server.stack import load_ruleset, running_proxy
+    from proxy.telemetry.logs import configure_logging
+
+    config = load(args)
+    load_ruleset(config)  # a bad rule file is refused before anything listens (exit 2)
+    configure_logging(args.log_format, args.log_level)
+    import structlog
+
+    log = structlog.get_logger("pulsar_tap.run")
+    server = ProxyServer(config)
+    try:
+        server.bind()
+    except OSError as exc:
+        raise PulsarTapError(f"cannot listen on {config.listen}: {exc.strerror or exc}") from None
+
+    async def main() -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with running_proxy(config, server=server) as stack:
+                if args.ready_file:
+                    write_ready_file(args.ready_file, [stack.address], stack.admin_address)
+                print(f"ready: listening on {stack.address}", flush=True)
+                async for signum in signals:
+                    log.info("signal received", signal=signal.Signals(signum).name)
+                    break
+
+    trio.run(main)
+    return 0

@@ -1,0 +1,251 @@
+"""The proxy server: listeners, the broker directory, connection limits and shutdown.
+
+:class:`ProxyServer` binds the main listener (clients' service URL), and in both
+lookup modes one listener per broker discovered in lookup answers (ephemeral ports
+on the listen host, or ``broker_ports``), each stable for the life of the process.
+Every accepted connection becomes a :class:`~proxy.server.relay.Relay` in one
+nursery.  ``limits.max_connections`` is enforced at accept: an extra connection is
+closed at once (logged), others are unaffected.
+
+Shutdown (SIGTERM/SIGINT via :meth:`request_shutdown`): stop accepting, stop
+reading clients at their next frame boundary, let the brokers' answers drain for
+``limits.drain_seconds``, then close everything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import socket
+import ssl
+import time
+from dataclasses import dataclass
+
+import structlog
+import trio
+
+from proxy.config.proxy_config import HostPort, ProxyConfig, ServiceUrl
+from proxy.errors import ProtocolError
+from proxy.server.hooks import ConnectionInfo, FrameHook, Observer
+from proxy.server.lookup import BrokerDirectory
+from proxy.server.observer_hub import ObserverHub
+from proxy.server.pipeline import ConnectionPipeline, PipelineSettings
+from proxy.server.reactor import Reactor
+from proxy.server.relay import Relay, next_conn_id
+from proxy.server.transport import SocketTransport, StreamTransport, Transport, peer_name
+from proxy.server.upstream import client_side_context, upstream_context
+from proxy.telemetry import telemetry_for_proxy
+
+log = structlog.get_logger("pulsar_tap.proxy")
+
+LISTEN_BACKLOG = 4096
+
+
+class BrokerListenerUnavailable(ProtocolError):
+    """No port could be bound for a newly discovered broker (or the proxy is shutting down)."""
+
+    server_error = "ServiceNotReady"
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerInfo:
+    address: HostPort          # where it is bound
+    broker: ServiceUrl         # where its connections go by default
+
+
+class ProxyServer:
+    """One running ``pulsar-tap run``; see the module docstring."""
+
+    def __init__(self, config: ProxyConfig, *, hook: FrameHook | None = None,
+                 observers: list[Observer] | None = None, reactor: bool = True) -> None:
+        self.config = config
+        #: serves plain-socket relays in batches (see ``reactor``); None: one task wake-up per chunk
+        self.reactor: Reactor | None = Reactor() if reactor else None
+        self.hook = hook
+        self.observers = ObserverHub(observers)
+        # Telemetry (proxy/telemetry): spans per ``tracing:``, metrics for /metrics; an observer like any other.
+        self.telemetry = telemetry_for_proxy(config)
+        if self.telemetry is not None:
+            self.observers.observers.append(self.telemetry.observer)
+            if self.telemetry.metrics is not None:
+                self.telemetry.metrics.add_drop_source("observers", lambda: self.observers.dropped)
+        self.client_tls_context: ssl.SSLContext | None = client_side_context(config.tls)
+        self.upstream_tls_context: ssl.SSLContext | None = (
+            upstream_context(config.tls) if config.upstream.tls or config.tls.upstream_ca else None)
+        self.settings = PipelineSettings(
+            lookup_mode=config.lookup, max_frame_bytes=config.limits.max_frame_bytes,
+            verify_checksums=config.limits.verify_checksums,
+            keepalive_ns=int(config.limits.keepalive_seconds * 1e9))
+        self.directory = BrokerDirectory(config.advertised_host, upstream_tls=config.upstream.tls,
+                                         open_listener=self._open_broker_listener,
+                                         allowed=config.allowed_brokers)
+        self.listeners: list[ListenerInfo] = []
+        self.relays: set[Relay] = set()
+        self.active_connections = 0
+        self.refused_connections = 0
+        self.accepted_connections = 0
+        self._listener_nursery: trio.Nursery | None = None
+        self._connection_nursery: trio.Nursery | None = None
+        self._stop = trio.Event()
+        self._no_connections = trio.Event()
+        self._accepting = False
+        self._main_socket: socket.socket | None = None
+
+    @property
+    def main_address(self) -> HostPort:
+        return self.listeners[0].address
+
+    def bind(self) -> socket.socket:
+        """Bind the main listener now (so ``run`` cannot fail on it); raises OSError."""
+        if self._main_socket is None:
+            self._main_socket = self._bind(self.config.listen.host, self.config.listen.port)
+        return self._main_socket
+
+    def request_shutdown(self) -> None:
+        self._stop.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[ProxyServer] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until :meth:`request_shutdown`; ``task_status.started`` once accepting."""
+        async with trio.open_nursery() as outer:
+            outer.start_soon(self.observers.run)
+            if self.reactor is not None:
+                outer.start_soon(self.reactor.run)
+            try:
+                async with trio.open_nursery() as connections:
+                    self._connection_nursery = connections
+                    async with trio.open_nursery() as listeners:
+                        self._listener_nursery = listeners
+                        self._accepting = True
+                        sock, self._main_socket = self._main_socket or self.bind(), None
+                        self._start_listener(sock, self.config.upstream)
+                        log.info("proxy listening", listen=str(self.main_address), upstream=str(self.config.upstream),
+                                 lookup=self.config.lookup, tls=self.client_tls_context is not None)
+                        task_status.started(self)
+                        await self._stop.wait()
+                        self._accepting = False
+                        listeners.cancel_scope.cancel()
+                    await self._drain()
+                    connections.cancel_scope.cancel()
+            finally:
+                self.observers.close()
+                if self.reactor is not None:
+                    self.reactor.stop()
+        if self.telemetry is not None:  # after the observer task drained the queue
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(self.telemetry.shutdown, time.time_ns())
+
+    async def _drain(self) -> None:
+        grace = self.config.limits.drain_seconds
+        log.info("shutting down", open_connections=self.active_connections, drain_seconds=grace)
+        for relay in list(self.relays):
+            relay.begin_drain()
+        if self.active_connections:
+            with trio.move_on_after(grace):
+                await self._no_connections.wait()
+
+    # -- listeners ---------------------------------------------------------------------------
+    def _bind(self, host: str, port: int) -> socket.socket:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, type_, proto, _, address = infos[0]
+        sock = socket.socket(family, type_, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+            sock.listen(LISTEN_BACKLOG)
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    def _start_listener(self, sock: socket.socket, broker: ServiceUrl) -> HostPort:
+        host, port = sock.getsockname()[:2]
+        address = HostPort(str(host), int(port))
+        self.listeners.append(ListenerInfo(address, broker))
+        assert self._listener_nursery is not None
+        self._listener_nursery.start_soon(self._accept_loop, sock, broker, str(address))
+        return address
+
+    def _open_broker_listener(self, broker: ServiceUrl) -> int:
+        """Bind a listener for a newly seen broker (called from lookup rewriting) and return its port."""
+        if not self._accepting or self._listener_nursery is None:
+            raise BrokerListenerUnavailable("the proxy is shutting down")
+        host = self.config.listen.host
+        ports: list[int] = [0]  # ephemeral
+        if self.config.broker_ports is not None:
+            start, end = self.config.broker_ports
+            taken = {info.address.port for info in self.listeners}
+            ports = [p for p in range(start, end + 1) if p not in taken]
+        last_error: OSError | None = None
+        for port in ports:
+            try:
+                sock = self._bind(host, port)
+            except OSError as exc:
+                last_error = exc
+                continue
+            address = self._start_listener(sock, broker)
+            log.info("broker listener opened", listener=str(address), broker=str(broker),
+                     advertised=f"{self.config.advertised_host}:{address.port}")
+            return address.port
+        raise BrokerListenerUnavailable(f"no port free for broker {broker} in broker_ports: {last_error}")
+
+    async def _accept_loop(self, sock: socket.socket, broker: ServiceUrl, label: str) -> None:
+        try:
+            while True:
+                try:
+                    conn, _ = sock.accept()
+                except BlockingIOError:
+                    await trio.lowlevel.wait_readable(sock)
+                    continue
+                except OSError as exc:
+                    if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                        log.warning("cannot accept: out of resources", listener=label, error=str(exc))
+                        await trio.sleep(0.1)
+                        continue
+                    raise
+                if self.active_connections >= self.config.limits.max_connections:
+                    self.refused_connections += 1
+                    log.warning("connection refused: limits.max_connections reached", client=peer_name(conn),
+                                limit=self.config.limits.max_connections)
+                    conn.close()
+                    continue
+                self.active_connections += 1
+                self.accepted_connections += 1
+                self._no_connections = trio.Event() if self._no_connections.is_set() else self._no_connections
+                assert self._connection_nursery is not None
+                self._connection_nursery.start_soon(self._serve, conn, broker, label)
+        finally:
+            trio.lowlevel.notify_closing(sock)
+            sock.close()
+
+    async def _serve(self, conn: socket.socket, broker: ServiceUrl, label: str) -> None:
+        peer = peer_name(conn)
+        try:
+            transport: Transport
+            if self.client_tls_context is not None:
+                conn.setblocking(False)
+                stream = trio.SSLStream(trio.SocketStream(trio.socket.from_stdlib_socket(conn)),
+                                        self.client_tls_context, server_side=True)
+                transport = StreamTransport(stream, peer, conn)
+            else:
+                transport = SocketTransport(conn, peer)
+            info = ConnectionInfo(next_conn_id(), peer, label, None)
+            pipeline = ConnectionPipeline(
+                info, settings=self.settings, directory=self.directory, default_broker=broker,
+                now_ns=time.time_ns(), hook=self.hook,
+                publish=self.observers.publish if self.observers.active else None)
+            relay = Relay(self, transport, pipeline)
+            self.relays.add(relay)
+            log.debug("connection accepted", conn=info.conn_id, client=peer, listener=label)
+            try:
+                await relay.run()
+            finally:
+                self.relays.discard(relay)
+        except Exception:
+            log.exception("connection handler failed", client=peer)
+            with contextlib.suppress(OSError):
+                conn.close()
+        finally:
+            self.active_connections -= 1
+            if self.active_connections == 0:
+                self._no_connections.set()

@@ -1,0 +1,164 @@
+"""Hook points of the proxy: per-frame verdicts for the rules engine, events for observers.
+
+Two kinds of plug-ins see the traffic (after Kroxylicious' filters and mitmproxy's
+addons):
+
+- a :class:`FrameHook` (the rules engine) is asked about each frame it declared an
+  interest in and returns a :class:`Verdict`: forward, replace the bytes, answer on
+  the other side's behalf, drop, delay (the direction, or only one lane of it),
+  send frames later, slice into small writes, or close;
+- :class:`Observer` s (recorder, tracer, metrics) receive a :class:`FrameEvent` for
+  every frame — as received, and again for what the proxy changed or originated —
+  and never change traffic.  They are fed through a bounded queue with counted
+  drops (``observer_hub``), so a slow observer cannot stall traffic.
+
+Both are synchronous and do no I/O on the relay's path.  The defaults do nothing,
+and with neither installed the relay decodes only what the proxy itself needs.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Final, Protocol
+
+from proxy.protocol.frame import Frame
+from proxy.protocol.session import Direction, Observation
+
+
+class Origin(enum.StrEnum):
+    """Who produced the bytes of a frame (SPEC.md, ``show --json`` ``origin``)."""
+
+    CLIENT = "client"
+    BROKER = "broker"
+    PROXY = "proxy"
+
+
+def origin_of(direction: Direction) -> Origin:
+    """The sender of a frame received travelling in ``direction``."""
+    return Origin.CLIENT if direction is Direction.TO_BROKER else Origin.BROKER
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionInfo:
+    """Who is on either side of one proxied connection."""
+
+    conn_id: int
+    client: str            # the client's address, HOST:PORT
+    listener: str          # the proxy listener it reached
+    broker_url: str | None  # the upstream broker URL (None until routed)
+
+
+@dataclass(frozen=True, slots=True)
+class FrameContext:
+    """What a hook knows about a frame besides its bytes."""
+
+    connection: ConnectionInfo
+    direction: Direction
+    now_ns: int
+    observation: Observation | None
+
+
+@dataclass(frozen=True, slots=True)
+class Later:
+    """A frame the proxy sends ``after_s`` from now, towards the receiver (or back to the sender)."""
+
+    after_s: float
+    to_receiver: bool
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What to do with one frame.
+
+    ``forward`` passes the frame on (``replacement`` instead of its bytes when set);
+    ``to_sender`` frames answer the sender on the other side's behalf;
+    ``to_receiver`` frames follow the forwarded one to its destination;
+    ``delay_s`` holds this frame, and those behind it in the same direction, first —
+    or, with ``lane`` set, only the frames of that lane (see ``holding``);
+    ``later`` frames are sent after their delays, independent of the frame queue;
+    ``slice_bytes`` > 0 writes the forwarded bytes in writes of that size;
+    ``close`` ("close" or "reset") ends the connection on both sides afterwards.
+    """
+
+    forward: bool = True
+    replacement: bytes | None = None
+    to_sender: tuple[bytes, ...] = ()
+    to_receiver: tuple[bytes, ...] = ()
+    delay_s: float = 0.0
+    lane: Hashable | None = None
+    later: tuple[Later, ...] = ()
+    slice_bytes: int = 0
+    close: str | None = None
+    #: names of the rules that fired, for observers (span events, metrics)
+    fired: tuple[str, ...] = field(default=())
+
+
+FORWARD: Final = Verdict()
+DROP: Final = Verdict(forward=False)
+
+
+class FrameHook(Protocol):
+    """The rules engine's side of the relay."""
+
+    def interest(self, direction: Direction) -> frozenset[int] | None:
+        """Command types this hook must see in ``direction``; None means every frame."""
+        ...
+
+    def on_frame(self, ctx: FrameContext, frame: Frame) -> Verdict:
+        ...
+
+    # Optional: ``connection_closed(conn_id: int) -> None`` is called (when the hook has
+    # it) once a connection has ended, to forget per-connection state.
+
+
+class NoRules:
+    """The default hook: sees nothing, forwards everything."""
+
+    def interest(self, direction: Direction) -> frozenset[int] | None:
+        del direction
+        return frozenset()
+
+    def on_frame(self, ctx: FrameContext, frame: Frame) -> Verdict:
+        del ctx, frame
+        return FORWARD
+
+    def connection_closed(self, conn_id: int) -> None:
+        del conn_id
+
+
+@dataclass(frozen=True, slots=True)
+class FrameEvent:
+    """One frame crossing the proxy, as observers receive it."""
+
+    connection: ConnectionInfo
+    direction: Direction
+    origin: Origin
+    ts_ns: int
+    frame: Frame
+    observation: Observation | None = None
+    fired: tuple[str, ...] = ()
+    #: when the frame left the proxy: ``ts_ns`` plus the rule delays ahead of it (None: not forwarded)
+    forwarded_ns: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionEvent:
+    """A proxied connection opened (``closed`` False) or closed, with the reason."""
+
+    connection: ConnectionInfo
+    ts_ns: int
+    closed: bool
+    reason: str | None = None
+
+
+class Observer(Protocol):
+    """Recorder, tracer, metrics: called from the observer task, never on the relay path."""
+
+    def on_frame(self, event: FrameEvent) -> None:
+        ...
+
+    def on_connection(self, event: ConnectionEvent) -> None:
+        ...

@@ -1,0 +1,442 @@
+"""One proxied connection, sans-IO: bytes in from either side, actions out.
+
+The relay feeds :meth:`ConnectionPipeline.receive` what it read from the client
+(direction ``to_broker``) or from the broker (``to_client``) and carries out the
+returned actions in order: :class:`Send` bytes to a side, :class:`OpenUpstream`
+before the CONNECT goes out, :class:`Pause` (a rule's delay), :class:`Hold` (frames
+put aside in :attr:`ConnectionPipeline.held` until a time: a lane's delay or a
+deferred frame, see ``holding``), :class:`Close`.  :meth:`ConnectionPipeline.tick`
+drives keepalive and :meth:`ConnectionPipeline.release_due` hands back the held
+frames whose time has come.  Nothing here awaits, reads a clock or touches a socket.
+
+What the pipeline does itself (Pulsar binary protocol, "Connection establishment",
+"Keep Alive", "Topic lookup"):
+
+- the first frame from the client must be CONNECT; it chooses the broker (the
+  listener's, or CONNECT's ``proxy_to_broker_url`` if the directory allows it);
+  the proxy strips ``proxy_to_broker_url`` and lowers ``protocol_version`` to what
+  it understands (never raises it);
+- CONNECTED's ``max_message_size`` becomes the frame limit of both directions;
+- lookup answers are rewritten (``lookup``) — also those a rule makes the proxy
+  write itself (``redirect``, ``error`` on LOOKUP), so no real broker address
+  reaches a client;
+- keepalive: a side silent for ``keepalive`` gets a PING from the proxy (its PONG
+  is swallowed); silent for twice that, it is dead and both sides are closed.
+  PINGs and PONGs of the client and the broker pass through, paired in order so the
+  proxy never swallows a PONG someone else asked for;
+- with ``verify_checksums`` a SEND with a bad CRC32C is answered SEND_ERROR
+  ChecksumError instead of being forwarded.
+
+Every other frame is passed through as bytes by the :class:`FrameScanner` unless a
+hook (rules) or observers want it; then the session tracker attributes it and the
+hook's :class:`Verdict` decides.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Final
+
+from proxy.config.proxy_config import ServiceUrl
+from proxy.errors import ProtocolError
+from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.frame import DEFAULT_MAX_FRAME_BYTES, Frame, encode_command, frame_from_bytes
+from proxy.protocol.session import Direction, Observation, SessionTracker
+from proxy.server.holding import HoldQueue
+from proxy.server.hooks import (
+    FORWARD,
+    ConnectionInfo,
+    FrameContext,
+    FrameEvent,
+    FrameHook,
+    Origin,
+    Verdict,
+    origin_of,
+)
+from proxy.server.lookup import BROKER_NAMING_TYPES, BrokerDirectory, rewrite_broker_urls
+from proxy.server.scanner import FrameScanner, Piece
+
+T = api.BaseCommand.Type
+TO_BROKER: Final = Direction.TO_BROKER
+TO_CLIENT: Final = Direction.TO_CLIENT
+#: the newest protocol version this proxy's definitions know
+MAX_PROTOCOL_VERSION: Final = max(v.number for v in api.ProtocolVersion.DESCRIPTOR.values)
+
+_PING_FRAME: Final = encode_command(api.CommandPing())
+
+
+# -- actions ---------------------------------------------------------------------------------
+@dataclass(slots=True)
+class Send:
+    """Write ``data`` (in order, as one write when possible) towards ``direction``."""
+
+    direction: Direction
+    data: list[Piece | bytes]
+    slice_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OpenUpstream:
+    """Connect to ``broker`` before carrying out the following actions."""
+
+    broker: ServiceUrl
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """Hold this direction for ``seconds`` (a rule's delay)."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Frames were put aside until ``due_ns``: call ``release_due`` then (or earlier)."""
+
+    due_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """End the connection on both sides; ``reset`` sends RST to the client."""
+
+    reason: str
+    reset: bool = False
+    hostile: bool = False
+
+
+Action = Send | OpenUpstream | Pause | Hold | Close
+
+
+class Phase(enum.Enum):
+    AWAITING_CONNECT = "awaiting_connect"
+    CONNECTING = "connecting"
+    CONNECTED = "connected"
+    CLOSED = "closed"
+
+
+class PingOwner(enum.Enum):
+    PEER = "peer"
+    PROXY = "proxy"
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineSettings:
+    lookup_mode: str = "rewrite"
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    verify_checksums: bool = False
+    keepalive_ns: int = 30 * 1_000_000_000
+
+
+@dataclass(slots=True)
+class _Side:
+    """Liveness of one side: when it last sent, and whose PINGs it still owes a PONG."""
+
+    last_rx_ns: int
+    pong_owners: deque[PingOwner] = field(default_factory=deque)
+
+    @property
+    def proxy_pings(self) -> int:
+        return sum(1 for owner in self.pong_owners if owner is PingOwner.PROXY)
+
+
+class ConnectionPipeline:
+    """The sans-IO logic of one client connection and its upstream; see the module docstring."""
+
+    def __init__(self, info: ConnectionInfo, *, settings: PipelineSettings, directory: BrokerDirectory,
+                 default_broker: ServiceUrl, now_ns: int, hook: FrameHook | None = None,
+                 publish: Callable[[FrameEvent], None] | None = None) -> None:
+        self.info = info
+        self.settings = settings
+        self.directory = directory
+        self.default_broker = default_broker
+        self.broker: ServiceUrl | None = None
+        #: CONNECT's proxy_to_broker_url, when the client named its broker (proxy-through)
+        self.proxied_to: str | None = None
+        self.phase = Phase.AWAITING_CONNECT
+        self.hook = hook
+        self.publish = publish
+        # Telemetry: a received frame's event is held until the verdict is known, so that it
+        # carries the rules that fired and when the frame left (after the delays ahead of it).
+        self._held_event: FrameEvent | None = None
+        self._pause_ns = 0
+        self.tracker = SessionTracker(strict=False) if (hook is not None or publish is not None) else None
+        self.scanners = {TO_BROKER: FrameScanner(settings.max_frame_bytes),
+                         TO_CLIENT: FrameScanner(settings.max_frame_bytes)}
+        # the side whose frames travel in a direction: client -> to_broker, broker -> to_client
+        self.sides = {TO_BROKER: _Side(now_ns), TO_CLIENT: _Side(now_ns)}
+        self.started_ns = now_ns
+        self.bytes_in = {TO_BROKER: 0, TO_CLIENT: 0}
+        # Frames the proxy originates into a stream that is in the middle of a passed-through
+        # frame wait here until that stream reaches a frame boundary (never spliced inside one).
+        self._injections: dict[Direction, list[Piece | bytes]] = {TO_BROKER: [], TO_CLIENT: []}
+        self._injections_waiting = False
+        #: frames a rule holds back (a lane's delay) or sends later (deferred FLOW permits)
+        self.held = HoldQueue()
+        self._refresh_wanted()
+
+    # -- input -----------------------------------------------------------------------------
+    def receive(self, direction: Direction, data: bytes | memoryview, now_ns: int) -> list[Action]:
+        """Bytes read from one side (``direction`` is where they travel)."""
+        self.sides[direction].last_rx_ns = now_ns
+        self.bytes_in[direction] += len(data)
+        self._pause_ns = 0
+        pieces = self.scanners[direction].feed(data)
+        if len(pieces) == 1 and type(pieces[0]) is not Frame and not self._injections_waiting:
+            return [Send(direction, pieces)]  # the fast path: nothing to look at
+        actions: list[Action] = []
+        run: list[Piece | bytes] = []
+        for piece in pieces:
+            if type(piece) is not Frame:
+                run.append(piece)
+                continue
+            forwarded = self._on_frame(piece, direction, now_ns, actions, run)
+            self._release_event(forwarded is not None)
+            if forwarded is not None:
+                run.append(forwarded)
+        if run:
+            actions.append(Send(direction, run))
+        if self._injections[direction] and self.scanners[direction].at_frame_boundary:
+            actions.append(Send(direction, self._injections[direction]))
+            self._injections[direction] = []
+            self._injections_waiting = bool(self._injections[TO_BROKER] or self._injections[TO_CLIENT])
+        return actions
+
+    def inject(self, direction: Direction, frames: list[Piece | bytes], actions: list[Action]) -> None:
+        """Send frames the proxy originates towards ``direction``, between whole frames only."""
+        if self.scanners[direction].at_frame_boundary and not self._injections[direction]:
+            actions.append(Send(direction, frames))
+        else:
+            self._injections[direction].extend(frames)
+            self._injections_waiting = True
+
+    def release_due(self, now_ns: int) -> list[Action]:
+        """The held frames due by ``now_ns``, written between whole frames of their stream."""
+        actions: list[Action] = []
+        for entry in self.held.pop_due(now_ns):
+            self.inject(entry.direction, list(entry.frames), actions)
+            if entry.originated:
+                for data in entry.frames:
+                    self._publish_proxy_frame(entry.direction, data, now_ns)
+        return actions
+
+    def peer_closed(self, direction: Direction) -> None:
+        """The side sending in ``direction`` closed; raises MalformedFrame if mid-frame."""
+        self.scanners[direction].close()
+
+    def tick(self, now_ns: int) -> list[Action]:
+        """Keepalive and handshake deadlines; call it every fraction of the keepalive interval."""
+        interval = self.settings.keepalive_ns
+        if self.phase is not Phase.CONNECTED:
+            if now_ns - self.started_ns > 2 * interval:
+                return [Close(f"no handshake within {2 * interval / 1e9:g}s")]
+            return []
+        actions: list[Action] = []
+        for direction, side in self.sides.items():
+            who = "client" if direction is TO_BROKER else "broker"
+            idle = now_ns - side.last_rx_ns
+            if idle >= 2 * interval and side.proxy_pings:
+                return [Close(f"{who} silent for {idle / 1e9:.1f}s and no PONG: peer is dead")]
+            if idle >= interval and not side.proxy_pings:
+                side.pong_owners.append(PingOwner.PROXY)
+                self._refresh_wanted()
+                towards = TO_CLIENT if direction is TO_BROKER else TO_BROKER
+                self.inject(towards, [_PING_FRAME], actions)
+                self._publish_proxy_frame(towards, _PING_FRAME, now_ns)
+        return actions
+
+    # -- frames the pipeline looks at ----------------------------------------------------------
+    def _on_frame(self, frame: Frame, direction: Direction, now_ns: int, actions: list[Action],
+                  run: list[Piece | bytes]) -> bytes | None:
+        """Handle one wanted frame; returns the bytes to forward in place, or None."""
+        observation = self._observe(frame, direction, now_ns)
+        kind = frame.type
+        data: bytes | None = frame.raw
+        if kind == T.CONNECT and direction is TO_BROKER:
+            data = self._on_connect(frame, actions, run)
+        elif kind == T.CONNECTED and direction is TO_CLIENT:
+            self._on_connected(frame)
+        elif self.phase is Phase.AWAITING_CONNECT:
+            raise ProtocolError(f"expected CONNECT, got {frame.type_name}")
+        elif kind in BROKER_NAMING_TYPES and direction is TO_CLIENT:
+            data = rewrite_broker_urls(frame, self.directory, self.settings.lookup_mode) or frame.raw
+        elif kind == T.PING:
+            # The PONG this PING asks for belongs to the sender: let it through.
+            towards_side = self.sides[TO_CLIENT if direction is TO_BROKER else TO_BROKER]
+            towards_side.pong_owners.append(PingOwner.PEER)
+        elif kind == T.PONG:
+            owners = self.sides[direction].pong_owners
+            if owners and owners.popleft() is PingOwner.PROXY:
+                self._refresh_wanted()
+                return None
+        elif kind == T.SEND and self.settings.verify_checksums and direction is TO_BROKER:
+            section = frame.payload
+            if section is not None and not section.checksum_ok():
+                send = frame.command.send
+                error = encode_command(api.CommandSendError(
+                    producer_id=send.producer_id, sequence_id=send.sequence_id,
+                    error=api.ServerError.ChecksumError, message="checksum mismatch (checked by pulsar-tap)"))
+                self._flush(direction, run, actions)
+                self.inject(TO_CLIENT, [error], actions)
+                self._publish_proxy_frame(TO_CLIENT, error, now_ns)
+                return None
+        if data is None:
+            return None
+        if data is not frame.raw:
+            self._publish_proxy_frame(direction, data, now_ns)
+        if self.hook is not None:
+            if data is not frame.raw:
+                frame = frame_from_bytes(data, self.scanners[direction].max_frame_bytes)
+            verdict = self.hook.on_frame(FrameContext(self.info, direction, now_ns, observation), frame)
+            if verdict is not FORWARD:
+                return self._apply(verdict, frame, data, direction, now_ns, actions, run)
+        return data
+
+    def _observe(self, frame: Frame, direction: Direction, now_ns: int) -> Observation | None:
+        observation = None
+        if self.tracker is not None:
+            observation = self.tracker.observe(frame, direction, now_ns)
+        if self.publish is not None:
+            self._held_event = FrameEvent(self.info, direction, origin_of(direction), now_ns, frame, observation,
+                                          forwarded_ns=now_ns + self._pause_ns)
+        return observation
+
+    def _release_event(self, forwarded: bool = True, fired: tuple[str, ...] = (),
+                       forwarded_ns: int | None = None) -> None:
+        """Publish the held event of the frame being handled (telemetry; see __init__)."""
+        event, self._held_event = self._held_event, None
+        if event is None or self.publish is None:
+            return
+        if forwarded_ns is None:
+            forwarded_ns = event.ts_ns + self._pause_ns
+        if fired or not forwarded or event.forwarded_ns != forwarded_ns:
+            event = replace(event, fired=fired or event.fired, forwarded_ns=forwarded_ns if forwarded else None)
+        self.publish(event)
+
+    def _on_connect(self, frame: Frame, actions: list[Action], run: list[Piece | bytes]) -> bytes:
+        if self.phase is not Phase.AWAITING_CONNECT:
+            raise ProtocolError("a second CONNECT on one connection")
+        connect = frame.command.connect
+        changed = False
+        broker = self.default_broker
+        cmd = api.BaseCommand()
+        cmd.CopyFrom(frame.command)
+        if connect.HasField("proxy_to_broker_url"):
+            broker = self.directory.route(connect.proxy_to_broker_url)
+            self.proxied_to = connect.proxy_to_broker_url
+            cmd.connect.ClearField("proxy_to_broker_url")
+            changed = True
+        if connect.protocol_version > MAX_PROTOCOL_VERSION:
+            cmd.connect.protocol_version = MAX_PROTOCOL_VERSION
+            changed = True
+        self.broker = broker
+        self.phase = Phase.CONNECTING
+        self._refresh_wanted()
+        self._flush(TO_BROKER, run, actions)
+        actions.append(OpenUpstream(broker))
+        return encode_command(cmd) if changed else frame.raw
+
+    def _on_connected(self, frame: Frame) -> None:
+        if self.phase is not Phase.CONNECTING:
+            raise ProtocolError(f"CONNECTED while the connection is {self.phase.value}")
+        connected = frame.command.connected
+        if connected.HasField("max_message_size") and connected.max_message_size > 0:
+            for scanner in self.scanners.values():
+                scanner.set_max_message_size(connected.max_message_size)
+        self.phase = Phase.CONNECTED
+        self._refresh_wanted()
+
+    def _apply(self, verdict: Verdict, frame: Frame, data: bytes, direction: Direction, now_ns: int,
+               actions: list[Action], run: list[Piece | bytes]) -> bytes | None:
+        """Carry out a hook's verdict on one frame (everything before it is flushed first)."""
+        back = TO_CLIENT if direction is TO_BROKER else TO_BROKER
+        self._flush(direction, run, actions)
+        lane = verdict.lane
+        # A lane's delay holds this frame (and its lane) only; otherwise the direction pauses.
+        in_lane = lane is not None and (verdict.delay_s > 0 or self.held.lane_busy(lane))
+        due_ns = now_ns + int(verdict.delay_s * 1e9)
+        if in_lane:
+            due_ns = self.held.release_at(due_ns, lane)
+        elif verdict.delay_s > 0:
+            actions.append(Pause(verdict.delay_s))
+            self._pause_ns += int(verdict.delay_s * 1e9)
+        self._release_event(verdict.forward, verdict.fired, due_ns if in_lane else None)
+        if verdict.to_sender:
+            answers = [self._towards(back, extra) for extra in verdict.to_sender]
+            self.inject(back, list(answers), actions)
+            for extra in answers:
+                self._publish_proxy_frame(back, extra, now_ns)
+        for later in verdict.later:
+            towards = direction if later.to_receiver else back
+            later_ns = now_ns + int(later.after_s * 1e9)
+            self.held.add(later_ns, towards, (self._towards(towards, later.data),), originated=True)
+            actions.append(Hold(later_ns))
+        forwarded: list[bytes] = []
+        if verdict.forward:
+            out = verdict.replacement if verdict.replacement is not None else data
+            if out is not frame.raw:
+                self._publish_proxy_frame(direction, out, now_ns)
+            forwarded.append(out)
+        for extra in verdict.to_receiver:
+            forwarded.append(extra)
+            self._publish_proxy_frame(direction, extra, now_ns)
+        if forwarded and in_lane:
+            self.held.add(due_ns, direction, tuple(forwarded), lane=lane)
+            actions.append(Hold(due_ns))
+        elif forwarded:
+            actions.append(Send(direction, list[Piece | bytes](forwarded), verdict.slice_bytes))
+        if verdict.close is not None:
+            actions.append(Close(f"closed by rule ({verdict.close})", reset=verdict.close == "reset"))
+        return None
+
+    def _towards(self, direction: Direction, data: bytes) -> bytes:
+        """A frame the proxy writes itself: lookup answers to the client are rewritten too."""
+        if direction is not TO_CLIENT:
+            return data
+        try:
+            frame = frame_from_bytes(data, 2**31)
+        except ProtocolError:
+            return data
+        if frame.type not in BROKER_NAMING_TYPES:
+            return data
+        return rewrite_broker_urls(frame, self.directory, self.settings.lookup_mode) or data
+
+    @staticmethod
+    def _flush(direction: Direction, run: list[Piece | bytes], actions: list[Action]) -> None:
+        if run:
+            actions.append(Send(direction, list(run)))
+            run.clear()
+
+    def _publish_proxy_frame(self, direction: Direction, data: bytes, now_ns: int) -> None:
+        if self.publish is None:
+            return
+        self._release_event()  # the received frame's event goes first
+        try:
+            frame = frame_from_bytes(data, 2**31)
+        except ProtocolError:
+            return  # a deliberately corrupted frame: observers see what was received
+        self.publish(FrameEvent(self.info, direction, Origin.PROXY, now_ns, frame))
+
+    def _refresh_wanted(self) -> None:
+        """Tell both scanners which frames to hand over (the rest passes through as bytes)."""
+        want_all = self.publish is not None
+        for direction, scanner in self.scanners.items():
+            if self.hook is not None:
+                interest = self.hook.interest(direction)
+                want_all = want_all or interest is None or bool(interest)
+            wanted: set[int] = {T.PING, T.PONG}
+            if direction is TO_BROKER:
+                if self.phase is Phase.AWAITING_CONNECT:
+                    wanted.add(T.CONNECT)
+                if self.settings.verify_checksums:
+                    wanted.add(T.SEND)
+            else:
+                wanted |= BROKER_NAMING_TYPES
+                if self.phase is Phase.CONNECTING:
+                    wanted.add(T.CONNECTED)
+            # Until CONNECT, every client frame is looked at: anything else is refused.
+            first = direction is TO_BROKER and self.phase is Phase.AWAITING_CONNECT
+            scanner.set_wanted(wanted, want_all=want_all or first)

@@ -1,0 +1,415 @@
+"""One proxied connection on Trio: read both sides, let the pipeline decide, write.
+
+The relay is the thin I/O loop around :class:`~proxy.server.pipeline.ConnectionPipeline`.
+Its two directions and its keepalive timer share one nursery: when one ends (a peer
+closed, a protocol error, a dead peer, a rule's close), the nursery is cancelled
+and both sockets are closed in ``finally``.  Backpressure is natural: a direction
+reads its next chunk only after it has written the last one, so a slow reader
+slows its writer and memory per connection stays bounded by the receive size plus
+the frames the scanner must hold.
+
+Plain-socket directions are normally served by the server's
+:class:`~proxy.server.reactor.Reactor` (many connections per wake-up) and fall back
+to their own task whenever something has to wait; TLS directions always use their
+task.  A peer's EOF is passed on as a half-close (see :meth:`Relay.peer_finished`).
+
+Held frames (a rule's per-lane delay, deferred FLOW permits; see ``holding``) are
+released by one extra task per connection, started on the first :class:`Hold`: it
+sleeps until the earliest due time and writes what is due.  When the pipeline's
+hold queue is full, the direction that fills it stops reading until releases make
+room.  When the connection ends, held frames are discarded and the hook is told
+(``connection_closed``).
+
+Draining (graceful shutdown): :meth:`Relay.begin_drain` stops reading the client at
+the next frame boundary; the broker's answers keep flowing until the server's grace
+period ends.
+"""
+
+from __future__ import annotations
+
+import itertools
+import select
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final
+
+import structlog
+import trio
+
+from proxy.config.proxy_config import ServiceUrl
+from proxy.errors import ProtocolError
+from proxy.protocol.session import Direction
+from proxy.server.hooks import ConnectionEvent, ConnectionInfo
+from proxy.server.pipeline import (
+    TO_BROKER,
+    TO_CLIENT,
+    Action,
+    Close,
+    ConnectionPipeline,
+    Hold,
+    OpenUpstream,
+    Pause,
+    Send,
+)
+from proxy.server.reactor import Reactor
+from proxy.server.transport import RECV_SIZE, SocketTransport, Transport
+from proxy.server.upstream import UpstreamUnavailable, open_upstream
+
+if TYPE_CHECKING:
+    from proxy.server.app import ProxyServer
+
+log = structlog.get_logger("pulsar_tap.proxy")
+
+_conn_ids = itertools.count(1)
+
+
+def next_conn_id() -> int:
+    return next(_conn_ids)
+
+
+@dataclass(slots=True)
+class _Ending:
+    reason: str = "closed"
+    reset: bool = False
+    hostile: bool = False
+    level: str = "info"
+
+
+@dataclass(eq=False)
+class Relay:
+    """The I/O side of one client connection."""
+
+    server: ProxyServer
+    client: Transport
+    pipeline: ConnectionPipeline
+    upstream: Transport | None = None
+    draining: bool = False
+    _ending: _Ending | None = None
+    _nursery: trio.Nursery | None = None
+    _client_pump: _ReactorPump | None = None
+    _finished: set[Direction] = field(default_factory=set)
+    _clock: Callable[[], int] = field(default=time.time_ns)
+    #: set to wake the release task (new frames held)
+    _held_changed: trio.Event | None = None
+    #: set by the release task when it has made room in a full hold queue
+    _held_room: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def info(self) -> ConnectionInfo:
+        return self.pipeline.info
+
+    @property
+    def upstream_local_address(self) -> str | None:
+        """The proxy's own address on its connection to the broker (what the broker sees as peer)."""
+        return self.upstream.local_address if self.upstream is not None else None
+
+    async def run(self) -> None:
+        hub = self.server.observers
+        if hub.active:
+            hub.publish(ConnectionEvent(self.info, self._clock(), closed=False))
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._pump, TO_BROKER)
+                nursery.start_soon(self._keepalive)
+        finally:
+            ending = self._ending or _Ending("cancelled (proxy shutting down)")
+            with trio.CancelScope(shield=True):
+                await self.client.aclose(reset=ending.reset)
+                if self.upstream is not None:
+                    await self.upstream.aclose()
+            fields = {"conn": self.info.conn_id, "client": self.info.client, "broker": self.info.broker_url,
+                      "reason": ending.reason, "bytes_from_client": self.pipeline.bytes_in[TO_BROKER],
+                      "bytes_from_broker": self.pipeline.bytes_in[TO_CLIENT]}
+            if ending.hostile:
+                log.warning("dropped hostile client", **fields)
+            else:
+                getattr(log, ending.level)("connection closed", **fields)
+            self.pipeline.held.clear()
+            closed = getattr(self.pipeline.hook, "connection_closed", None)
+            if closed is not None:
+                try:
+                    closed(self.info.conn_id)
+                except Exception as exc:  # a hook bug must not break the teardown
+                    log.warning("hook failed on connection close", conn=self.info.conn_id, error=repr(exc))
+            if hub.active:
+                hub.publish(ConnectionEvent(self.info, self._clock(), closed=True, reason=ending.reason))
+
+    def end(self, ending: _Ending) -> None:
+        """Record why the connection ends (first reason wins) and cancel both directions."""
+        if self._ending is None:
+            self._ending = ending
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    async def peer_finished(self, direction: Direction) -> None:
+        """The side sending in ``direction`` closed its end (EOF at a frame boundary).
+
+        Like any TCP proxy, pass the half-close on: the other side reads EOF after every
+        byte already sent, and may still answer; once both directions are finished (or
+        the other side lingers past the drain period) the connection ends.  Closing at
+        once instead would reset a socket whose peer still has unread answers in flight,
+        and the kernel would discard the last bytes the proxy forwarded.
+        """
+        who = "client" if direction is TO_BROKER else "broker"
+        self._finished.add(direction)
+        target = self.upstream if direction is TO_BROKER else self.client
+        if len(self._finished) == 2 or target is None:
+            self.end(_Ending(f"{who} closed the connection"))
+            return
+        try:
+            await target.send_eof()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.end(_Ending(f"{who} closed the connection"))
+            return
+        assert self._nursery is not None
+        self._nursery.start_soon(self._linger, who)
+
+    async def _linger(self, who: str) -> None:
+        await trio.sleep(max(self.server.config.limits.drain_seconds, 1.0))
+        self.end(_Ending(f"{who} closed the connection (the other side lingered)"))
+
+    def begin_drain(self) -> None:
+        """Stop reading the client at its next frame boundary (checked after each receive)."""
+        self.draining = True
+        pump = self._client_pump
+        if pump is not None and not pump.busy and self.pipeline.scanners[TO_BROKER].at_frame_boundary:
+            pump._hand_over(_Stop())
+
+    async def _pump(self, direction: Direction) -> None:
+        sender = "client" if direction is TO_BROKER else "broker"
+        try:
+            await self._pump_loop(direction)
+        except ProtocolError as exc:
+            peer = self.info.client if direction is TO_BROKER else self.info.broker_url
+            hostile = direction is TO_BROKER
+            self.end(_Ending(f"{sender} {peer} broke the protocol: {exc}", reset=False, hostile=hostile,
+                             level="warning"))
+        except UpstreamUnavailable as exc:
+            self.end(_Ending(f"upstream unavailable: {exc}", level="warning"))
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self.end(_Ending(f"{sender} connection lost: {exc}"))
+
+    async def _pump_loop(self, direction: Direction) -> None:
+        source = self.client if direction is TO_BROKER else self.upstream
+        assert source is not None
+        reactor = self.server.reactor
+        if reactor is not None and isinstance(source, SocketTransport):
+            pump = _ReactorPump(self, direction, source, reactor)
+            if direction is TO_BROKER:
+                self._client_pump = pump
+            await pump.run()
+            return
+        pipeline = self.pipeline
+        clock = self._clock
+        from_client = direction is TO_BROKER
+        while True:
+            if from_client and self.draining and pipeline.scanners[TO_BROKER].at_frame_boundary:
+                return  # stop reading the client; the broker's answers keep flowing
+            data = await source.receive()
+            if not data:
+                pipeline.peer_closed(direction)
+                await self.peer_finished(direction)
+                return
+            actions = pipeline.receive(direction, data, clock())
+            if actions:
+                await self._carry_out(actions)
+
+    async def _carry_out(self, actions: list[Action]) -> None:
+        for action in actions:
+            if type(action) is Send:
+                target = self.upstream if action.direction is TO_BROKER else self.client
+                if target is None:
+                    raise ProtocolError("data for the broker before the connection was routed")
+                await target.send(action.data, action.slice_bytes)
+            elif type(action) is OpenUpstream:
+                await self._open_upstream(action.broker)
+            elif type(action) is Pause:
+                await trio.sleep(action.seconds)
+            elif type(action) is Hold:
+                await self._held(action)
+            elif type(action) is Close:
+                self.end(_Ending(action.reason, reset=action.reset, hostile=action.hostile,
+                                 level="warning" if action.hostile else "info"))
+                await trio.lowlevel.checkpoint()
+
+    async def _held(self, action: Hold) -> None:
+        """Frames were held: make sure the release task wakes for them; wait while the queue is full."""
+        del action
+        if self._held_changed is None:
+            self._held_changed = trio.Event()
+            assert self._nursery is not None
+            self._nursery.start_soon(self._release_held)
+        else:
+            self._held_changed.set()
+        held = self.pipeline.held
+        while held.full:
+            self._held_room = trio.Event()
+            await self._held_room.wait()
+
+    async def _release_held(self) -> None:
+        held = self.pipeline.held
+        try:
+            while True:
+                wake = self._held_changed = trio.Event()
+                due = held.next_due_ns()
+                if due is None:
+                    await wake.wait()
+                    continue
+                wait_s = (due - self._clock()) / 1e9
+                if wait_s > 0:
+                    with trio.move_on_after(wait_s):
+                        await wake.wait()
+                    continue
+                actions = self.pipeline.release_due(self._clock())
+                self._held_room.set()  # a reader waiting on a full queue goes on
+                if actions:
+                    await self._carry_out(actions)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self.end(_Ending(f"write of held frames failed: {exc}"))
+
+    async def _open_upstream(self, broker: ServiceUrl) -> None:
+        self.pipeline.info = ConnectionInfo(self.info.conn_id, self.info.client, self.info.listener, str(broker))
+        self.upstream = await open_upstream(broker, self.server.upstream_tls_context)
+        log.debug("upstream connected", conn=self.info.conn_id, broker=str(broker))
+        assert self._nursery is not None
+        self._nursery.start_soon(self._pump, TO_CLIENT)
+
+    async def _keepalive(self) -> None:
+        interval_s = self.pipeline.settings.keepalive_ns / 1e9
+        period = min(max(interval_s / 4, 0.01), 1.0)
+        while True:
+            await trio.sleep(period)
+            actions = self.pipeline.tick(self._clock())
+            if actions:
+                try:
+                    await self._carry_out(actions)
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    self.end(_Ending(f"keepalive write failed: {exc}"))
+                    return
+
+
+_HANGUP: Final = select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR
+
+
+class _Stop(Exception):
+    """Handed from the reactor to a pump task: stop reading (``finished``: the peer sent EOF)."""
+
+    def __init__(self, finished: bool = False) -> None:
+        super().__init__("stop")
+        self.finished = finished
+
+
+class _ReactorPump:
+    """One relay direction served by the reactor until something has to wait.
+
+    ``busy`` says who owns the direction: False, the reactor's handler reads and writes
+    synchronously; True, the direction's task is carrying out handed-over work (and
+    will read on until the socket is empty before giving the direction back).
+    """
+
+    def __init__(self, relay: Relay, direction: Direction, source: SocketTransport, reactor: Reactor) -> None:
+        self.relay = relay
+        self.direction = direction
+        self.source = source
+        self.reactor = reactor
+        self.from_client = direction is TO_BROKER
+        self.busy = True
+        self.work: list[Action] | BaseException | None = None
+        self._task: trio.lowlevel.Task | None = None
+        self._parked = False
+        self.peer_hung_up = False
+
+    async def run(self) -> None:
+        self._task = trio.lowlevel.current_task()
+        self.reactor.register(self.source.sock, self.on_readable)
+        try:
+            while True:
+                work, self.work = self.work, None
+                if isinstance(work, _Stop):
+                    if work.finished:
+                        await self.relay.peer_finished(self.direction)
+                    return
+                if isinstance(work, BaseException):
+                    raise work
+                if work:
+                    await self.relay._carry_out(work)
+                # Give the direction back to the reactor; data that came meanwhile raised no
+                # new edge, so read it now.
+                self.busy = False
+                while self.on_readable():
+                    # Stopped early with data left: no edge will come for it, so keep serving
+                    # from this task, yielding between rounds.
+                    await trio.lowlevel.checkpoint()
+                if not self.busy:
+                    self._parked = True
+                    await trio.lowlevel.wait_task_rescheduled(self._abort)
+        finally:
+            self.busy = True
+            self.reactor.unregister(self.source.sock)
+
+    def _abort(self, _: object) -> trio.lowlevel.Abort:
+        self._parked = False
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    def _hand_over(self, work: list[Action] | BaseException) -> None:
+        self.busy = True
+        self.work = work
+        if self._parked:
+            self._parked = False
+            assert self._task is not None
+            trio.lowlevel.reschedule(self._task)
+
+    def on_readable(self, flags: int = 0) -> bool:
+        """Called by the reactor (and by the task): serve what is readable without waiting."""
+        if flags & _HANGUP:
+            # The peer closed: its FIN may already sit behind the data, so a short read no
+            # longer proves the socket empty (no further edge will come).
+            self.peer_hung_up = True
+        if self.busy:
+            return False
+        relay, pipeline, direction = self.relay, self.relay.pipeline, self.direction
+        try:
+            for _ in range(8):
+                if self.from_client and relay.draining and pipeline.scanners[TO_BROKER].at_frame_boundary:
+                    self._hand_over(_Stop())
+                    return False
+                data = self.source.try_receive()
+                if data is None:
+                    return False
+                if not data:
+                    pipeline.peer_closed(direction)
+                    self._hand_over(_Stop(finished=True))
+                    return False
+                actions = pipeline.receive(direction, data, relay._clock())
+                rest = self._write_now(actions)
+                if rest:
+                    self._hand_over(rest)
+                    return False
+                if len(data) < RECV_SIZE and not self.peer_hung_up:
+                    # A short read emptied the socket; anything newer raises a fresh edge.
+                    return False
+            return True
+        except Exception as exc:  # raised again in the pump task, which knows how to end the connection
+            self._hand_over(exc)
+            return False
+
+    def _write_now(self, actions: list[Action]) -> list[Action] | None:
+        """Carry out the leading writes that need no wait; the rest goes to the task."""
+        for index, action in enumerate(actions):
+            if type(action) is not Send or action.slice_bytes:
+                return actions[index:]
+            target = self.relay.upstream if action.direction is TO_BROKER else self.relay.client
+            if not isinstance(target, SocketTransport) or target.write_busy:
+                return actions[index:]
+            left = target.send_now(action.data)
+            if left:
+                return [Send(action.direction, left), *actions[index + 1:]]
+        return None
+
+
+def set_keepalive_socket_options(sock: socket.socket) -> None:
+    """TCP keepalive as a second line of defence behind the protocol's PING/PONG."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)

@@ -1,0 +1,174 @@
+"""The whole proxy process, assembled: server, rules, recorder, telemetry and admin API.
+
+``pulsar-tap run`` and ``pulsar-tap demo`` both start the proxy through
+:func:`running_proxy`, so what the demo shows is what ``run`` does:
+
+- the rules engine (``rules:`` a file, watched and hot-reloaded, or an inline list)
+  as the server's frame hook — installed when there are rules or an admin API that
+  can add them;
+- the recorder (``record:``) as an observer, its directory created per run (only
+  the frames ``record`` rules match, while there are such rules);
+- telemetry, which :class:`~proxy.server.app.ProxyServer` builds from ``tracing:``
+  (and metrics when ``admin`` serves /metrics);
+- the admin API (``admin:``) on hypercorn, with the connections and metrics providers.
+
+Everything runs in one nursery; leaving the ``async with`` shuts the proxy down,
+drains it, and finishes the recording.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+import trio
+
+from proxy.config.proxy_config import ProxyConfig
+from proxy.errors import ConfigError, PulsarTapError
+from proxy.protocol.session import Direction
+from proxy.rules.engine import RulesEngine
+from proxy.rules.hook import RulesHook, record_filter
+from proxy.rules.loader import load_rules_file, ruleset_from_data
+from proxy.rules.model import RuleSet
+from proxy.server.app import ProxyServer
+
+log = structlog.get_logger("pulsar_tap.proxy")
+
+
+@dataclass
+class ProxyStack:
+    """A running proxy and its parts."""
+
+    config: ProxyConfig
+    server: ProxyServer
+    engine: RulesEngine | None
+    recording_path: Path | None = None
+    admin_address: str | None = None
+
+    @property
+    def address(self) -> str:
+        return str(self.server.main_address)
+
+
+def load_ruleset(config: ProxyConfig) -> RuleSet:
+    """The rules ``config`` names (a file or an inline list); none gives an empty set."""
+    if config.rules is None:
+        return RuleSet()
+    if isinstance(config.rules, str):
+        return load_rules_file(config.rules)
+    return ruleset_from_data(config.rules, config.file)
+
+
+def _read_token(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror or exc}", file=path, key="admin.token_file") from None
+    if not token:
+        raise ConfigError("the token file is empty", file=path, key="admin.token_file")
+    return token
+
+
+def connection_rows(server: ProxyServer) -> list[dict[str, Any]]:
+    """``GET /connections``: peers, producers, consumers, topics, bytes and permits per connection."""
+    rows = []
+    for relay in list(server.relays):
+        pipeline = relay.pipeline
+        info = pipeline.info
+        tracker = pipeline.tracker
+        producers: list[dict[str, Any]] = [] if tracker is None else [
+            {"producer_id": p.producer_id, "topic": p.topic, "producer_name": p.producer_name}
+            for p in tracker.producers.values()]
+        consumers: list[dict[str, Any]] = [] if tracker is None else [
+            {"consumer_id": c.consumer_id, "topic": c.topic, "subscription": c.subscription,
+             "sub_type": c.sub_type, "consumer_name": c.consumer_name, "permits": c.permits}
+            for c in tracker.consumers.values()]
+        rows.append({
+            "conn_id": info.conn_id, "client": info.client, "listener": info.listener,
+            "broker": info.broker_url or (str(pipeline.broker) if pipeline.broker else None),
+            "upstream_local": relay.upstream_local_address,
+            "phase": str(getattr(pipeline.phase, "value", pipeline.phase)),
+            "bytes_to_broker": pipeline.bytes_in[Direction.TO_BROKER],
+            "bytes_to_client": pipeline.bytes_in[Direction.TO_CLIENT],
+            "producers": producers, "consumers": consumers,
+            "topics": sorted({str(p["topic"]) for p in producers} | {str(c["topic"]) for c in consumers}),
+            "permits": sum(c["permits"] for c in consumers),
+        })
+    return rows
+
+
+@contextlib.asynccontextmanager
+async def running_proxy(config: ProxyConfig, *, server: ProxyServer | None = None,
+                        on_ready: Any = None) -> AsyncIterator[ProxyStack]:
+    """Run the proxy described by ``config`` for the duration of the ``async with``."""
+    ruleset = load_ruleset(config)
+    engine: RulesEngine | None = None
+    if ruleset.rules or config.admin is not None:
+        engine = RulesEngine(ruleset)
+        log.info("rules loaded", rules=len(ruleset.rules), seed=engine.seed,
+                 seed_source="file" if engine.seed_from_file else "random")
+    token = _read_token(config.admin.token_file) if config.admin is not None else None
+    if server is None:
+        server = ProxyServer(config, hook=RulesHook(engine) if engine is not None else None)
+    elif engine is not None:
+        server.hook = RulesHook(engine)
+    stack = ProxyStack(config, server, engine)
+    async with contextlib.AsyncExitStack() as exits:
+        if config.record is not None:
+            from proxy.recording.observer import RecordingObserver
+            from proxy.recording.recorder import RecordConfig, Recorder
+
+            section = config.record
+            recorder = await exits.enter_async_context(Recorder(RecordConfig(
+                dir=Path(section.dir), redact=section.redact, include_payloads=section.include_payloads,
+                max_segment_bytes=section.max_segment_mb * 1024 * 1024)))
+            # with ``record`` rules in force, only the frames they match are kept
+            keep = record_filter(engine) if engine is not None else None
+            server.observers.observers.append(RecordingObserver(recorder, lookup_mode=config.lookup,
+                                                                frame_filter=keep))
+            stack.recording_path = recorder.path
+            log.info("recording", path=str(recorder.path))
+        services = await exits.enter_async_context(trio.open_nursery())
+        async with trio.open_nursery() as proxy_nursery:
+            await proxy_nursery.start(server.run)
+            if engine is not None and isinstance(config.rules, str):
+                from proxy.rules.reload import watch_rule_file
+
+                services.start_soon(watch_rule_file, config.rules, engine)
+            if config.admin is not None and engine is not None:
+                stack.admin_address = await _start_admin(services, server, engine, config, token)
+            try:
+                yield stack
+            finally:
+                # server.run drains its connections and returns; then the services stop
+                server.request_shutdown()
+        services.cancel_scope.cancel()
+
+
+async def _start_admin(nursery: trio.Nursery, server: ProxyServer, engine: RulesEngine, config: ProxyConfig,
+                       token: str | None) -> str:
+    from proxy.admin.app import AdminApp
+    from proxy.admin.serve import serve_admin
+
+    assert config.admin is not None
+    telemetry = server.telemetry
+    app = AdminApp(engine, token=token, connections=lambda: connection_rows(server),
+                   metrics=telemetry.admin_metrics if telemetry is not None else None)
+    try:
+        bound = await nursery.start(serve_admin, app, config.admin.listen.host, config.admin.listen.port)
+    except OSError as exc:
+        raise PulsarTapError(f"cannot serve the admin API on {config.admin.listen}: {exc.strerror or exc}") from None
+    address = _host_port(bound[0]) if bound else str(config.admin.listen)
+    log.info("admin API listening", address=address)
+    return address
+
+
+def _host_port(bound: str) -> str:
+    """hypercorn reports ``http://HOST:PORT``; keep ``HOST:PORT``."""
+    return bound.split("://", 1)[-1]

@@ -1,0 +1,318 @@
+"""The two byte pipes a relay reads and writes: a plain socket, and a Trio stream (TLS).
+
+:class:`SocketTransport` drives a non-blocking stdlib socket directly, because the
+relay's cost is per wake-up: it tries ``recv``/``sendmsg`` first and waits for
+readiness only when the kernel says EAGAIN, so a round trip through the proxy costs
+one scheduler pass per hop.  When data was already there it still yields once
+(fairness: one busy connection cannot starve the others).  ``send`` writes all
+pieces with one ``sendmsg`` (gathered I/O); writers on the same socket (the two
+relay directions, keepalive) are serialised by a lock taken only when a write has
+to wait, so frames never interleave.
+
+:class:`StreamTransport` wraps any ``trio.abc.Stream`` (``trio.SSLStream`` for TLS)
+with the same interface.  OS errors become ``trio.BrokenResourceError`` here, at
+the edge.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+from collections.abc import Sequence
+from typing import Final, Protocol
+
+import trio
+
+from proxy.server.scanner import Piece
+
+#: bytes asked for per receive; bounds what one direction holds besides its scanner
+RECV_SIZE: Final = 256 * 1024
+#: receives served without waiting before a transport yields to other tasks anyway
+_READY_STREAK: Final = 8
+#: receive buffers not in use, shared by every connection (bounded: extras are freed)
+_BUFFER_POOL: list[bytearray] = []
+_BUFFER_POOL_MAX: Final = 64
+#: reads up to this size are returned as a copy (cheap) instead of a view of the buffer
+_COPY_BELOW: Final = 16 * 1024
+_LINGER_RESET: Final = struct.pack("ii", 1, 0)
+#: Most buffers one sendmsg takes (Linux IOV_MAX); more fail with EMSGSIZE.  A receive of
+#: many small frames that observers want decoded becomes that many pieces.
+_IOV_MAX: Final = 1024
+
+
+class Transport(Protocol):
+    peer: str
+
+    @property
+    def local_address(self) -> str:
+        ...
+
+    async def receive(self) -> bytes | memoryview:
+        """The next bytes from the peer; empty when it closed its side.
+
+        The result may be a view of a buffer reused by the next call: use it first.
+        """
+        ...
+
+    async def send(self, pieces: Sequence[Piece | bytes], slice_bytes: int = 0) -> None:
+        ...
+
+    async def send_eof(self) -> None:
+        """Half-close: the peer reads EOF after everything written so far (False: unsupported)."""
+        ...
+
+    async def aclose(self, reset: bool = False) -> None:
+        ...
+
+
+def _address(addr: object) -> str:
+    if isinstance(addr, tuple) and len(addr) >= 2:
+        host, port = addr[0], addr[1]
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    return str(addr)
+
+
+def peer_name(sock: socket.socket) -> str:
+    try:
+        return _address(sock.getpeername())
+    except OSError:
+        return "?"
+
+
+def local_name(sock: socket.socket) -> str:
+    try:
+        return _address(sock.getsockname())
+    except OSError:
+        return "?"
+
+
+def tune(sock: socket.socket) -> None:
+    """Non-blocking, and no Nagle delay: a proxy must not hold small frames back."""
+    sock.setblocking(False)
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class SocketTransport:
+    """A plain TCP connection on a non-blocking stdlib socket."""
+
+    def __init__(self, sock: socket.socket, peer: str | None = None) -> None:
+        tune(sock)
+        self.sock = sock
+        self.peer = peer or peer_name(sock)
+        self._write_lock = trio.Lock()
+        self._closed = False
+        self._ready_streak = 0
+        self._drained = False
+        # Held only between a receive and the next wait: idle connections hold no buffer.
+        self._buffer: bytearray | None = None
+
+    @property
+    def local_address(self) -> str:
+        return local_name(self.sock)
+
+    def _release_buffer(self) -> None:
+        if self._buffer is not None:
+            if len(_BUFFER_POOL) < _BUFFER_POOL_MAX:
+                _BUFFER_POOL.append(self._buffer)
+            self._buffer = None
+
+    @property
+    def write_busy(self) -> bool:
+        """A write is waiting for the socket: others must queue behind it (use ``send``)."""
+        return self._write_lock.locked()
+
+    def try_receive(self) -> bytes | memoryview | None:
+        """The reactor's receive: the next bytes without waiting; None when there are none yet."""
+        buffer = self._buffer
+        if buffer is None:
+            buffer = self._buffer = _BUFFER_POOL.pop() if _BUFFER_POOL else bytearray(RECV_SIZE)
+        try:
+            size = self.sock.recv_into(buffer)
+        except BlockingIOError:
+            self._release_buffer()
+            return None
+        except OSError as exc:
+            if self._closed:
+                raise trio.ClosedResourceError("transport closed") from None
+            raise trio.BrokenResourceError(f"receive from {self.peer} failed: {exc}") from None
+        if size <= _COPY_BELOW:
+            data = bytes(memoryview(buffer)[:size])
+            self._release_buffer()
+            return data
+        return memoryview(buffer)[:size]
+
+    def send_now(self, pieces: list[Piece | bytes]) -> list[Piece | bytes]:
+        """Write what the kernel takes without waiting; returns the rest (callers check write_busy)."""
+        return self._send_now(pieces)
+
+    async def receive(self) -> bytes | memoryview:
+        sock = self.sock
+        if self._drained:
+            # The last read did not fill the buffer, so the socket is most likely empty:
+            # wait for readiness first instead of paying for a recv that says EAGAIN.
+            self._drained = False
+            await trio.lowlevel.wait_readable(sock)
+        else:
+            await trio.lowlevel.checkpoint_if_cancelled()
+        while True:
+            buffer = self._buffer
+            if buffer is None:
+                buffer = self._buffer = _BUFFER_POOL.pop() if _BUFFER_POOL else bytearray(RECV_SIZE)
+            try:
+                size = sock.recv_into(buffer)
+            except BlockingIOError:
+                self._ready_streak = 0
+                self._release_buffer()
+                await trio.lowlevel.wait_readable(sock)
+                continue
+            except OSError as exc:
+                if self._closed:
+                    raise trio.ClosedResourceError("transport closed") from None
+                raise trio.BrokenResourceError(f"receive from {self.peer} failed: {exc}") from None
+            if size < RECV_SIZE:
+                self._drained = True
+            else:
+                self._ready_streak += 1
+                if self._ready_streak >= _READY_STREAK:
+                    # Data kept coming without a wait: yield so no connection starves the others.
+                    self._ready_streak = 0
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+            if size <= _COPY_BELOW:
+                # Small reads are copied out so the buffer goes back to the pool at once: a
+                # connection waiting on its peer (upstream connect, backpressure) holds none.
+                data = bytes(memoryview(buffer)[:size])
+                self._release_buffer()
+                return data
+            return memoryview(buffer)[:size]
+
+    async def send(self, pieces: Sequence[Piece | bytes], slice_bytes: int = 0) -> None:
+        if slice_bytes > 0:
+            await self._send_sliced(pieces, slice_bytes)
+            return
+        lock = self._write_lock
+        if lock.locked():
+            async with lock:
+                await self._send_waiting(list(pieces))
+            return
+        rest = self._send_now(pieces if isinstance(pieces, list) else list(pieces))
+        if not rest:
+            return
+        lock.acquire_nowait()  # no await since the check: nobody can have slipped in
+        try:
+            await self._send_waiting(rest)
+        finally:
+            lock.release()
+
+    async def _send_sliced(self, pieces: Sequence[Piece | bytes], slice_bytes: int) -> None:
+        async with self._write_lock:
+            for piece in pieces:
+                view = memoryview(piece)  # type: ignore[arg-type]
+                for start in range(0, len(view), slice_bytes):
+                    await self._send_waiting([view[start:start + slice_bytes]])
+                    await trio.sleep(0.001)  # separate TCP segments, not one coalesced write
+
+    def _send_now(self, pieces: list[Piece | bytes]) -> list[Piece | bytes]:
+        """Write as much as the kernel takes without waiting; returns what is left."""
+        sock = self.sock
+        while pieces:
+            try:
+                sent = sock.sendmsg(pieces if len(pieces) <= _IOV_MAX else pieces[:_IOV_MAX])  # type: ignore[arg-type]
+            except BlockingIOError:
+                return pieces
+            except OSError as exc:
+                if self._closed:
+                    raise trio.ClosedResourceError("transport closed") from None
+                raise trio.BrokenResourceError(f"send to {self.peer} failed: {exc}") from None
+            pieces = _advance(pieces, sent)
+        return pieces
+
+    async def _send_waiting(self, pieces: list[Piece | bytes]) -> None:
+        while True:
+            pieces = self._send_now(pieces)
+            if not pieces:
+                return
+            await trio.lowlevel.wait_writable(self.sock)
+
+    async def send_eof(self) -> None:
+        async with self._write_lock:  # after any write still in progress
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_WR)
+
+    async def aclose(self, reset: bool = False) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._buffer = None
+        with contextlib.suppress(OSError):
+            if reset:
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+        trio.lowlevel.notify_closing(self.sock)
+        self.sock.close()
+        await trio.lowlevel.checkpoint()
+
+
+def _advance(pieces: list[Piece | bytes], sent: int) -> list[Piece | bytes]:
+    """The pieces left after ``sent`` bytes of them were written."""
+    index = 0
+    while index < len(pieces):
+        size = len(pieces[index])  # type: ignore[arg-type]
+        if sent < size:
+            rest = pieces[index:]
+            if sent:
+                rest[0] = memoryview(rest[0])[sent:]  # type: ignore[arg-type]
+            return rest
+        sent -= size
+        index += 1
+    return []
+
+
+class StreamTransport:
+    """Any Trio stream (TLS: ``trio.SSLStream``) behind the Transport interface."""
+
+    def __init__(self, stream: trio.abc.Stream, peer: str, raw_socket: socket.socket | None = None) -> None:
+        self.stream = stream
+        self.peer = peer
+        self._raw_socket = raw_socket
+        self._write_lock = trio.Lock()
+        self._closed = False
+
+    @property
+    def local_address(self) -> str:
+        return local_name(self._raw_socket) if self._raw_socket is not None else "?"
+
+    async def receive(self) -> bytes:
+        try:
+            return bytes(await self.stream.receive_some(RECV_SIZE))
+        except trio.BrokenResourceError as exc:
+            raise trio.BrokenResourceError(f"receive from {self.peer} failed: {exc.__cause__ or exc}") from None
+
+    async def send(self, pieces: Sequence[Piece | bytes], slice_bytes: int = 0) -> None:
+        data = b"".join(pieces)  # type: ignore[arg-type]
+        async with self._write_lock:
+            if slice_bytes > 0:
+                for start in range(0, len(data), slice_bytes):
+                    await self.stream.send_all(data[start:start + slice_bytes])
+                    await trio.sleep(0.001)
+            else:
+                await self.stream.send_all(data)
+
+    async def send_eof(self) -> None:
+        # TLS has no half-close here: the caller ends the connection instead.
+        raise trio.BrokenResourceError("half-close is not supported over TLS")
+
+    async def aclose(self, reset: bool = False) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if reset and self._raw_socket is not None:
+            with contextlib.suppress(OSError):
+                self._raw_socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+        with trio.move_on_after(1) as scope:
+            scope.shield = True
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                await self.stream.aclose()
+        if not scope.cancelled_caught:
+            return
+        await trio.aclose_forcefully(self.stream)

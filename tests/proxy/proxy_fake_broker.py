@@ -1,0 +1,111 @@
+"""A scripted broker for relay tests: real loopback sockets, the project's own codec.
+
+It answers CONNECT with CONNECTED, PING with PONG (unless told not to), SEND with
+SEND_RECEIPT (after ``receipt_delay``), LOOKUP with ``lookup_answer``; it keeps the
+exact bytes it received so tests can compare them with what the client sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import trio
+
+from proxy.errors import ProtocolError
+from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.frame import Frame, FrameDecoder, encode_command
+
+T = api.BaseCommand.Type
+
+
+@dataclass
+class FakeBroker:
+    max_message_size: int | None = None
+    answer_pings: bool = True
+    read_after_handshake: bool = True
+    receipt_delay: float = 0.0
+    lookup_answer: Callable[[Frame], bytes] | None = None
+    received: bytearray = field(default_factory=bytearray)
+    frames: list[Frame] = field(default_factory=list)
+    connections: int = 0
+    open_connections: int = 0
+    port: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"pulsar://127.0.0.1:{self.port}"
+
+    async def serve(self, *, task_status: trio.TaskStatus[FakeBroker] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.serve_listeners, self._handle, listeners)
+            task_status.started(self)
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        self.connections += 1
+        self.open_connections += 1
+        decoder = FrameDecoder(64 * 1024 * 1024)
+        try:
+            async with stream, trio.open_nursery() as nursery:
+                while True:
+                    data = await stream.receive_some(1 << 20)
+                    if not data:
+                        return
+                    self.received += data
+                    for frame in decoder.receive(data):
+                        self.frames.append(frame)
+                        await self._answer(frame, stream, nursery)
+                        if frame.type == T.CONNECT and not self.read_after_handshake:
+                            await trio.sleep_forever()
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, ProtocolError):
+            pass  # the proxy went away (possibly with a reset, unread receipts in its buffer)
+        finally:
+            self.open_connections -= 1
+
+    async def _answer(self, frame: Frame, stream: trio.SocketStream, nursery: trio.Nursery) -> None:
+        kind = frame.type
+        if kind == T.CONNECT:
+            connected = api.CommandConnected(server_version="fake", protocol_version=21)
+            if self.max_message_size is not None:
+                connected.max_message_size = self.max_message_size
+            await stream.send_all(encode_command(connected))
+        elif kind == T.PING and self.answer_pings:
+            await stream.send_all(encode_command(api.CommandPong()))
+        elif kind == T.SEND:
+            send = frame.command.send
+            receipt = encode_command(api.CommandSendReceipt(producer_id=send.producer_id,
+                                                            sequence_id=send.sequence_id))
+            if self.receipt_delay:
+                async def later() -> None:
+                    await trio.sleep(self.receipt_delay)
+                    await stream.send_all(receipt)
+                nursery.start_soon(later)
+            else:
+                await stream.send_all(receipt)
+        elif kind == T.LOOKUP and self.lookup_answer is not None:
+            await stream.send_all(self.lookup_answer(frame))
+
+
+CONNECT = encode_command(api.CommandConnect(client_version="relay-test", protocol_version=21))
+
+
+async def receive_frames(stream: trio.abc.ReceiveStream, decoder: FrameDecoder, count: int) -> list[Frame]:
+    """Read until ``count`` frames arrived (raises EOFError if the stream closes first)."""
+    frames: list[Frame] = list(decoder.frames())
+    while len(frames) < count:
+        data = await stream.receive_some(1 << 20)
+        if not data:
+            raise EOFError(f"closed after {len(frames)} of {count} frames")
+        frames.extend(decoder.receive(data))
+    return frames
+
+
+async def handshake(port: int) -> tuple[trio.SocketStream, FrameDecoder]:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(CONNECT)
+    decoder = FrameDecoder(64 * 1024 * 1024)
+    [connected] = await receive_frames(stream, decoder, 1)
+    assert connected.type == T.CONNECTED
+    return stream, decoder

@@ -1,0 +1,256 @@
+"""The per-connection proxy logic, without sockets: bytes in, actions out."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from proxy.config.proxy_config import HostPort, ServiceUrl
+from proxy.errors import ProtocolError
+from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.frame import Frame, encode_command, encode_payload_command, frame_from_bytes
+from proxy.protocol.session import Direction
+from proxy.server.hooks import DROP, ConnectionInfo, FrameContext, FrameEvent, Origin, Verdict
+from proxy.server.lookup import BrokerDirectory, UnroutableBroker
+from proxy.server.pipeline import (
+    MAX_PROTOCOL_VERSION,
+    Close,
+    ConnectionPipeline,
+    OpenUpstream,
+    Pause,
+    PipelineSettings,
+    Send,
+)
+
+T = api.BaseCommand.Type
+TO_BROKER, TO_CLIENT = Direction.TO_BROKER, Direction.TO_CLIENT
+UPSTREAM = ServiceUrl.parse("pulsar://10.9.9.1:6650")
+LookupType = api.CommandLookupTopicResponse.LookupType
+SECOND = 1_000_000_000
+
+CONNECT = encode_command(api.CommandConnect(client_version="test", protocol_version=21))
+CONNECTED = encode_command(api.CommandConnected(server_version="broker", protocol_version=21,
+                                                max_message_size=8 * 1024 * 1024))
+PING = encode_command(api.CommandPing())
+PONG = encode_command(api.CommandPong())
+
+
+def directory(mode_tls: bool = False, allowed: tuple[HostPort, ...] = ()) -> BrokerDirectory:
+    ports = itertools.count(40001)
+    return BrokerDirectory("proxy.example", upstream_tls=mode_tls, open_listener=lambda broker: next(ports),
+                           allowed=allowed)
+
+
+def pipeline(mode: str = "rewrite", *, hook: object = None, events: list[FrameEvent] | None = None,
+             verify: bool = False, d: BrokerDirectory | None = None) -> ConnectionPipeline:
+    return ConnectionPipeline(
+        ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None),
+        settings=PipelineSettings(lookup_mode=mode, verify_checksums=verify, keepalive_ns=10 * SECOND),
+        directory=d or directory(), default_broker=UPSTREAM, now_ns=0, hook=hook,  # type: ignore[arg-type]
+        publish=events.append if events is not None else None)
+
+
+def sent(actions: list, direction: Direction) -> bytes:  # type: ignore[type-arg]
+    return b"".join(bytes(piece) for a in actions if isinstance(a, Send) and a.direction is direction
+                    for piece in a.data)
+
+
+def connected(p: ConnectionPipeline) -> None:
+    p.receive(TO_BROKER, CONNECT, 0)
+    p.receive(TO_CLIENT, CONNECTED, 0)
+
+
+def lookup(response: int, plain: str = "pulsar://10.0.0.7:6650", tls: str = "pulsar+ssl://10.0.0.7:6651") -> bytes:
+    return encode_command(api.CommandLookupTopicResponse(
+        request_id=3, response=response, brokerServiceUrl=plain, brokerServiceUrlTls=tls, authoritative=True))
+
+
+def test_connect_opens_the_listeners_broker_and_is_forwarded_byte_for_byte() -> None:
+    p = pipeline()
+    actions = p.receive(TO_BROKER, CONNECT, 0)
+    assert actions[0] == OpenUpstream(UPSTREAM)
+    assert sent(actions, TO_BROKER) == CONNECT
+
+
+def test_a_first_frame_other_than_connect_is_a_protocol_error() -> None:
+    with pytest.raises(ProtocolError):
+        pipeline().receive(TO_BROKER, PING, 0)
+
+
+def test_connect_protocol_version_is_lowered_never_raised() -> None:
+    newer = encode_command(api.CommandConnect(client_version="x", protocol_version=MAX_PROTOCOL_VERSION + 5))
+    out = sent(pipeline().receive(TO_BROKER, newer, 0), TO_BROKER)
+    assert frame_from_bytes(out).command.connect.protocol_version == MAX_PROTOCOL_VERSION
+    older = encode_command(api.CommandConnect(client_version="x", protocol_version=6))
+    assert sent(pipeline().receive(TO_BROKER, older, 0), TO_BROKER) == older
+
+
+def test_connected_raises_the_frame_limit_to_the_brokers_max_message_size() -> None:
+    p = pipeline()
+    connected(p)
+    assert p.scanners[TO_BROKER].max_frame_bytes == 8 * 1024 * 1024 + 10 * 1024
+
+
+@pytest.mark.parametrize("kind", [LookupType.Connect, LookupType.Redirect])
+def test_rewrite_mode_points_lookups_at_a_stable_proxy_listener(kind: int) -> None:
+    p = pipeline()
+    connected(p)
+    first = frame_from_bytes(sent(p.receive(TO_CLIENT, lookup(kind), 0), TO_CLIENT)).command.lookupTopicResponse
+    again = frame_from_bytes(sent(p.receive(TO_CLIENT, lookup(kind), 0), TO_CLIENT)).command.lookupTopicResponse
+    assert first.brokerServiceUrl == "pulsar://proxy.example:40001" == again.brokerServiceUrl
+    assert first.brokerServiceUrlTls == "pulsar+ssl://proxy.example:40001"
+    assert first.response == kind and first.authoritative and not first.proxy_through_service_url
+
+
+def test_each_broker_gets_its_own_listener_and_tls_upstreams_dial_the_tls_url() -> None:
+    d = directory(mode_tls=True)
+    p = pipeline(d=d)
+    connected(p)
+    p.receive(TO_CLIENT, lookup(LookupType.Connect, "pulsar://a:6650", "pulsar+ssl://a:6651"), 0)
+    p.receive(TO_CLIENT, lookup(LookupType.Connect, "pulsar://b:6650", "pulsar+ssl://b:6651"), 0)
+    assert {str(url): str(addr) for url, addr in d.brokers.items()} == {
+        "pulsar+ssl://a:6651": "proxy.example:40001", "pulsar+ssl://b:6651": "proxy.example:40002"}
+
+
+def test_proxy_through_sets_the_flag_and_routes_the_alias_back_to_the_broker() -> None:
+    d = directory()
+    p = pipeline("proxy-through", d=d)
+    connected(p)
+    answer = frame_from_bytes(sent(p.receive(TO_CLIENT, lookup(LookupType.Connect), 0), TO_CLIENT))
+    sub = answer.command.lookupTopicResponse
+    assert sub.proxy_through_service_url
+    assert "10.0.0.7" not in sub.brokerServiceUrl + sub.brokerServiceUrlTls
+    # The client reconnects to the service URL naming the broker as C++ and Java clients do: HOST:PORT.
+    follow = pipeline("proxy-through", d=d)
+    named = encode_command(api.CommandConnect(client_version="x", protocol_version=21,
+                                              proxy_to_broker_url="proxy.example:40001"))
+    actions = follow.receive(TO_BROKER, named, 0)
+    assert actions[0] == OpenUpstream(ServiceUrl.parse("pulsar://10.0.0.7:6650"))
+    assert not frame_from_bytes(sent(actions, TO_BROKER)).command.connect.HasField("proxy_to_broker_url")
+
+
+def test_proxy_through_refuses_brokers_neither_seen_nor_allowed() -> None:
+    named = encode_command(api.CommandConnect(client_version="x", proxy_to_broker_url="evil.example:6650"))
+    with pytest.raises(UnroutableBroker):
+        pipeline("proxy-through").receive(TO_BROKER, named, 0)
+    allowed = pipeline("proxy-through", d=directory(allowed=(HostPort("evil.example", 6650),)))
+    assert allowed.receive(TO_BROKER, named, 0)[0] == OpenUpstream(ServiceUrl.parse("pulsar://evil.example:6650"))
+
+
+def test_failed_lookups_and_partition_metadata_pass_through_unchanged() -> None:
+    p = pipeline()
+    connected(p)
+    failed = encode_command(api.CommandLookupTopicResponse(request_id=1, response=LookupType.Failed,
+                                                           error=api.ServerError.TopicNotFound))
+    metadata = encode_command(api.CommandPartitionedTopicMetadataResponse(request_id=2, partitions=4))
+    assert sent(p.receive(TO_CLIENT, failed + metadata, 0), TO_CLIENT) == failed + metadata
+
+
+def test_keepalive_pings_a_silent_side_swallows_its_pong_and_closes_a_dead_one() -> None:
+    p = pipeline()
+    connected(p)
+    assert p.tick(5 * SECOND) == []
+    actions = p.tick(10 * SECOND)
+    assert sent(actions, TO_CLIENT) == PING and sent(actions, TO_BROKER) == PING
+    assert p.receive(TO_CLIENT, PONG, 11 * SECOND) == []           # the broker's answer to the proxy
+    assert p.tick(15 * SECOND) == []
+    closing = p.tick(20 * SECOND)                                 # the client never answered
+    assert len(closing) == 1 and isinstance(closing[0], Close) and "client" in closing[0].reason
+
+
+def test_pongs_answering_a_peers_ping_are_forwarded() -> None:
+    p = pipeline()
+    connected(p)
+    assert sent(p.receive(TO_BROKER, PING, 1), TO_BROKER) == PING
+    assert sent(p.receive(TO_CLIENT, PONG, 2), TO_CLIENT) == PONG
+
+
+def test_verify_checksums_answers_a_corrupt_send_with_send_error() -> None:
+    p = pipeline(verify=True)
+    connected(p)
+    frame = bytearray(encode_payload_command(api.CommandSend(producer_id=4, sequence_id=9),
+                                             api.MessageMetadata(producer_name="p", sequence_id=9, publish_time=1),
+                                             b"payload"))
+    frame[-1] ^= 0xFF
+    actions = p.receive(TO_BROKER, bytes(frame), 0)
+    assert sent(actions, TO_BROKER) == b""
+    error = frame_from_bytes(sent(actions, TO_CLIENT)).command.send_error
+    assert (error.producer_id, error.sequence_id, error.error) == (4, 9, api.ServerError.ChecksumError)
+
+
+class RecordingHook:
+    """A hook that answers each frame with a fixed verdict and remembers what it saw."""
+
+    def __init__(self, verdict: Verdict, types: frozenset[int]) -> None:
+        self.verdict = verdict
+        self.types = types
+        self.seen: list[tuple[str, str | None]] = []
+
+    def interest(self, direction: Direction) -> frozenset[int] | None:
+        return self.types
+
+    def on_frame(self, ctx: FrameContext, frame: Frame) -> Verdict:
+        if frame.type not in self.types:
+            return Verdict()
+        topic = ctx.observation.topic if ctx.observation else None
+        self.seen.append((frame.type_name, topic))
+        return self.verdict
+
+
+def producer_frames() -> tuple[bytes, bytes]:
+    producer = encode_command(api.CommandProducer(topic="persistent://public/default/t", producer_id=1,
+                                                  request_id=1))
+    send = encode_payload_command(api.CommandSend(producer_id=1, sequence_id=0),
+                                  api.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1), b"hi")
+    return producer, send
+
+
+def test_hooks_see_frames_attributed_to_their_topic_and_can_drop_them() -> None:
+    hook = RecordingHook(DROP, frozenset({T.SEND}))
+    p = pipeline(hook=hook)
+    connected(p)
+    producer, send = producer_frames()
+    actions = p.receive(TO_BROKER, producer + send, 0)
+    assert sent(actions, TO_BROKER) == producer
+    assert hook.seen == [("SEND", "persistent://public/default/t")]
+
+
+def test_hook_verdicts_answer_delay_replace_and_close() -> None:
+    receipt = encode_command(api.CommandSendReceipt(producer_id=1, sequence_id=0))
+    verdict = Verdict(forward=True, replacement=PING, to_sender=(receipt,), delay_s=0.2, close="reset")
+    p = pipeline(hook=RecordingHook(verdict, frozenset({T.SEND})))
+    connected(p)
+    producer, send = producer_frames()
+    actions = p.receive(TO_BROKER, producer + send, 0)
+    kinds = [type(a).__name__ for a in actions]
+    assert kinds == ["Send", "Pause", "Send", "Send", "Close"]
+    assert actions[1] == Pause(0.2) and actions[-1].reset  # type: ignore[union-attr]
+    assert sent(actions, TO_CLIENT) == receipt and sent(actions, TO_BROKER) == producer + PING
+
+
+def test_observers_get_every_frame_and_what_the_proxy_changed() -> None:
+    events: list[FrameEvent] = []
+    p = pipeline(events=events)
+    connected(p)
+    p.receive(TO_CLIENT, lookup(LookupType.Connect), 0)
+    assert [(e.frame.type_name, e.origin) for e in events] == [
+        ("CONNECT", Origin.CLIENT), ("CONNECTED", Origin.BROKER),
+        ("LOOKUP_RESPONSE", Origin.BROKER), ("LOOKUP_RESPONSE", Origin.PROXY)]
+    assert events[3].frame.command.lookupTopicResponse.brokerServiceUrl == "pulsar://proxy.example:40001"
+
+
+def test_proxy_frames_are_never_spliced_into_a_frame_passing_through() -> None:
+    p = pipeline()
+    connected(p)
+    message = encode_payload_command(api.CommandMessage(consumer_id=1, message_id=api.MessageIdData(ledgerId=1,
+                                                                                                    entryId=2)),
+                                     api.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1),
+                                     b"m" * 5000)
+    first = p.receive(TO_CLIENT, message[:1000], 0)
+    assert sent(first, TO_CLIENT) == message[:1000]
+    ping_now = p.tick(10 * SECOND)
+    assert sent(ping_now, TO_CLIENT) == b""              # the client's stream is inside a MESSAGE
+    assert sent(ping_now, TO_BROKER) == PING             # the broker's stream is between frames
+    rest = p.receive(TO_CLIENT, message[1000:], 10 * SECOND)
+    assert sent(rest, TO_CLIENT) == message[1000:] + PING

@@ -1,0 +1,257 @@
+"""The relay on real loopback sockets, against a scripted broker: bytes, limits, hostile clients."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from collections.abc import AsyncIterator
+
+import pytest
+import trio
+from proxy_fake_broker import CONNECT, FakeBroker, handshake, receive_frames
+
+from proxy.config.proxy_config import HostPort, LimitsConfig, ProxyConfig, ServiceUrl
+from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.frame import FrameDecoder, encode_command, encode_payload_command
+from proxy.protocol.session import Direction
+from proxy.server.app import ProxyServer
+
+T = api.BaseCommand.Type
+
+
+def send_frame(seq: int, size: int) -> bytes:
+    return encode_payload_command(api.CommandSend(producer_id=1, sequence_id=seq),
+                                  api.MessageMetadata(producer_name="p", sequence_id=seq, publish_time=1),
+                                  bytes([seq % 251]) * size)
+
+
+async def start(nursery: trio.Nursery, broker: FakeBroker, reactor: bool = True, **limits: object) -> ProxyServer:
+    await nursery.start(broker.serve)
+    config = ProxyConfig(upstream=ServiceUrl.parse(broker.url), listen=HostPort("127.0.0.1", 0),
+                         limits=LimitsConfig(**{"drain_seconds": 0.5, **limits}))  # type: ignore[arg-type]
+    server: ProxyServer = await nursery.start(ProxyServer(config, reactor=reactor).run)
+    return server
+
+
+@pytest.fixture
+async def nursery() -> AsyncIterator[trio.Nursery]:
+    async with trio.open_nursery() as n:
+        yield n
+        n.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("reactor", [True, False], ids=["reactor", "task-per-direction"])
+async def test_frames_cross_byte_for_byte_in_both_directions(nursery: trio.Nursery, reactor: bool) -> None:
+    broker = FakeBroker()
+    server = await start(nursery, broker, reactor)
+    with trio.fail_after(10):
+        stream, decoder = await handshake(server.main_address.port)
+        frames = b"".join(send_frame(i, size) for i, size in enumerate([0, 1, 100, 1024, 70_000, 600_000] * 3))
+        # Odd-sized writes: frames are cut everywhere, including inside headers.
+        for start_at in range(0, len(frames), 777):
+            await stream.send_all(frames[start_at:start_at + 777])
+        receipts = await receive_frames(stream, decoder, 18)
+        assert [f.command.send_receipt.sequence_id for f in receipts] == list(range(18))
+        assert bytes(broker.received) == CONNECT + frames
+        await stream.aclose()
+
+
+async def hostile_client_is_dropped_alone(server: ProxyServer, attack: bytes, close_after: bool = False) -> None:
+    good, decoder = await handshake(server.main_address.port)
+    bad = await trio.open_tcp_stream("127.0.0.1", server.main_address.port)
+    await bad.send_all(CONNECT)
+    await receive_frames(bad, FrameDecoder(), 1)
+    await bad.send_all(attack)
+    if close_after:
+        await bad.aclose()
+    else:
+        # the proxy closes the hostile connection: EOF, or a reset
+        with contextlib.suppress(trio.BrokenResourceError):
+            while await bad.receive_some(1024):
+                pass
+    await bad.aclose()
+    for seq in range(20):
+        await good.send_all(send_frame(seq, 10))
+        [receipt] = await receive_frames(good, decoder, 1)
+        assert receipt.command.send_receipt.sequence_id == seq
+    await good.aclose()
+
+
+@pytest.mark.parametrize(("attack", "close_after"), [
+    (b"\xde\xad\xbe\xef" * 64, False),                                   # garbage
+    ((6 * 1024 * 1024).to_bytes(4, "big") + b"\x00" * 100, False),       # a frame over the limit
+    (send_frame(1, 5000)[:2500], True),                                  # disconnect mid-frame
+    (encode_command(api.CommandPing())[:8] + b"\x08\x7f\x00\x00\x00", False),  # unknown command type
+], ids=["garbage", "oversized", "mid-frame-disconnect", "unknown-command"])
+@pytest.mark.parametrize("reactor", [True, False], ids=["reactor", "task-per-direction"])
+async def test_a_hostile_client_is_dropped_and_others_are_unaffected(nursery: trio.Nursery, attack: bytes,
+                                                                     close_after: bool, reactor: bool) -> None:
+    server = await start(nursery, FakeBroker(), reactor)
+    with trio.fail_after(10):
+        await hostile_client_is_dropped_alone(server, attack, close_after)
+
+
+async def test_connections_beyond_max_connections_are_refused(nursery: trio.Nursery) -> None:
+    server = await start(nursery, FakeBroker(), max_connections=2)
+    with trio.fail_after(10):
+        first, _ = await handshake(server.main_address.port)
+        second, _ = await handshake(server.main_address.port)
+        extra = await trio.open_tcp_stream("127.0.0.1", server.main_address.port)
+        with contextlib.suppress(trio.BrokenResourceError):  # closed at once: EOF or reset
+            assert await extra.receive_some(10) == b""
+        await extra.aclose()
+        assert server.refused_connections == 1
+        await first.send_all(send_frame(0, 10))
+        await second.aclose()
+        await trio.sleep(0.1)
+        third, _ = await handshake(server.main_address.port)  # room again
+        await third.aclose()
+        await first.aclose()
+
+
+async def test_a_broker_that_stops_answering_is_detected_and_both_sides_closed(nursery: trio.Nursery) -> None:
+    broker = FakeBroker(answer_pings=False)
+    server = await start(nursery, broker, keepalive_seconds=0.2)
+    with trio.fail_after(5):
+        stream, decoder = await handshake(server.main_address.port)
+        start_time = trio.current_time()
+        # The client keeps answering the proxy's PINGs; the broker does not.
+        while True:
+            data = await stream.receive_some(1024)
+            if not data:
+                break
+            for frame in decoder.receive(data):
+                if frame.type == T.PING:
+                    await stream.send_all(encode_command(api.CommandPong()))
+        assert 0.3 < trio.current_time() - start_time < 2
+        await stream.aclose()
+        await trio.sleep(0.05)
+        assert broker.open_connections == 0
+
+
+async def test_a_slow_reader_applies_backpressure_instead_of_buffering(nursery: trio.Nursery) -> None:
+    broker = FakeBroker(read_after_handshake=False)
+    server = await start(nursery, broker)
+    stream, _ = await handshake(server.main_address.port)
+    chunk = send_frame(0, 60_000) * 16
+    written = 0
+    with trio.move_on_after(1.5):
+        while True:
+            await stream.send_all(chunk)
+            written += len(chunk)
+    # Kernel socket buffers on both hops plus one receive buffer in the proxy, not more.
+    assert written < 64 * 1024 * 1024
+    relay = next(iter(server.relays))
+    assert relay.pipeline.scanners[Direction.TO_BROKER].buffered < 1024
+    await stream.aclose()
+
+
+def rss_bytes() -> int:
+    with open(f"/proc/{os.getpid()}/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+async def test_a_thousand_idle_connections_keep_memory_bounded(nursery: trio.Nursery) -> None:
+    broker = FakeBroker()
+    server = await start(nursery, broker)
+    socks: list[socket.socket] = []
+    with trio.fail_after(30):
+        await trio.sleep(0.1)
+        before = rss_bytes()
+        for _ in range(1000):
+            sock = socket.create_connection(("127.0.0.1", server.main_address.port))
+            sock.sendall(CONNECT)
+            socks.append(sock)
+            if len(socks) % 100 == 0:
+                await trio.sleep(0.01)
+        while broker.open_connections < 1000:  # noqa: ASYNC110 - polling a counter of another task
+            await trio.sleep(0.05)
+        grown = rss_bytes() - before
+        assert server.active_connections == 1000
+    for sock in socks:
+        sock.close()
+    # proxy relays + pipelines + 1000 fake-broker handlers live in this process
+    print(f"{grown / 1000:.0f} bytes per idle connection")
+    assert grown / 1000 < 96 * 1024, f"{grown / 1000:.0f} bytes per connection"
+
+
+async def test_shutdown_lets_in_flight_answers_drain(nursery: trio.Nursery) -> None:
+    broker = FakeBroker(receipt_delay=0.3)
+    server = await start(nursery, broker, drain_seconds=3)
+    with trio.fail_after(10):
+        stream, decoder = await handshake(server.main_address.port)
+        await stream.send_all(send_frame(5, 10))
+        await trio.sleep(0.05)
+        server.request_shutdown()
+        [receipt] = await receive_frames(stream, decoder, 1)
+        assert receipt.command.send_receipt.sequence_id == 5
+        await stream.aclose()
+        with pytest.raises(OSError):  # no longer accepting
+            await trio.open_tcp_stream("127.0.0.1", server.main_address.port)
+
+
+def test_pulsar_tap_run_prints_ready_and_exits_0_on_sigterm(tmp_path: object) -> None:
+    """The CLI as users run it: ready line, ready file, clean exit on SIGTERM."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    ready_file = Path(str(tmp_path)) / "ready.json"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "run", "--listen", "127.0.0.1:0", "--upstream", "pulsar://127.0.0.1:1",
+         "--ready-file", str(ready_file), "--drain-seconds", "0.2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line.startswith("ready: listening on 127.0.0.1:")
+        address = line.split()[-1]
+        assert json.loads(ready_file.read_text()) == {"listen": [address], "admin": None}
+        # an unreachable upstream closes that client alone; the proxy keeps running
+        host, port = address.split(":")
+        with socket.create_connection((host, int(port)), timeout=5) as client:
+            client.sendall(CONNECT)
+            assert client.recv(100) == b""
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=10) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        for stream in (process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def test_pulsar_tap_run_on_a_busy_port_prints_one_error_line() -> None:
+    import subprocess
+    import sys
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "proxy", "run", "--listen", f"127.0.0.1:{port}",
+                                 "--upstream", "pulsar://127.0.0.1:6650"], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1
+    assert result.stderr.strip() == f"pulsar-tap run: error: cannot listen on 127.0.0.1:{port}: Address already in use"
+
+
+@pytest.mark.parametrize("reactor", [True, False], ids=["reactor", "task-per-direction"])
+async def test_a_fast_writer_that_closes_gets_every_byte_through(nursery: trio.Nursery, reactor: bool) -> None:
+    """Large frames in large writes, then EOF: nothing may be left behind in a socket buffer."""
+    broker = FakeBroker()
+    server = await start(nursery, broker, reactor)
+    with trio.fail_after(20):
+        stream, _ = await handshake(server.main_address.port)
+        block = send_frame(1, 512 * 1024 - 60) * 2
+        for _ in range(40):
+            await stream.send_all(block)
+        await stream.send_eof()
+        while broker.open_connections:  # noqa: ASYNC110 - polling a counter of another task
+            await trio.sleep(0.02)
+        assert len(broker.received) == len(CONNECT) + 40 * len(block)
+        await stream.aclose()

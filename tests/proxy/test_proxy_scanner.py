@@ -1,0 +1,156 @@
+"""The relay's fast path: frame boundaries found without decoding, bytes passed through untouched."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.errors import BadMagic, FrameTooLarge, MalformedFrame, UnknownCommand
+from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.frame import Frame, encode_command, encode_payload_command
+from proxy.server.scanner import FrameScanner
+
+T = api.BaseCommand.Type
+
+
+def send_frame(size: int, seq: int = 0) -> bytes:
+    return encode_payload_command(api.CommandSend(producer_id=1, sequence_id=seq),
+                                  api.MessageMetadata(producer_name="p", sequence_id=seq, publish_time=1),
+                                  b"x" * size)
+
+
+def lookup_response() -> bytes:
+    return encode_command(api.CommandLookupTopicResponse(
+        request_id=7, response=api.CommandLookupTopicResponse.Connect, brokerServiceUrl="pulsar://10.0.0.1:6650"))
+
+
+PING = encode_command(api.CommandPing())
+FLOW = encode_command(api.CommandFlow(consumer_id=3, messagePermits=1000))
+
+
+def collect(scanner: FrameScanner, chunks: list[bytes]) -> tuple[bytes, list[Frame]]:
+    """Everything the scanner let through, re-joined, and the wanted frames it handed out."""
+    passed = bytearray()
+    frames: list[Frame] = []
+    for chunk in chunks:
+        for piece in scanner.feed(chunk):
+            if isinstance(piece, Frame):
+                frames.append(piece)
+                passed += piece.raw
+            else:
+                passed += piece
+    return bytes(passed), frames
+
+
+def test_unwanted_frames_pass_through_as_one_slice_of_the_input() -> None:
+    data = send_frame(100) * 50 + FLOW + PING
+    scanner = FrameScanner()
+    pieces = scanner.feed(data)
+    assert len(pieces) == 1
+    assert bytes(pieces[0]) == data  # type: ignore[arg-type]
+    assert scanner.frames_scanned == 52
+
+
+def test_wanted_frames_come_out_whole_between_pass_through_runs() -> None:
+    data = FLOW + lookup_response() + send_frame(10)
+    scanner = FrameScanner(wanted={T.LOOKUP_RESPONSE})
+    pieces = scanner.feed(data)
+    assert [type(p).__name__ for p in pieces] == ["memoryview", "Frame", "memoryview"]
+    frame = pieces[1]
+    assert isinstance(frame, Frame) and frame.type == T.LOOKUP_RESPONSE
+    assert frame.command.lookupTopicResponse.request_id == 7
+
+
+@pytest.mark.parametrize("want_all", [False, True])
+def test_every_split_point_yields_the_same_bytes_and_frames(want_all: bool) -> None:
+    data = lookup_response() + send_frame(300) + PING + lookup_response() + FLOW
+    for cut in range(1, len(data)):
+        scanner = FrameScanner(wanted={T.LOOKUP_RESPONSE}, want_all=want_all)
+        passed, frames = collect(scanner, [data[:cut], data[cut:]])
+        assert passed == data, cut
+        assert len(frames) == (5 if want_all else 2)
+        assert scanner.at_frame_boundary
+
+
+def test_a_large_frame_streams_through_without_being_held() -> None:
+    big = send_frame(512 * 1024)
+    scanner = FrameScanner()
+    passed = bytearray()
+    for start in range(0, len(big), 65536):
+        for piece in scanner.feed(big[start:start + 65536]):
+            assert not isinstance(piece, Frame)
+            passed += piece
+        assert scanner.buffered < 64  # only a frame head is ever held
+    assert passed == big and scanner.at_frame_boundary
+
+
+@given(st.lists(st.sampled_from(["send", "ping", "flow", "lookup", "big"]), min_size=1, max_size=12),
+       st.lists(st.integers(min_value=1, max_value=5000), min_size=1, max_size=30), st.booleans())
+@settings(max_examples=150, deadline=None)
+def test_any_frames_split_anywhere_reassemble_exactly(kinds: list[str], cuts: list[int], want: bool) -> None:
+    makers = {"send": lambda: send_frame(50), "ping": lambda: PING, "flow": lambda: FLOW,
+              "lookup": lookup_response, "big": lambda: send_frame(9000)}
+    data = b"".join(makers[k]() for k in kinds)
+    chunks, pos = [], 0
+    for cut in cuts:
+        chunks.append(data[pos:pos + cut])
+        pos += cut
+    chunks.append(data[pos:])
+    scanner = FrameScanner(wanted={T.LOOKUP_RESPONSE, T.PING} if want else ())
+    passed, frames = collect(scanner, [c for c in chunks if c])
+    assert passed == data
+    expected = [k for k in kinds if k in ("lookup", "ping")] if want else []
+    assert [f.type for f in frames] == [T.LOOKUP_RESPONSE if k == "lookup" else T.PING for k in expected]
+
+
+def test_a_frame_over_the_limit_is_refused_from_its_header() -> None:
+    scanner = FrameScanner(max_frame_bytes=1024)
+    with pytest.raises(FrameTooLarge):
+        scanner.feed(send_frame(2000)[:10])
+    with pytest.raises(FrameTooLarge):  # the scanner stays failed
+        scanner.feed(PING)
+
+
+def test_connected_max_message_size_raises_the_limit() -> None:
+    scanner = FrameScanner(max_frame_bytes=1024)
+    scanner.set_max_message_size(1 << 20)
+    passed, _ = collect(scanner, [send_frame(500_000)])
+    assert len(passed) > 500_000
+
+
+@pytest.mark.parametrize(("data", "error"), [
+    (b"\x00\x00\x00\x02\x00\x00\x00\x01xx", MalformedFrame),                     # total size too small
+    (b"\x00\x00\x00\x10\x00\x00\x00\x20" + b"\x08\x12" + b"\x00" * 10, MalformedFrame),  # cmd size > total
+    (b"\x00\x00\x00\x06\x00\x00\x00\x02\x08\x7f", UnknownCommand),               # no such type
+    (PING[:4] + PING[4:] + b"", None),
+])
+def test_hostile_headers_raise_protocol_errors(data: bytes, error: type[Exception] | None) -> None:
+    scanner = FrameScanner()
+    if error is None:
+        scanner.feed(data)
+        return
+    with pytest.raises(error):
+        scanner.feed(data)
+
+
+def test_a_send_with_a_bad_magic_number_is_refused() -> None:
+    frame = bytearray(send_frame(10))
+    cmd_size = int.from_bytes(frame[4:8], "big")
+    frame[8 + cmd_size] = 0x77
+    with pytest.raises(BadMagic):
+        FrameScanner().feed(bytes(frame))
+
+
+def test_a_command_without_payload_carrying_extra_bytes_is_malformed() -> None:
+    body = PING[8:] + b"junk"
+    data = (len(body) + 4).to_bytes(4, "big") + (len(PING) - 8).to_bytes(4, "big") + body
+    with pytest.raises(MalformedFrame):
+        FrameScanner().feed(data)
+
+
+def test_a_peer_closing_mid_frame_is_reported() -> None:
+    scanner = FrameScanner()
+    scanner.feed(send_frame(1000)[:500])
+    with pytest.raises(MalformedFrame):
+        scanner.close()
