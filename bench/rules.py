@@ -1,0 +1,205 @@
+"""Benchmark of rule evaluation: passthrough throughput with 0, 10 and 100 non-matching rules.
+
+Two tables, each as throughput and as a ratio to 0 rules:
+
+1. **through the proxy**: ``pulsar-tap broker`` and ``pulsar-tap run --rules FILE``
+   in their own processes on loopback; the official client in this process
+   publishes ``--messages`` unbatched 100-byte messages with ``send_async`` (up to
+   1000 in flight) and flushes; messages/s from first send to last receipt.  Every
+   SEND and SEND_RECEIPT is handed to the rules engine (the rules name those
+   commands), so the cost is decode + session tracking + evaluation on the relay;
+2. **engine alone**: each frame of a producer/consumer mix (SEND, SEND_RECEIPT,
+   MESSAGE, FLOW, ACK) decoded, attributed by the real SessionTracker and evaluated
+   by :class:`~proxy.rules.engine.RulesEngine`, in a loop.
+
+The non-matching rules name commands these frames are, but topics they are not (the
+expensive case: the topic has to be resolved and the glob tried), alternating
+delay/drop/error/mark actions.
+
+Usage: ``.venv/bin/python bench/rules.py [--seconds 1.0] [--messages 20000] [--engine-only]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+# bench/ holds a proxy.py of its own: the repository root must come first
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.frame import encode_command, encode_payload_command, frame_from_bytes
+from proxy.protocol.session import Direction, SessionTracker
+from proxy.rules.engine import RulesEngine
+from proxy.rules.loader import load_rules_text
+
+TOPIC = "persistent://public/default/orders"
+ACTIONS = ["{delay: {ms: 10}}", "drop", "{error: {code: ServiceNotReady}}", "mark"]
+COMMANDS = ["[SEND]", "[SEND_RECEIPT]", "[MESSAGE]", "[FLOW, ACK]"]
+
+
+def rules_text(count: int) -> str:
+    lines = ["seed: 1", "rules:" if count else "rules: []"]
+    for index in range(count):
+        lines += [f"  - name: r{index}",
+                  f"    match: {{command: {COMMANDS[index % 4]}, topic: 'persistent://public/default/nomatch-{index}-*'}}",
+                  f"    action: {ACTIONS[index % 4] if COMMANDS[index % 4] == '[SEND]' else 'mark'}"]
+    return "\n".join(lines) + "\n"
+
+
+def traffic() -> list[tuple[bytes, Direction]]:
+    metadata = api.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1)
+    frames: list[tuple[bytes, Direction]] = []
+    for seq in range(200):
+        frames.append((encode_payload_command(api.CommandSend(producer_id=1, sequence_id=seq), metadata, b"x" * 100),
+                       Direction.TO_BROKER))
+        frames.append((encode_command(api.CommandSendReceipt(producer_id=1, sequence_id=seq)), Direction.TO_CLIENT))
+        frames.append((encode_payload_command(api.CommandMessage(
+            consumer_id=2, message_id=api.MessageIdData(ledgerId=1, entryId=seq)), metadata, b"x" * 100),
+            Direction.TO_CLIENT))
+        frames.append((encode_command(api.CommandAck(consumer_id=2, ack_type=api.CommandAck.Individual,
+                                                     message_id=[api.MessageIdData(ledgerId=1, entryId=seq)])),
+                       Direction.TO_BROKER))
+        if seq % 50 == 0:
+            frames.append((encode_command(api.CommandFlow(consumer_id=2, messagePermits=50)), Direction.TO_BROKER))
+    return frames
+
+
+def prepared_tracker() -> SessionTracker:
+    tracker = SessionTracker(strict=False)
+    for sub, direction in [
+        (api.CommandConnect(client_version="bench", protocol_version=21), Direction.TO_BROKER),
+        (api.CommandConnected(server_version="bench", protocol_version=21), Direction.TO_CLIENT),
+        (api.CommandProducer(topic=TOPIC, producer_id=1, request_id=1), Direction.TO_BROKER),
+        (api.CommandProducerSuccess(request_id=1, producer_name="p"), Direction.TO_CLIENT),
+        (api.CommandSubscribe(topic=TOPIC, subscription="s", consumer_id=2, request_id=2,
+                              subType=api.CommandSubscribe.Shared), Direction.TO_BROKER),
+        (api.CommandSuccess(request_id=2), Direction.TO_CLIENT),
+    ]:
+        tracker.observe(frame_from_bytes(encode_command(sub)), direction, 0)
+    return tracker
+
+
+def measure(count: int, seconds: float) -> float:
+    engine = RulesEngine(load_rules_text(rules_text(count)))
+    tracker = prepared_tracker()
+    frames = traffic()
+    done = 0
+    start = time.perf_counter()
+    deadline = start + seconds
+    now_ns = 0
+    while time.perf_counter() < deadline:
+        for raw, direction in frames:
+            frame = frame_from_bytes(raw)
+            observation = tracker.observe(frame, direction, now_ns)
+            decision = engine.evaluate(frame, direction, now_ns, conn_id=1, client="127.0.0.1:1",
+                                       observation=observation)
+            if decision.changes_traffic:
+                raise AssertionError(f"a non-matching rule changed traffic: {decision}")
+            now_ns += 1000
+        done += len(frames)
+    return done / (time.perf_counter() - start)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_listening(port: int, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port}")
+
+
+@contextlib.contextmanager
+def process(*args: str) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen([sys.executable, "-m", "proxy", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def publish_rate(service_url: str, messages: int) -> float:
+    """Messages/s the official client publishes through ``service_url`` (unbatched, async)."""
+    import pulsar
+
+    client = pulsar.Client(service_url, operation_timeout_seconds=15,
+                           logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        producer = client.create_producer(f"persistent://public/default/bench-{os.getpid()}-{time.time_ns()}",
+                                          batching_enabled=False, max_pending_messages=1000,
+                                          block_if_queue_full=True, send_timeout_millis=30_000)
+        producer.send(b"warm-up")
+        done = threading.Semaphore(0)
+        payload = b"x" * 100
+        start = time.perf_counter()
+        for _ in range(messages):
+            producer.send_async(payload, lambda result, _id: done.release())
+        producer.flush()
+        for _ in range(messages):
+            if not done.acquire(timeout=30):
+                raise RuntimeError("a send did not complete")
+        return messages / (time.perf_counter() - start)
+    finally:
+        client.close()
+
+
+def measure_through_proxy(counts: tuple[int, ...], messages: int) -> dict[int, float]:
+    broker_port, rates = free_port(), {}
+    with tempfile.TemporaryDirectory() as tmp, process("broker", "--listen", f"127.0.0.1:{broker_port}"):
+        wait_listening(broker_port)
+        for count in counts:
+            rule_file = Path(tmp) / f"rules-{count}.yaml"
+            rule_file.write_text(rules_text(count).replace("[FLOW, ACK]", "[SEND_RECEIPT]"), encoding="utf-8")
+            port = free_port()
+            with process("run", "--listen", f"127.0.0.1:{port}", "--upstream", f"pulsar://127.0.0.1:{broker_port}",
+                         "--rules", str(rule_file), "--log-level", "error"):
+                wait_listening(port)
+                rates[count] = publish_rate(f"pulsar://127.0.0.1:{port}", messages)
+    return rates
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=1.0, help="time per engine measurement (default 1.0)")
+    parser.add_argument("--messages", type=int, default=20_000, help="messages per proxy measurement")
+    parser.add_argument("--engine-only", action="store_true", help="skip the measurement through the proxy")
+    args = parser.parse_args()
+    if not args.engine_only:
+        rates = measure_through_proxy((0, 10, 100), args.messages)
+        print("through the proxy (official client, unbatched 100 B sends), non-matching rules")
+        print(f"{'rules':>6} {'msgs/s':>12} {'ratio':>7}")
+        for count, rate in rates.items():
+            print(f"{count:>6} {rate:>12,.0f} {rate / rates[0]:>7.2f}")
+        print()
+    baseline = measure(0, args.seconds)
+    print("engine alone (decode + session tracking + evaluate), non-matching rules")
+    print(f"{'rules':>6} {'frames/s':>12} {'ratio':>7}")
+    for count in (0, 10, 100):
+        rate = baseline if count == 0 else measure(count, args.seconds)
+        print(f"{count:>6} {rate:>12,.0f} {rate / baseline:>7.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,361 @@
+"""The rules engine: one :class:`Decision` per frame, from the rules in force.
+
+Rules are evaluated in order (SPEC.md, "Rule language").  A rule *matches* a frame
+when its criteria hold (see :mod:`proxy.rules.matcher`); its ``after`` skips that
+many matches, its ``times`` caps its hits, and its ``probability`` is drawn per
+frame from the rule's own ``random.Random``, seeded from the rule set's seed and
+the rule's name — so the same seed and the same traffic give the same hits, and a
+rule's draws do not shift when another rule is added.  The first *action-bearing*
+rule that hits decides the frame; ``record`` and ``mark`` rules compose with it
+wherever they stand.  ``after`` and ``times`` count across all connections.
+
+State kept here: per rule, the match and hit counters, the generator and the
+token buckets; per connection, the request ids of the close requests the proxy
+sent upstream (their replies are swallowed).  :meth:`RulesEngine.replace`
+swaps the rule set atomically and carries the state of every rule whose
+definition did not change.  Time comes in as ``now_ns``; there is no clock, no
+I/O and no trio here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import secrets
+from collections.abc import Hashable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from google.protobuf.message import Message
+
+from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.frame import Frame
+from proxy.protocol.session import Direction, Observation
+from proxy.rules import actions as acts
+from proxy.rules.matcher import FrameFacts, criteria_met
+from proxy.rules.model import (
+    Close,
+    Corrupt,
+    Delay,
+    Disconnect,
+    Drop,
+    Duplicate,
+    Error,
+    Mark,
+    Record,
+    Redirect,
+    Rewrite,
+    Rule,
+    RuleSet,
+    Slice,
+    Throttle,
+)
+from proxy.rules.throttle import TokenBucket, ration_permits
+from proxy.rules.verdict import PASS, Decision, Deferred
+
+T = api.BaseCommand.Type
+
+#: frames the session tracker must see for topic / name matching to work
+TRACKING_TO_BROKER: Final = frozenset({T.PRODUCER, T.SUBSCRIBE, T.CLOSE_PRODUCER, T.CLOSE_CONSUMER, T.LOOKUP,
+                                       T.PARTITIONED_METADATA})
+TRACKING_TO_CLIENT: Final = frozenset({T.PRODUCER_SUCCESS, T.SUCCESS, T.ERROR, T.CLOSE_PRODUCER,
+                                       T.CLOSE_CONSUMER})
+#: first request id of the close requests the proxy sends upstream (far above any client's)
+PROXY_REQUEST_IDS_START: Final = 1 << 62
+
+
+def choose_seed() -> int:
+    """A fresh seed for a rule set without ``seed:`` (reported by GET /rules and the log)."""
+    return secrets.randbelow(1 << 32)
+
+
+@dataclass(eq=False)
+class RuleState:
+    """A rule with its counters, its generator and its buckets."""
+
+    rule: Rule
+    seed: int
+    matches: int = 0
+    hits: int = 0
+    rng: random.Random = field(init=False)
+    buckets: dict[Hashable, tuple[TokenBucket | None, TokenBucket | None]] = field(default_factory=dict)
+    commands: frozenset[int] | None = field(init=False)
+    rewrites: dict[int, tuple[Message, tuple[str, ...]]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.reseed(self.seed)
+        match = self.rule.match
+        self.commands = match.commands if match.commands is not None else \
+            acts.DEFAULT_COMMANDS.get(self.rule.action.NAME)
+        if isinstance(self.rule.action, Rewrite) and match.commands is not None:
+            for command in match.commands:
+                template = acts.rewrite_template(command, self.rule.action.fields)
+                names = tuple(f.name for f, _ in template.ListFields())
+                self.rewrites[command] = (template, names)
+
+    def reseed(self, seed: int) -> None:
+        self.seed = seed
+        self.rng = random.Random(f"{seed}:{self.rule.name}")
+
+
+@dataclass(slots=True)
+class _ConnectionState:
+    #: request ids of close requests the proxy sent upstream; the broker's reply is swallowed
+    swallow: set[int] = field(default_factory=set)
+
+
+class RulesEngine:
+    """Decides what happens to each frame; see the module docstring."""
+
+    def __init__(self, ruleset: RuleSet | None = None, *, seed: int | None = None) -> None:
+        ruleset = ruleset or RuleSet()
+        chosen = ruleset.seed if ruleset.seed is not None else seed
+        self.seed: int = chosen if chosen is not None else choose_seed()
+        self.seed_from_file = ruleset.seed is not None
+        self._states: tuple[RuleState, ...] = tuple(RuleState(rule, self.seed) for rule in ruleset.rules)
+        self._connections: dict[int, _ConnectionState] = {}
+        self._request_ids = itertools.count(PROXY_REQUEST_IDS_START)
+        self._interest: dict[Direction, frozenset[int] | None] = {}
+        #: per command type, the rules that can match it, in order (evaluation skips the others)
+        self._by_type: dict[int, tuple[RuleState, ...]] = {}
+        self.generation = 0
+        self._compute_interest()
+
+    # -- the rules in force ---------------------------------------------------------------------
+    @property
+    def rules(self) -> tuple[Rule, ...]:
+        return tuple(state.rule for state in self._states)
+
+    def states(self) -> Iterator[RuleState]:
+        return iter(self._states)
+
+    def hits(self) -> dict[str, int]:
+        return {state.rule.name: state.hits for state in self._states}
+
+    def replace(self, ruleset: RuleSet) -> None:
+        """Put ``ruleset`` in force at once; unchanged rules keep their counters and buckets."""
+        seed = ruleset.seed if ruleset.seed is not None else self.seed
+        old = {state.rule.name: state for state in self._states}
+        states: list[RuleState] = []
+        for rule in ruleset.rules:
+            previous = old.get(rule.name)
+            if previous is not None and previous.rule == rule:
+                previous.rule = rule  # the same definition; its line may have moved
+                if previous.seed != seed:
+                    previous.reseed(seed)
+                states.append(previous)
+            else:
+                states.append(RuleState(rule, seed))
+        self.seed = seed
+        self.seed_from_file = self.seed_from_file or ruleset.seed is not None
+        self._states = tuple(states)
+        self.generation += 1
+        self._compute_interest()
+
+    def add(self, rule: Rule) -> None:
+        """Append one rule; raises ValueError when its name is taken."""
+        if any(state.rule.name == rule.name for state in self._states):
+            raise ValueError(f"a rule named {rule.name!r} already exists")
+        self._states = (*self._states, RuleState(rule, self.seed))
+        self.generation += 1
+        self._compute_interest()
+
+    def remove(self, name: str) -> bool:
+        """Remove the rule called ``name``; False when there is none."""
+        kept = tuple(state for state in self._states if state.rule.name != name)
+        if len(kept) == len(self._states):
+            return False
+        self._states = kept
+        self.generation += 1
+        self._compute_interest()
+        return True
+
+    def ruleset(self) -> RuleSet:
+        return RuleSet(self.rules, self.seed)
+
+    # -- what the relay must show us --------------------------------------------------------------
+    def interest(self, direction: Direction) -> frozenset[int] | None:
+        """Command types to hand to :meth:`evaluate` in ``direction``; None means every frame."""
+        return self._interest.get(direction, frozenset())
+
+    def _compute_interest(self) -> None:
+        self._by_type = {
+            kind: tuple(s for s in self._states if s.commands is None or kind in s.commands)
+            for kind in range(256)
+        }
+        for direction in Direction:
+            wanted: set[int] = set()
+            everything = False
+            for state in self._states:
+                match = state.rule.match
+                if match.direction not in ("any", direction.value):
+                    continue
+                if state.commands is None:
+                    everything = True
+                    break
+                wanted |= state.commands
+                if match.topic or match.subscription or match.producer_name or match.consumer_name:
+                    wanted |= TRACKING_TO_BROKER if direction is Direction.TO_BROKER else TRACKING_TO_CLIENT
+            if any(isinstance(s.rule.action, Close) for s in self._states) and direction is Direction.TO_CLIENT:
+                wanted |= {T.SUCCESS, T.ERROR}
+            self._interest[direction] = None if everything else frozenset(wanted)
+
+    # -- connections ------------------------------------------------------------------------------
+    def connection_closed(self, conn_id: int) -> None:
+        """Forget what was kept for one connection (its buckets with ``per: connection`` too)."""
+        self._connections.pop(conn_id, None)
+        for state in self._states:
+            for key in [k for k in state.buckets if isinstance(k, tuple) and len(k) > 1 and k[1] == conn_id]:
+                del state.buckets[key]
+
+    # -- the decision -----------------------------------------------------------------------------
+    def evaluate(self, frame: Frame, direction: Direction, now_ns: int, *, conn_id: int = 0,
+                 client: str | None = None, observation: Observation | None = None) -> Decision:
+        """What to do with ``frame``, travelling in ``direction``, on connection ``conn_id``."""
+        conn = self._connections.get(conn_id)
+        if conn is not None and conn.swallow and direction is Direction.TO_CLIENT \
+                and frame.type in (T.SUCCESS, T.ERROR):
+            request_id = frame.sub.request_id  # type: ignore[attr-defined]
+            if request_id in conn.swallow:
+                conn.swallow.discard(request_id)
+                return Decision(forward=False)
+        candidates = self._by_type.get(frame.type, self._states)
+        if not candidates:
+            return PASS
+        facts = FrameFacts(frame, direction, observation, client)
+        winner: Decision | None = None
+        fired: list[str] = []
+        marks: list[str] = []
+        record = False
+        for state in candidates:
+            action = state.rule.action
+            if winner is not None and not action.COMPOSES:
+                continue
+            if not self._hits(state, facts):
+                continue
+            if action.COMPOSES:
+                fired.append(state.rule.name)
+                if isinstance(action, Record):
+                    record = True
+                elif isinstance(action, Mark):
+                    marks.append(action.label or state.rule.name)
+                continue
+            decision = self._act(state, frame, direction, now_ns, conn_id, observation, facts)
+            if decision is None:
+                state.hits -= 1  # the action turned out not to apply to this frame
+                continue
+            fired.append(state.rule.name)
+            winner = decision
+        if not fired:
+            return PASS
+        base = winner or PASS
+        return Decision(forward=base.forward, replacement=base.replacement, to_client=base.to_client,
+                        to_broker=base.to_broker, delay_s=base.delay_s, lane=base.lane,
+                        slice_bytes=base.slice_bytes, close=base.close, deferred=base.deferred,
+                        record=record, fired=tuple(fired), marks=tuple(marks))
+
+    @staticmethod
+    def _hits(state: RuleState, facts: FrameFacts) -> bool:
+        match = state.rule.match
+        if not criteria_met(match, state.commands, facts):
+            return False
+        if isinstance(state.rule.action, Error) and facts.frame.type == T.ACK \
+                and not facts.sub.HasField("request_id"):
+            return False  # an ACK without request_id expects no answer
+        state.matches += 1
+        if state.matches <= match.after:
+            return False
+        if match.times is not None and state.hits >= match.times:
+            return False
+        if match.probability < 1.0 and state.rng.random() >= match.probability:
+            return False
+        state.hits += 1
+        return True
+
+    def _act(self, state: RuleState, frame: Frame, direction: Direction, now_ns: int, conn_id: int,
+             observation: Observation | None, facts: FrameFacts) -> Decision | None:
+        action = state.rule.action
+        to_broker = direction is Direction.TO_BROKER
+        if isinstance(action, Delay):
+            jitter = state.rng.uniform(-action.jitter_ms, action.jitter_ms) if action.jitter_ms else 0.0
+            return Decision(delay_s=max(0.0, action.ms + jitter) / 1000.0)
+        if isinstance(action, Drop):
+            return Decision(forward=False)
+        if isinstance(action, Error):
+            reply = acts.error_reply(frame, action.code, action.message)
+            if reply is None:
+                return None
+            return Decision(forward=False, to_client=(reply,)) if to_broker else \
+                Decision(forward=False, to_broker=(reply,))
+        if isinstance(action, Disconnect):
+            return Decision(forward=False, close=action.how)
+        if isinstance(action, Close):
+            request_id = next(self._request_ids)
+            frames = acts.close_frames(frame, observation, request_id)
+            if frames is None:
+                return None
+            self._connections.setdefault(conn_id, _ConnectionState()).swallow.add(request_id)
+            return Decision(forward=False, to_client=(frames[0],), to_broker=(frames[1],))
+        if isinstance(action, Corrupt):
+            damaged = acts.corrupt(frame, action.what, state.rng)
+            return None if damaged is None else Decision(replacement=damaged)
+        if isinstance(action, Duplicate):
+            return Decision(to_broker=(frame.raw,)) if to_broker else Decision(to_client=(frame.raw,))
+        if isinstance(action, Rewrite):
+            entry = state.rewrites.get(frame.type)
+            if entry is None:
+                return None
+            return Decision(replacement=acts.rewrite(frame, entry[0], entry[1]))
+        if isinstance(action, Throttle):
+            return self._throttle(state, action, frame, now_ns, conn_id, facts)
+        if isinstance(action, Redirect):
+            reply = acts.redirect_reply(frame, action.url, action.url_tls, action.authoritative)
+            return None if reply is None else Decision(forward=False, to_client=(reply,))
+        if isinstance(action, Slice):
+            return Decision(slice_bytes=action.bytes)
+        raise AssertionError(f"no verdict for action {action.NAME}")  # pragma: no cover
+
+    def _throttle(self, state: RuleState, action: Throttle, frame: Frame, now_ns: int, conn_id: int,
+                  facts: FrameFacts) -> Decision | None:
+        sub: Any = facts.sub
+        if frame.type == T.SEND:
+            owner: tuple[Any, ...] = ("producer", conn_id, sub.producer_id)
+        elif frame.type == T.FLOW:
+            owner = ("consumer", conn_id, sub.consumer_id)
+        else:
+            return None
+        if action.per == "topic":
+            key: Hashable = ("topic", facts.topic, frame.type)
+        elif action.per in ("producer", "consumer"):
+            key = owner
+        elif action.per == "connection":
+            key = ("connection", conn_id, frame.type)
+        else:
+            key = ("rule", None, frame.type)
+        buckets = state.buckets.get(key)
+        if buckets is None:
+            buckets = (
+                None if action.messages_per_second is None else
+                TokenBucket(action.messages_per_second, action.burst, now_ns),
+                None if action.bytes_per_second is None else TokenBucket(action.bytes_per_second, action.burst, now_ns),
+            )
+            state.buckets[key] = buckets
+        messages, octets = buckets
+        if frame.type == T.SEND:
+            wait = 0.0
+            if messages is not None:
+                count = sub.num_messages if sub.HasField("num_messages") else 1
+                wait = max(wait, messages.reserve(max(1, count), now_ns))
+            if octets is not None:
+                wait = max(wait, octets.reserve(frame.size, now_ns))
+            return Decision(delay_s=wait, lane=owner)
+        if messages is None:
+            return Decision()  # bytes cannot be rationed through permits: FLOW passes
+        permits = sub.messagePermits
+        now_permits, grants = ration_permits(messages, permits, now_ns)
+        deferred = tuple(Deferred(g.after_s, True, acts.flow_frame(sub.consumer_id, g.permits)) for g in grants)
+        if now_permits == permits:
+            return Decision()
+        if now_permits == 0:
+            return Decision(forward=False, deferred=deferred)
+        return Decision(replacement=acts.flow_frame(sub.consumer_id, now_permits), deferred=deferred)

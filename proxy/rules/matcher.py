@@ -1,0 +1,129 @@
+"""Does a frame meet a rule's ``match``?  The criteria other than the counters.
+
+Command type and direction are read from the frame; topic, subscription and
+producer/consumer name come from the session's id maps (the
+:class:`~proxy.protocol.session.Observation` of the frame), so a SEND that only
+carries a ``producer_id`` matches a topic glob, with the fields of the command
+itself as the fallback for requests that name their topic.  The client address
+is the peer of the proxied connection.  ``probability``, ``after`` and ``times``
+are counted by the engine, which owns the counters and the random generators.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from functools import cached_property
+from typing import Any
+
+from proxy.protocol.frame import Frame
+from proxy.protocol.session import Direction, Observation
+from proxy.rules.model import IPNetwork, Match, TextPattern
+
+
+def _host_of(address: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    if not address:
+        return None
+    host = address
+    if host.startswith("["):
+        host = host[1:].split("]", 1)[0]
+    elif host.count(":") == 1:
+        host = host.split(":", 1)[0]
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+class FrameFacts:
+    """What the criteria look at, worked out once per frame and only when asked."""
+
+    def __init__(self, frame: Frame, direction: Direction, observation: Observation | None,
+                 client_address: str | None) -> None:
+        self.frame = frame
+        self.direction = direction
+        self.observation = observation
+        self.client_address = client_address
+
+    @cached_property
+    def sub(self) -> Any:
+        return self.frame.sub
+
+    def _field(self, name: str) -> str | None:
+        sub = self.sub
+        if name in sub.DESCRIPTOR.fields_by_name and sub.HasField(name):
+            return str(getattr(sub, name))
+        return None
+
+    @cached_property
+    def topic(self) -> str | None:
+        if self.observation is not None and self.observation.topic is not None:
+            return self.observation.topic
+        return self._field("topic")
+
+    @cached_property
+    def subscription(self) -> str | None:
+        obs = self.observation
+        if obs is not None and obs.consumer is not None:
+            return obs.consumer.subscription
+        return self._field("subscription")
+
+    @cached_property
+    def producer_name(self) -> str | None:
+        obs = self.observation
+        if obs is not None and obs.producer is not None and obs.producer.producer_name:
+            return obs.producer.producer_name
+        return self._field("producer_name")
+
+    @cached_property
+    def consumer_name(self) -> str | None:
+        obs = self.observation
+        if obs is not None and obs.consumer is not None and obs.consumer.consumer_name:
+            return obs.consumer.consumer_name
+        return self._field("consumer_name")
+
+    @cached_property
+    def client_host(self) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+        return _host_of(self.client_address)
+
+
+#: (pattern, is regex, text) -> matched; topics and names repeat, so each is matched once
+_PATTERN_RESULTS: dict[tuple[str, bool, str], bool] = {}
+#: the memo is cleared when it grows past this (bounded memory under many topics)
+_PATTERN_RESULTS_MAX = 65_536
+
+
+def _matches(pattern: TextPattern, text: str | None) -> bool:
+    if text is None:
+        return False
+    key = (pattern.pattern, pattern.regex, text)
+    result = _PATTERN_RESULTS.get(key)
+    if result is None:
+        if len(_PATTERN_RESULTS) >= _PATTERN_RESULTS_MAX:
+            _PATTERN_RESULTS.clear()
+        result = _PATTERN_RESULTS[key] = pattern.matches(text)
+    return result
+
+
+def _in_network(host: ipaddress.IPv4Address | ipaddress.IPv6Address | None, network: IPNetwork) -> bool:
+    if host is None:
+        return False
+    if isinstance(host, ipaddress.IPv6Address) and host.ipv4_mapped is not None:
+        host = host.ipv4_mapped
+    return host.version == network.version and host in network
+
+
+def criteria_met(match: Match, commands: frozenset[int] | None, facts: FrameFacts) -> bool:
+    """Every criterion but the counters; ``commands`` is the rule's effective command set."""
+    if commands is not None and facts.frame.type not in commands:
+        return False
+    if match.direction != "any" and match.direction != facts.direction.value:
+        return False
+    if match.topic is not None and not _matches(match.topic, facts.topic):
+        return False
+    if match.subscription is not None and not _matches(match.subscription, facts.subscription):
+        return False
+    if match.producer_name is not None and not _matches(match.producer_name, facts.producer_name):
+        return False
+    if match.consumer_name is not None and not _matches(match.consumer_name, facts.consumer_name):
+        return False
+    return match.client is None or _in_network(facts.client_host, match.client)

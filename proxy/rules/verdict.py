@@ -1,0 +1,62 @@
+"""What the rules engine decides for one frame: a :class:`Decision`.
+
+The relay carries it out; the engine never does I/O.  Frames are addressed by
+side (``to_client`` / ``to_broker``), not relative to the sender, so a rule on
+either direction reads the same.  Order of effects for one frame:
+
+1. wait ``delay_s`` — holding every later frame of the same direction of the
+   connection, or only those of the same ``lane`` when a lane is given (throttling
+   one producer must not slow another producer on the same connection);
+2. write the frame (``replacement`` instead of its bytes when set; nothing when
+   ``forward`` is false), in writes of ``slice_bytes`` when that is > 0;
+3. write the extra frames ``to_client`` and ``to_broker`` (answers on the broker's
+   behalf, a duplicate, close requests);
+4. schedule every :class:`Deferred` frame ``after_s`` from now, independent of the
+   frame queue (released FLOW permits);
+5. close both sides when ``close`` is ``"close"`` (FIN) or ``"reset"`` (RST).
+
+``record`` asks the recorder to keep this frame when record rules select what is
+recorded; ``fired`` names every rule that hit (for metrics and span events),
+``marks`` the labels of ``mark`` rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Final
+
+
+@dataclass(frozen=True, slots=True)
+class Deferred:
+    """A frame the proxy originates later: ``after_s`` seconds from the decision."""
+
+    after_s: float
+    to_broker: bool
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    forward: bool = True
+    replacement: bytes | None = None
+    to_client: tuple[bytes, ...] = ()
+    to_broker: tuple[bytes, ...] = ()
+    delay_s: float = 0.0
+    lane: Hashable | None = None
+    slice_bytes: int = 0
+    close: str | None = None
+    deferred: tuple[Deferred, ...] = ()
+    record: bool = False
+    fired: tuple[str, ...] = ()
+    marks: tuple[str, ...] = ()
+
+    @property
+    def changes_traffic(self) -> bool:
+        """False when the frame passes untouched and nothing else is sent."""
+        return not (self.forward and self.replacement is None and not self.to_client and not self.to_broker
+                    and self.delay_s == 0.0 and self.slice_bytes == 0 and self.close is None
+                    and not self.deferred)
+
+
+PASS: Final = Decision()

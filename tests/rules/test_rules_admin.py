@@ -1,0 +1,127 @@
+"""The admin API over a real loopback socket (hypercorn on Trio) with a real HTTP client."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+import trio
+from rules_helpers import TO_BROKER, Session, engine_for, frame
+
+from proxy.admin import AdminApp, serve_admin
+from proxy.pb import PulsarApi_pb2 as api
+
+TOKEN = "s3cret"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+RULES = """\
+seed: 17
+rules:
+  - name: slow
+    match: {command: [PING]}
+    action: {delay: {ms: 300}}
+  - name: tag
+    action: mark
+"""
+
+
+@pytest.fixture
+async def admin(nursery: trio.Nursery) -> AsyncIterator[tuple[httpx.AsyncClient, AdminApp, Session]]:
+    engine = engine_for(RULES)
+    app = AdminApp(engine, token=TOKEN,
+                   connections=lambda: [{"conn": 1, "client": "127.0.0.1:5000", "producers": 1}],
+                   metrics=lambda: "pulsar_tap_frames_total{command=\"PING\",direction=\"to_broker\"} 3")
+    with trio.fail_after(10):
+        (url,) = await nursery.start(serve_admin, app, "127.0.0.1", 0)
+    assert url.startswith("http://127.0.0.1:")
+    async with httpx.AsyncClient(base_url=url, timeout=5) as client:
+        yield client, app, Session(engine)
+    nursery.cancel_scope.cancel()
+
+
+async def test_healthz_needs_no_token_but_everything_else_does(admin) -> None:  # type: ignore[no-untyped-def]
+    client, _, _ = admin
+    with trio.fail_after(10):
+        assert (await client.get("/healthz")).json() == {"status": "ok"}
+        for method, path in [("GET", "/rules"), ("PUT", "/rules"), ("POST", "/rules"), ("DELETE", "/rules/slow"),
+                             ("GET", "/connections"), ("GET", "/metrics")]:
+            response = await client.request(method, path)
+            assert response.status_code == 401, (method, path)
+            assert response.headers["www-authenticate"].startswith("Bearer")
+        wrong = await client.get("/rules", headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+
+
+async def test_get_rules_is_normalised_with_seed_and_hits(admin) -> None:  # type: ignore[no-untyped-def]
+    client, _, session = admin
+    session.decide(frame(api.CommandPing()), TO_BROKER)
+    with trio.fail_after(10):
+        body = (await client.get("/rules", headers=AUTH)).json()
+    assert body == {"seed": 17, "rules": [
+        {"name": "slow", "match": {"command": ["PING"], "direction": "any", "probability": 1.0, "after": 0},
+         "action": {"delay": {"ms": 300.0, "jitter_ms": 0.0}}, "hits": 1},
+        {"name": "tag", "match": {"direction": "any", "probability": 1.0, "after": 0}, "action": {"mark": {}},
+         "hits": 1},
+    ]}
+
+
+async def test_post_put_delete_change_the_rules_in_force(admin) -> None:  # type: ignore[no-untyped-def]
+    client, app, session = admin
+    with trio.fail_after(10):
+        created = await client.post("/rules", headers=AUTH, json={"name": "drop-pings", "action": "drop"})
+        assert created.status_code == 201
+        assert created.json()["action"] == {"drop": {}}
+        again = await client.post("/rules", headers=AUTH, json={"name": "drop-pings", "action": "drop"})
+        assert again.status_code == 409
+        yaml_rule = "name: pace\nmatch: {command: [SEND]}\naction: {throttle: {messages_per_second: 5}}\n"
+        assert (await client.post("/rules", headers={**AUTH, "Content-Type": "application/yaml"},
+                                  content=yaml_rule)).status_code == 201
+        assert app.engine.hits() == {"slow": 0, "tag": 0, "drop-pings": 0, "pace": 0}
+
+        assert (await client.delete("/rules/slow", headers=AUTH)).status_code == 204
+        assert (await client.delete("/rules/slow", headers=AUTH)).status_code == 404
+        # with 'slow' gone the first action-bearing rule for PING is the new drop
+        assert not session.decide(frame(api.CommandPing()), TO_BROKER).forward
+
+        replaced = await client.put("/rules", headers=AUTH, content=json.dumps(
+            {"seed": 5, "rules": [{"name": "tag", "action": "mark"}]}),)
+        assert replaced.status_code == 200
+        assert replaced.json()["seed"] == 5
+        assert [r["name"] for r in replaced.json()["rules"]] == ["tag"]
+        assert replaced.json()["rules"][0]["hits"] == 1  # unchanged rule kept its counter
+        assert app.engine.rules[0].name == "tag"
+
+
+async def test_bad_bodies_are_400_with_the_validation_message(admin) -> None:  # type: ignore[no-untyped-def]
+    client, app, _ = admin
+    with trio.fail_after(10):
+        bad = await client.post("/rules", headers=AUTH, json={"name": "x", "action": {"delay": {"ms": -1}}})
+        assert bad.status_code == 400
+        assert bad.json()["errors"] == ["action.delay.ms: must be >= 0, not -1"]
+        bad_doc = await client.put("/rules", headers={**AUTH, "Content-Type": "application/yaml"},
+                                   content="rules:\n  - name: y\n    action: {error: {code: Nope}}\n")
+        assert bad_doc.status_code == 400
+        assert bad_doc.json()["errors"] == ["body:3: rules[0].action.error.code: unknown ServerError 'Nope'"]
+        assert (await client.post("/rules", headers=AUTH, content=b"{not json",
+                                  )).status_code == 400
+        assert (await client.post("/rules", headers={**AUTH, "Content-Type": "application/json"},
+                                  content=b"{not json")).status_code == 400
+        assert (await client.post("/rules", headers=AUTH)).status_code == 400
+    assert [rule.name for rule in app.engine.rules] == ["slow", "tag"]
+
+
+async def test_connections_metrics_and_unknown_routes(admin) -> None:  # type: ignore[no-untyped-def]
+    client, _, session = admin
+    session.decide(frame(api.CommandPing()), TO_BROKER)
+    with trio.fail_after(10):
+        connections = await client.get("/connections", headers=AUTH)
+        assert connections.json() == {"connections": [{"conn": 1, "client": "127.0.0.1:5000", "producers": 1}]}
+        metrics = await client.get("/metrics", headers=AUTH)
+        assert metrics.headers["content-type"].startswith("text/plain; version=0.0.4")
+        lines = metrics.text.splitlines()
+        assert 'pulsar_tap_rule_hits_total{rule="slow"} 1' in lines
+        assert 'pulsar_tap_rule_hits_total{rule="tag"} 1' in lines
+        assert 'pulsar_tap_frames_total{command="PING",direction="to_broker"} 3' in lines
+        assert (await client.get("/nothing", headers=AUTH)).status_code == 404
+        assert (await client.patch("/rules", headers=AUTH)).status_code == 405

@@ -1,0 +1,376 @@
+"""The engine's verdict for every action, matching, counters, seeds, throttling and hot replace."""
+
+from __future__ import annotations
+
+import pytest
+from rules_helpers import (
+    OTHER_TOPIC,
+    TO_BROKER,
+    TO_CLIENT,
+    TOPIC,
+    Session,
+    engine_for,
+    frame,
+    message_frame,
+    send_frame,
+)
+
+from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.frame import frame_from_bytes
+from proxy.rules.actions import BROKER_INITIATED_REQUEST_ID
+from proxy.rules.engine import PROXY_REQUEST_IDS_START
+from proxy.rules.loader import load_rules_text
+from proxy.rules.verdict import PASS
+
+T = api.BaseCommand.Type
+
+
+def decode(data: bytes) -> api.BaseCommand:
+    return frame_from_bytes(data).command
+
+
+def one_rule(action: str, match: str = "{}") -> Session:
+    session = Session(engine_for(f"seed: 1\nrules:\n  - name: r\n    match: {match}\n    action: {action}\n"))
+    session.add_producer()
+    session.add_consumer()
+    return session
+
+
+def test_no_rules_pass_everything() -> None:
+    session = Session(engine_for("rules: []\n"))
+    assert session.decide(frame(api.CommandPing()), TO_BROKER) is PASS
+
+
+def test_delay_holds_the_frame_with_jitter_within_bounds() -> None:
+    session = one_rule("{delay: {ms: 200, jitter_ms: 50}}", "{command: [SEND_RECEIPT]}")
+    delays = [session.decide(frame(api.CommandSendReceipt(producer_id=1, sequence_id=i)), TO_CLIENT).delay_s
+              for i in range(50)]
+    assert all(0.150 <= d <= 0.250 for d in delays)
+    assert len(set(delays)) > 1
+    assert session.engine.hits() == {"r": 50}
+
+
+def test_drop_swallows_the_frame() -> None:
+    decision = one_rule("drop", "{command: [SEND_RECEIPT]}").decide(
+        frame(api.CommandSendReceipt(producer_id=1, sequence_id=1)), TO_CLIENT)
+    assert not decision.forward and not decision.to_client and not decision.to_broker
+    assert decision.fired == ("r",)
+
+
+@pytest.mark.parametrize(("request_sub", "reply_type"), [
+    (api.CommandProducer(topic=TOPIC, producer_id=5, request_id=77), T.ERROR),
+    (api.CommandSubscribe(topic=TOPIC, subscription="s", consumer_id=6, request_id=77,
+                          subType=api.CommandSubscribe.Exclusive), T.ERROR),
+    (api.CommandLookupTopic(topic=TOPIC, request_id=77), T.LOOKUP_RESPONSE),
+    (api.CommandPartitionedTopicMetadata(topic=TOPIC, request_id=77), T.PARTITIONED_METADATA_RESPONSE),
+    (api.CommandGetLastMessageId(consumer_id=2, request_id=77), T.ERROR),
+])
+def test_error_answers_each_request_with_the_reply_it_expects(request_sub: object, reply_type: int) -> None:
+    session = one_rule("{error: {code: ServiceNotReady, message: try later}}")
+    decision = session.decide(frame(request_sub), TO_BROKER)
+    assert not decision.forward and not decision.to_broker
+    (reply,) = decision.to_client
+    cmd = decode(reply)
+    assert cmd.type == reply_type
+    if reply_type == T.ERROR:
+        assert (cmd.error.request_id, cmd.error.error, cmd.error.message) == (77, api.ServiceNotReady, "try later")
+    elif reply_type == T.LOOKUP_RESPONSE:
+        assert cmd.lookupTopicResponse.response == api.CommandLookupTopicResponse.Failed
+        assert cmd.lookupTopicResponse.request_id == 77
+        assert cmd.lookupTopicResponse.error == api.ServiceNotReady
+    else:
+        assert cmd.partitionMetadataResponse.response == api.CommandPartitionedTopicMetadataResponse.Failed
+        assert cmd.partitionMetadataResponse.error == api.ServiceNotReady
+
+
+def test_error_on_send_is_a_send_error_and_other_frames_are_not_hit() -> None:
+    session = one_rule("{error: {code: NotAllowedError}}")
+    decision = session.decide(send_frame(1, 9), TO_BROKER)
+    cmd = decode(decision.to_client[0])
+    assert cmd.type == T.SEND_ERROR
+    assert (cmd.send_error.producer_id, cmd.send_error.sequence_id, cmd.send_error.error) == (1, 9, api.NotAllowedError)
+    # not requests: FLOW and an ACK without request_id pass untouched and are not hits
+    assert session.decide(frame(api.CommandFlow(consumer_id=2, messagePermits=10)), TO_BROKER) is PASS
+    ack = api.CommandAck(consumer_id=2, ack_type=api.CommandAck.Individual,
+                         message_id=[api.MessageIdData(ledgerId=1, entryId=1)])
+    assert session.decide(frame(ack), TO_BROKER) is PASS
+    assert session.engine.hits() == {"r": 1}
+
+
+@pytest.mark.parametrize("how", ["close", "reset"])
+def test_disconnect_swallows_and_closes(how: str) -> None:
+    decision = one_rule(f"{{disconnect: {{how: {how}}}}}", "{command: [SEND]}").decide(send_frame(1, 1), TO_BROKER)
+    assert not decision.forward and decision.close == how
+
+
+def test_close_on_send_closes_the_producer_on_both_sides_and_swallows_the_reply() -> None:
+    session = one_rule("close", "{command: [SEND]}")
+    decision = session.decide(send_frame(1, 3), TO_BROKER)
+    assert not decision.forward
+    to_client = decode(decision.to_client[0])
+    assert to_client.type == T.CLOSE_PRODUCER
+    assert (to_client.close_producer.producer_id, to_client.close_producer.request_id) == \
+        (1, BROKER_INITIATED_REQUEST_ID)
+    upstream = decode(decision.to_broker[0])
+    assert upstream.type == T.CLOSE_PRODUCER and upstream.close_producer.producer_id == 1
+    request_id = upstream.close_producer.request_id
+    assert request_id >= PROXY_REQUEST_IDS_START
+    # the broker's SUCCESS for the proxy's close is swallowed; the client's own SUCCESS passes
+    swallowed = session.engine.evaluate(frame(api.CommandSuccess(request_id=request_id)), TO_CLIENT, 0, conn_id=1)
+    assert not swallowed.forward
+    assert session.engine.evaluate(frame(api.CommandSuccess(request_id=request_id)), TO_CLIENT, 0,
+                                   conn_id=1) is PASS
+    assert T.SUCCESS in (session.engine.interest(TO_CLIENT) or ())
+
+
+def test_close_on_flow_closes_the_consumer() -> None:
+    decision = one_rule("close", "{command: [FLOW]}").decide(
+        frame(api.CommandFlow(consumer_id=2, messagePermits=100)), TO_BROKER)
+    assert decode(decision.to_client[0]).type == T.CLOSE_CONSUMER
+    assert decode(decision.to_broker[0]).close_consumer.consumer_id == 2
+
+
+@pytest.mark.parametrize("what", ["checksum", "payload", "metadata"])
+def test_corrupt_damages_exactly_what_it_says(what: str) -> None:
+    session = one_rule(f"{{corrupt: {{what: {what}}}}}")
+    original = send_frame(1, 1, payload=b"payload-bytes")
+    decision = session.decide(original, TO_BROKER)
+    assert decision.forward and decision.replacement is not None
+    damaged = frame_from_bytes(decision.replacement)
+    assert damaged.payload is not None and original.payload is not None
+    assert damaged.payload.checksum_ok() is (what != "checksum")
+    assert (damaged.payload.payload != original.payload.payload) is (what == "payload")
+    assert (damaged.payload.metadata_raw != original.payload.metadata_raw) is (what == "metadata")
+    assert damaged.command == original.command
+
+
+def test_corrupt_reaches_messages_to_the_consumer() -> None:
+    session = one_rule("{corrupt: {what: payload}}", "{topic: 'persistent://public/default/orders-*'}")
+    decision = session.decide(message_frame(2), TO_CLIENT)
+    assert decision.replacement is not None
+
+
+def test_duplicate_sends_the_frame_twice_towards_its_receiver() -> None:
+    session = one_rule("duplicate", "{command: [SEND_RECEIPT]}")
+    receipt = frame(api.CommandSendReceipt(producer_id=1, sequence_id=4))
+    decision = session.decide(receipt, TO_CLIENT)
+    assert decision.forward and decision.to_client == (receipt.raw,) and not decision.to_broker
+
+
+def test_rewrite_sets_fields_and_keeps_the_rest() -> None:
+    session = one_rule("{rewrite: {max_message_size: 1024}}", "{command: [CONNECTED]}")
+    connected = frame(api.CommandConnected(server_version="b", protocol_version=21, max_message_size=5242880))
+    decision = session.engine.evaluate(connected, TO_CLIENT, 0)
+    assert decision.replacement is not None
+    cmd = decode(decision.replacement)
+    assert cmd.connected.max_message_size == 1024 and cmd.connected.server_version == "b"
+
+
+def test_rewrite_keeps_the_payload_of_a_send() -> None:
+    session = one_rule("{rewrite: {sequence_id: 99}}", "{command: [SEND]}")
+    original = send_frame(1, 5, payload=b"abc")
+    decision = session.decide(original, TO_BROKER)
+    assert decision.replacement is not None
+    rewritten = frame_from_bytes(decision.replacement)
+    assert rewritten.command.send.sequence_id == 99
+    assert rewritten.payload is not None and rewritten.payload.payload == b"abc" and rewritten.payload.checksum_ok()
+
+
+def test_redirect_answers_lookups_with_another_broker() -> None:
+    session = one_rule("{redirect: {url: 'pulsar://127.0.0.1:6651', authoritative: true}}")
+    decision = session.decide(frame(api.CommandLookupTopic(topic=TOPIC, request_id=12)), TO_BROKER)
+    assert not decision.forward
+    response = decode(decision.to_client[0]).lookupTopicResponse
+    assert response.response == api.CommandLookupTopicResponse.Redirect
+    assert (response.brokerServiceUrl, response.request_id, response.authoritative) == \
+        ("pulsar://127.0.0.1:6651", 12, True)
+
+
+def test_slice_asks_for_small_writes() -> None:
+    decision = one_rule("{slice: {bytes: 3}}", "{command: [MESSAGE]}").decide(message_frame(2), TO_CLIENT)
+    assert decision.forward and decision.slice_bytes == 3
+
+
+def test_record_and_mark_compose_and_the_first_action_bearing_rule_wins() -> None:
+    session = Session(engine_for("""\
+rules:
+  - name: rec
+    match: {command: [SEND]}
+    action: record
+  - name: slow
+    match: {command: [SEND]}
+    action: {delay: {ms: 10}}
+  - name: never
+    match: {command: [SEND]}
+    action: drop
+  - name: tag
+    match: {topic: "persistent://public/default/orders-*"}
+    action: {mark: {label: orders}}
+"""))
+    session.add_producer()
+    decision = session.decide(send_frame(1, 1), TO_BROKER)
+    assert decision.forward and decision.delay_s == pytest.approx(0.010)
+    assert decision.record and decision.marks == ("orders",)
+    assert decision.fired == ("rec", "slow", "tag")
+    assert session.engine.hits() == {"rec": 1, "slow": 1, "never": 0, "tag": 1}
+
+
+def test_topic_is_resolved_through_ids_and_names_match() -> None:
+    session = Session(engine_for("""\
+rules:
+  - name: orders-sends
+    match: {command: [SEND], topic: "persistent://public/default/orders-*", producer_name: "prod-*"}
+    action: drop
+  - name: sub-flows
+    match: {command: [FLOW], subscription: {regex: "s.b"}, consumer_name: cons-a}
+    action: drop
+"""))
+    session.add_producer(1, TOPIC)
+    session.add_producer(3, OTHER_TOPIC)
+    session.add_consumer(2, TOPIC)
+    assert not session.decide(send_frame(1, 1), TO_BROKER).forward
+    assert session.decide(send_frame(3, 1), TO_BROKER) is PASS
+    assert not session.decide(frame(api.CommandFlow(consumer_id=2, messagePermits=5)), TO_BROKER).forward
+    assert session.decide(frame(api.CommandFlow(consumer_id=9, messagePermits=5)), TO_BROKER) is PASS
+
+
+def test_direction_and_client_cidr() -> None:
+    engine = engine_for("""\
+rules:
+  - name: r
+    match: {direction: to_broker, client: 10.1.0.0/16}
+    action: drop
+""")
+    inside = Session(engine, conn_id=1, client="10.1.2.3:5555")
+    outside = Session(engine, conn_id=2, client="127.0.0.1:5555")
+    ping = frame(api.CommandPing())
+    assert not inside.decide(ping, TO_BROKER).forward
+    assert inside.decide(frame(api.CommandPing()), TO_CLIENT) is PASS
+    assert outside.decide(frame(api.CommandPing()), TO_BROKER) is PASS
+
+
+def test_after_and_times_count_across_connections() -> None:
+    engine = engine_for("""\
+rules:
+  - name: r
+    match: {command: [PING], after: 2, times: 3}
+    action: drop
+""")
+    sessions = [Session(engine, conn_id=i) for i in range(4)]
+    results = [not sessions[i % 4].decide(frame(api.CommandPing()), TO_BROKER).forward for i in range(8)]
+    assert results == [False, False, True, True, True, False, False, False]
+    assert engine.hits() == {"r": 3}
+
+
+def hit_pattern(seed: int | None, engine_seed: int | None = None) -> list[bool]:
+    text = "rules:\n  - name: coin\n    match: {command: [PING], probability: 0.3}\n    action: drop\n"
+    if seed is not None:
+        text = f"seed: {seed}\n" + text
+    session = Session(engine_for(text, seed=engine_seed))
+    return [not session.decide(frame(api.CommandPing()), TO_BROKER).forward for _ in range(200)]
+
+
+def test_same_seed_same_hits_and_probability_is_honoured() -> None:
+    first, second = hit_pattern(7), hit_pattern(7)
+    assert first == second
+    assert 35 <= sum(first) <= 85
+    assert hit_pattern(8) != first
+
+
+def test_a_seed_is_chosen_and_reported_when_the_file_has_none() -> None:
+    session = Session(engine_for("rules: []\n"))
+    assert isinstance(session.engine.seed, int)
+    assert hit_pattern(None, engine_seed=7) == hit_pattern(7)
+
+
+def test_throttle_paces_sends_at_the_rate_per_producer_lane() -> None:
+    session = one_rule("{throttle: {messages_per_second: 100}}", "{command: [SEND]}")
+    waits = [session.decide(send_frame(1, i), TO_BROKER, now_s=0.0) for i in range(5)]
+    assert [round(d.delay_s, 3) for d in waits] == [0.0, 0.01, 0.02, 0.03, 0.04]
+    assert waits[0].lane == ("producer", 1, 1)
+    # a second later the bucket has refilled to its burst of 1 only
+    later = [session.decide(send_frame(1, 10 + i), TO_BROKER, now_s=1.0).delay_s for i in range(2)]
+    assert [round(w, 3) for w in later] == [0.0, 0.01]
+
+
+def test_throttle_counts_batched_messages_and_bytes() -> None:
+    session = one_rule("{throttle: {messages_per_second: 10, burst: 10}}", "{command: [SEND]}")
+    assert session.decide(send_frame(1, 1, num_messages=10), TO_BROKER, now_s=0).delay_s == 0.0
+    assert session.decide(send_frame(1, 2, num_messages=5), TO_BROKER, now_s=0).delay_s == pytest.approx(0.5)
+    by_bytes = one_rule("{throttle: {bytes_per_second: 1000}}", "{command: [SEND]}")
+    big = send_frame(1, 1, payload=b"x" * 500)
+    assert by_bytes.decide(big, TO_BROKER, now_s=0).delay_s == pytest.approx((big.size - 1) / 1000)
+
+
+def test_throttle_per_topic_keeps_topics_apart() -> None:
+    session = one_rule("{throttle: {messages_per_second: 10, per: topic}}", "{command: [SEND]}")
+    session.add_producer(3, OTHER_TOPIC)
+    assert session.decide(send_frame(1, 1), TO_BROKER, now_s=0).delay_s == 0.0
+    assert session.decide(send_frame(1, 2), TO_BROKER, now_s=0).delay_s == pytest.approx(0.1)
+    assert session.decide(send_frame(3, 1), TO_BROKER, now_s=0).delay_s == 0.0
+
+
+def test_throttle_rations_flow_permits_and_releases_the_rest_over_time() -> None:
+    session = one_rule("{throttle: {messages_per_second: 50, burst: 10}}", "{command: [FLOW]}")
+    decision = session.decide(frame(api.CommandFlow(consumer_id=2, messagePermits=100)), TO_BROKER, now_s=0)
+    assert decision.replacement is not None
+    assert decode(decision.replacement).flow.messagePermits == 10
+    grants = [(d.after_s, decode(d.data).flow.messagePermits) for d in decision.deferred]
+    assert all(d.to_broker for d in decision.deferred)
+    assert sum(p for _, p in grants) == 90
+    assert grants[-1][0] == pytest.approx(90 / 50)
+    # every grant is released exactly when its tokens are paid for: never faster than 50/s
+    released = 10
+    for after_s, permits in grants:
+        released += permits
+        assert released <= 10 + 50 * after_s + 1e-9
+    # the next FLOW queues behind the debt
+    second = session.decide(frame(api.CommandFlow(consumer_id=2, messagePermits=50)), TO_BROKER, now_s=0)
+    assert not second.forward and second.deferred[0].after_s > 90 / 50
+
+
+def test_replace_keeps_counters_of_unchanged_rules_only() -> None:
+    engine = engine_for("""\
+seed: 3
+rules:
+  - name: keep
+    match: {command: [PING]}
+    action: mark
+  - name: change
+    match: {command: [PING]}
+    action: record
+""")
+    session = Session(engine)
+    for _ in range(3):
+        session.decide(frame(api.CommandPing()), TO_BROKER)
+    engine.replace(load_rules_text("""\
+seed: 3
+rules:
+  - name: new
+    action: {mark: {}}
+  - name: change
+    match: {command: [PING, PONG]}
+    action: record
+  - name: keep
+    match: {command: [PING]}
+    action: mark
+"""))
+    assert engine.hits() == {"new": 0, "change": 0, "keep": 3}
+    assert [rule.name for rule in engine.rules] == ["new", "change", "keep"]
+    engine.add(load_rules_text("rules:\n  - name: extra\n    action: drop\n").rules[0])
+    with pytest.raises(ValueError, match="already exists"):
+        engine.add(engine.rules[0])
+    assert engine.remove("keep") and not engine.remove("keep")
+    assert engine.interest(TO_BROKER) is None
+
+
+def test_hook_adapter_addresses_frames_relative_to_the_sender() -> None:
+    from proxy.rules.hook import to_verdict
+    from proxy.server.hooks import FORWARD
+
+    session = one_rule("close", "{command: [MESSAGE]}")
+    decision = session.decide(message_frame(2), TO_CLIENT)
+    verdict = to_verdict(decision, TO_CLIENT)
+    assert not verdict.forward and verdict.fired == ("r",)
+    assert verdict.to_receiver == decision.to_client and verdict.to_sender == decision.to_broker
+    assert to_verdict(PASS, TO_BROKER) is FORWARD

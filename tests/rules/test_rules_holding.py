@@ -1,0 +1,46 @@
+"""Per-lane holding and deferred frames: the HoldQueue and the hook's translation of a Decision."""
+
+from __future__ import annotations
+
+from rules_helpers import TO_BROKER, Session, engine_for
+from rules_helpers import frame as make_frame
+
+from proxy.pb import PulsarApi_pb2 as api
+from proxy.rules.hook import to_verdict
+from proxy.server.holding import HoldQueue
+
+
+def test_a_lane_keeps_its_order_and_other_lanes_leave_at_their_own_time() -> None:
+    held = HoldQueue(limit=3)
+    assert held.add(500, TO_BROKER, (b"a1",), lane="a") == 500
+    assert held.add(100, TO_BROKER, (b"a2",), lane="a") == 500  # never before the one ahead in its lane
+    assert held.add(200, TO_BROKER, (b"b1",), lane="b") == 200
+    assert held.full and held.lane_busy("a") and held.next_due_ns() == 200
+    assert [e.frames for e in held.pop_due(499)] == [(b"b1",)]
+    assert not held.lane_busy("b")
+    assert [e.frames for e in held.pop_due(500)] == [(b"a1",), (b"a2",)]
+    assert not held.lane_busy("a") and held.next_due_ns() is None
+
+
+def test_rationed_flow_becomes_fewer_permits_now_and_later_grants_towards_the_broker() -> None:
+    session = Session(engine_for("""\
+rules:
+  - name: ration
+    match: {command: [FLOW]}
+    action: {throttle: {messages_per_second: 10, per: consumer}}
+"""))
+    session.add_consumer()
+    decision = session.decide(make_frame(api.CommandFlow(consumer_id=2, messagePermits=30)), TO_BROKER, now_s=1.0)
+    verdict = to_verdict(decision, TO_BROKER)
+    assert verdict.forward and verdict.replacement is not None and verdict.delay_s == 0
+    granted = [make_frame_permits(later.data) for later in verdict.later]
+    assert all(later.to_receiver for later in verdict.later)
+    assert 1 + sum(granted) == 30
+    assert [later.after_s for later in verdict.later] == sorted(later.after_s for later in verdict.later)
+    assert verdict.later[-1].after_s >= 2.8
+
+
+def make_frame_permits(data: bytes) -> int:
+    from proxy.protocol.frame import frame_from_bytes
+
+    return int(frame_from_bytes(data).command.flow.messagePermits)

@@ -1,0 +1,41 @@
+"""A watched rule file: a valid change is put in force (counters kept), an invalid one is ignored."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+from rules_helpers import TO_BROKER, Session, frame
+
+from proxy.pb import PulsarApi_pb2 as api
+from proxy.rules.engine import RulesEngine
+from proxy.rules.loader import load_rules_file
+from proxy.rules.reload import watch_rule_file
+
+FIRST = "seed: 2\nrules:\n  - name: tag\n    match: {command: [PING]}\n    action: mark\n"
+SECOND = FIRST + "  - name: drop-pings\n    match: {command: [PING]}\n    action: drop\n"
+
+
+async def test_watched_file_reloads_valid_changes_and_ignores_invalid_ones(tmp_path: Path) -> None:
+    path = tmp_path / "chaos.yaml"
+    path.write_text(FIRST)
+    engine = RulesEngine(load_rules_file(path))
+    session = Session(engine)
+    assert session.decide(frame(api.CommandPing()), TO_BROKER).forward
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch_rule_file, path, engine, 0.02)
+        await trio.sleep(0.05)
+        path.write_text(SECOND)
+        with trio.fail_after(5):
+            for _ in range(500):  # polling the watcher's effect: it exposes no event
+                if len(engine.rules) == 2:
+                    break
+                await trio.sleep(0.01)
+        assert len(engine.rules) == 2
+        assert engine.hits() == {"tag": 1, "drop-pings": 0}
+        assert not session.decide(frame(api.CommandPing()), TO_BROKER).forward
+        path.write_text(SECOND.replace("action: drop", "action: {delay: {ms: -1}}"))
+        await trio.sleep(0.2)
+        assert [rule.name for rule in engine.rules] == ["tag", "drop-pings"]
+        assert engine.hits() == {"tag": 2, "drop-pings": 1}
+        nursery.cancel_scope.cancel()
