@@ -1,0 +1,12 @@
+"""Recording Pulsar sessions: the segment format, the Trio recorder, readers, show and export.
+
+The format (proto/recording.proto, recordings/FORMAT.md) is written by
+:class:`~proxy.recording.recorder.Recorder` and read by
+:func:`~proxy.recording.reader.open_recordings`.
+"""
+
+from proxy.recording.reader import RecordedFrame, Recording, RecordingSet, open_recordings
+from proxy.recording.recorder import RecordConfig, Recorder, RecorderStats
+
+__all__ = ["RecordConfig", "RecordedFrame", "Recorder", "RecorderStats", "Recording", "RecordingSet",
+           "open_recordings"]

@@ -1,0 +1,452 @@
+"""The Trio recorder: the proxy's observer that writes frames into a recording directory.
+
+The proxy calls :meth:`Recorder.record` for every frame it receives (and again for
+every frame it changed or originated, with origin ``proxy``), and
+:meth:`Recorder.open_connection` / :meth:`Recorder.close_connection` around each
+client connection.  None of these await or touch the disk: they put an item on a
+bounded queue and return.  When the queue is full the frame is dropped and
+counted (per connection and in total, reported in the index and in
+:attr:`Recorder.stats` for /metrics), so a slow disk never stalls traffic.
+
+One writer task drains the queue in batches and hands each batch to a worker
+thread, which redacts auth data, strips payloads when asked, frames the records
+(:mod:`proxy.recording.segment`) and appends them to the current segment,
+rotating to a new one past ``max_segment_bytes``.  Every write goes straight to
+the OS (unbuffered), so a killed process loses at most the record being written;
+once a second the segment is fsynced and the index rewritten (write + rename).
+On exit the queue is drained and the index is finished with ``end_ns``.
+
+Layout: ``DIR/<UTC start YYYYmmddTHHMMSSZ>-<pid>/`` holding ``segment-NNNNNN.ptap``
+files and ``index.pb`` (recordings/FORMAT.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Final, TypeAlias
+
+import trio
+
+from proxy.errors import ProtocolError, RecordingError
+from proxy.pb import PulsarApi_pb2 as api
+from proxy.pb import recording_pb2 as rpb
+from proxy.protocol.frame import frame_from_bytes
+from proxy.recording.redaction import frame_type_of, redact, strip_payload
+from proxy.recording.segment import FORMAT_VERSION, SEGMENT_MAGIC, encode_frame_record, encode_record
+
+INDEX_NAME: Final = "index.pb"
+SEGMENT_SUFFIX: Final = ".ptap"
+DEFAULT_MAX_SEGMENT_BYTES: Final = 256 * 1024 * 1024
+DEFAULT_QUEUE_SIZE: Final = 10_000
+#: records taken off the queue per write (bounds the memory of one batch)
+_BATCH_LIMIT: Final = 2_000
+
+DIRECTIONS: Final[dict[str, int]] = {"to_broker": rpb.TO_BROKER, "to_client": rpb.TO_CLIENT}
+ORIGINS: Final[dict[str, int]] = {"client": rpb.CLIENT, "broker": rpb.BROKER, "proxy": rpb.PROXY}
+LOOKUP_MODES: Final[dict[str, int]] = {"rewrite": rpb.REWRITE, "proxy-through": rpb.PROXY_THROUGH,
+                                       "proxy_through": rpb.PROXY_THROUGH}
+
+Address = tuple[str, int] | str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RecordConfig:
+    """The ``record:`` section of proxy.yaml (``max_segment_mb`` given here in bytes)."""
+
+    dir: Path
+    redact: bool = True
+    include_payloads: bool = True
+    max_segment_bytes: int = DEFAULT_MAX_SEGMENT_BYTES
+    #: frames waiting for the writer; beyond this they are dropped and counted
+    queue_size: int = DEFAULT_QUEUE_SIZE
+    #: seconds between fsync + index rewrites
+    flush_interval: float = 1.0
+
+
+@dataclass(slots=True)
+class RecorderStats:
+    """Counters for /metrics."""
+
+    frames_recorded: int = 0
+    frames_dropped: int = 0
+    bytes_written: int = 0
+    segments: int = 0
+
+
+def recording_dir_name(start_ns: int, pid: int) -> str:
+    """``YYYYmmddTHHMMSSZ-<pid>`` for a recording started at ``start_ns`` (Unix epoch ns)."""
+    stamp = datetime.fromtimestamp(start_ns / 1e9, tz=UTC).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{pid}"
+
+
+def _enum_name(value: str | enum.Enum) -> str:
+    if isinstance(value, enum.Enum):
+        value = value.value
+    return str(value).lower()
+
+
+def _address(addr: Address) -> rpb.Address | None:
+    if addr is None:
+        return None
+    if isinstance(addr, str):
+        host, sep, port = addr.rpartition(":")
+        if not sep or not port.isdigit():
+            raise RecordingError(f"address {addr!r} is not HOST:PORT")
+        return rpb.Address(host=host.strip("[]"), port=int(port))
+    return rpb.Address(host=str(addr[0]), port=int(addr[1]))
+
+
+# Queue items: ("frame", FrameItem) or ("opened"/"closed", Record)
+@dataclass(frozen=True, slots=True)
+class _FrameItem:
+    conn_id: int
+    direction: int
+    origin: int
+    ts_ns: int
+    raw: bytes
+    rules: tuple[str, ...]
+
+
+_Item: TypeAlias = _FrameItem | rpb.Record
+
+
+@dataclass(slots=True)
+class _BatchResult:
+    bytes_written: int = 0
+    frames: int = 0
+    #: conn id -> (frames, wire bytes) recorded in this batch
+    per_connection: dict[int, list[int]] = field(default_factory=dict)
+    #: conn id -> protocol version seen in CONNECT (client) or CONNECTED (broker)
+    versions: dict[int, tuple[bool, int]] = field(default_factory=dict)
+
+
+class _SegmentFiles:
+    """The segment files of one recording; used from one worker thread at a time."""
+
+    def __init__(self, path: Path, recording_id: str, config: RecordConfig, clock: Callable[[], int]) -> None:
+        self.path = path
+        self.recording_id = recording_id
+        self.config = config
+        self.clock = clock
+        self.segments: list[str] = []
+        self._file: int | None = None
+        self._size = 0
+        self._dirty = False
+
+    def _open_next(self) -> None:
+        self._close_current()
+        name = f"segment-{len(self.segments) + 1:06d}{SEGMENT_SUFFIX}"
+        header = rpb.Record(header=rpb.SegmentHeader(
+            format_version=FORMAT_VERSION, recording_id=self.recording_id,
+            segment_index=len(self.segments) + 1, created_ns=self.clock(),
+            include_payloads=self.config.include_payloads, redact=self.config.redact))
+        self._file = os.open(self.path / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        self.segments.append(name)
+        self._size = 0
+        self._write(SEGMENT_MAGIC + encode_record(header))
+
+    def _write(self, data: bytes) -> None:
+        assert self._file is not None
+        view = memoryview(data)
+        while view:
+            written = os.write(self._file, view)
+            view = view[written:]
+        self._size += len(data)
+        self._dirty = True
+
+    def append(self, records: Sequence[bytes]) -> int:
+        """Append framed records, rotating past the size limit; the bytes written."""
+        total = 0
+        pending: list[bytes] = []
+        pending_size = 0
+        if self._file is None:
+            self._open_next()
+        for rec in records:
+            if self._size + pending_size + len(rec) > self.config.max_segment_bytes and \
+                    (pending or self._size > len(SEGMENT_MAGIC) + 64):
+                if pending:
+                    self._write(b"".join(pending))
+                    total += pending_size
+                    pending, pending_size = [], 0
+                self._open_next()
+            pending.append(rec)
+            pending_size += len(rec)
+        if pending:
+            self._write(b"".join(pending))
+            total += pending_size
+        return total
+
+    def sync(self, index: bytes | None) -> None:
+        """fsync the current segment and atomically replace the index."""
+        if self._file is not None and self._dirty:
+            os.fsync(self._file)
+            self._dirty = False
+        if index is not None:
+            tmp = self.path / (INDEX_NAME + ".tmp")
+            with open(tmp, "wb") as out:
+                out.write(index)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, self.path / INDEX_NAME)
+
+    def _close_current(self) -> None:
+        if self._file is not None:
+            if self._dirty:
+                os.fsync(self._file)
+                self._dirty = False
+            os.close(self._file)
+            self._file = None
+
+    def close(self, index: bytes) -> None:
+        self._close_current()
+        self.sync(index)
+
+
+def _encode_batch(items: Sequence[_Item], config: RecordConfig) -> tuple[list[bytes], _BatchResult]:
+    """Turn queue items into framed records (runs in the worker thread)."""
+    out: list[bytes] = []
+    result = _BatchResult()
+    for item in items:
+        if isinstance(item, rpb.Record):
+            out.append(encode_record(item))
+            continue
+        raw = item.raw
+        frame_type = frame_type_of(raw)
+        if frame_type in (api.BaseCommand.CONNECT, api.BaseCommand.CONNECTED):
+            version = _protocol_version(raw, frame_type)
+            if version is not None:
+                result.versions[item.conn_id] = (frame_type == api.BaseCommand.CONNECTED, version)
+        redacted = False
+        if config.redact:
+            raw, redacted = redact(raw)
+        record = rpb.FrameRecord(conn_id=item.conn_id, direction=item.direction,
+                                 origin=item.origin, ts_ns=item.ts_ns, rules=item.rules)
+        wire_size = len(raw)
+        stripped = None if config.include_payloads else strip_payload(raw)
+        if stripped is not None:
+            record.data = stripped
+            record.original_size = wire_size
+            record.payload_stripped = True
+        else:
+            record.data = raw
+        if redacted:
+            record.redacted = True
+        out.append(encode_frame_record(record))
+        counts = result.per_connection.setdefault(item.conn_id, [0, 0])
+        counts[0] += 1
+        counts[1] += len(item.raw)
+        result.frames += 1
+    return out, result
+
+
+def _protocol_version(raw: bytes, frame_type: int | None) -> int | None:
+    try:
+        cmd = frame_from_bytes(raw, max_frame_bytes=len(raw)).command
+    except ProtocolError:
+        return None
+    sub = cmd.connect if frame_type == api.BaseCommand.CONNECT else cmd.connected
+    return int(sub.protocol_version)
+
+
+def _make_recording_dir(base: Path, name: str) -> Path:
+    """Create ``base/name`` (``base/name-2``, ... if taken), creating ``base`` if missing."""
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        path = base / name
+        suffix = 1
+        while True:
+            try:
+                path.mkdir()
+                return path
+            except FileExistsError:
+                suffix += 1
+                path = base / f"{name}-{suffix}"
+    except OSError as exc:
+        raise RecordingError(f"cannot create a recording in {base}: {exc.strerror or exc}") from None
+
+
+class Recorder:
+    """Records frames into ``config.dir/<start>-<pid>/``; use as ``async with Recorder(cfg) as rec``.
+
+    ``record``, ``open_connection`` and ``close_connection`` never block and never
+    raise for a full queue; they are safe to call from any task of the proxy.
+    """
+
+    def __init__(self, config: RecordConfig, *, clock: Callable[[], int] = time.time_ns,
+                 pid: int | None = None) -> None:
+        self.config = config
+        self.stats = RecorderStats()
+        self._clock = clock
+        self._pid = os.getpid() if pid is None else pid
+        self._send: trio.MemorySendChannel[_Item] | None = None
+        self._connections: dict[int, rpb.ConnectionInfo] = {}
+        self._versions: dict[int, dict[bool, int]] = {}
+        self._stack = contextlib.AsyncExitStack()
+        self._files: _SegmentFiles | None = None
+        self._index_dirty = True
+        self._closed = False
+        self.start_ns = 0
+        #: the recording directory, set on entry
+        self.path = Path()
+
+    # -- the observer API (non-blocking) ---------------------------------------------------
+
+    def record(self, conn_id: int, direction: str | enum.Enum, origin: str | enum.Enum, ts_ns: int,
+               raw: bytes, rules: Sequence[str] = ()) -> bool:
+        """Queue one frame's exact bytes; False when it was dropped (queue full or closed)."""
+        item = _FrameItem(conn_id, DIRECTIONS[_enum_name(direction)], ORIGINS[_enum_name(origin)],
+                          ts_ns, bytes(raw), tuple(rules))
+        if self._send is None or not self._offer(item):
+            self.stats.frames_dropped += 1
+            info = self._connections.get(conn_id)
+            if info is not None:
+                info.frames_dropped += 1
+            self._index_dirty = True
+            return False
+        return True
+
+    def open_connection(self, conn_id: int, client_addr: Address, broker_addr: Address,
+                        lookup_mode: str | enum.Enum | None, ts_ns: int) -> None:
+        """A client connection was accepted (and its upstream chosen)."""
+        info = rpb.ConnectionInfo(conn_id=conn_id, start_ns=ts_ns)
+        opened = rpb.ConnectionOpened(conn_id=conn_id, ts_ns=ts_ns)
+        client, broker = _address(client_addr), _address(broker_addr)
+        if client is not None:
+            info.client.CopyFrom(client)
+            opened.client.CopyFrom(client)
+        if broker is not None:
+            info.broker.CopyFrom(broker)
+            opened.broker.CopyFrom(broker)
+        if lookup_mode is not None:
+            mode = LOOKUP_MODES.get(_enum_name(lookup_mode), rpb.LOOKUP_UNKNOWN)
+            info.lookup_mode = mode
+            opened.lookup_mode = mode
+        self._connections[conn_id] = info
+        self._index_dirty = True
+        self._offer(rpb.Record(opened=opened))
+
+    def close_connection(self, conn_id: int, ts_ns: int) -> None:
+        """A client connection ended (either side)."""
+        info = self._connections.get(conn_id)
+        if info is None:
+            info = self._connections[conn_id] = rpb.ConnectionInfo(conn_id=conn_id)
+        info.end_ns = ts_ns
+        self._index_dirty = True
+        self._offer(rpb.Record(closed=rpb.ConnectionClosed(conn_id=conn_id, ts_ns=ts_ns)))
+
+    def _offer(self, item: _Item) -> bool:
+        if self._send is None:
+            return False
+        try:
+            self._send.send_nowait(item)
+        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+            return False
+        return True
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Recorder:
+        self.start_ns = self._clock()
+        self.path = await trio.to_thread.run_sync(
+            _make_recording_dir, Path(self.config.dir), recording_dir_name(self.start_ns, self._pid))
+        self._files = _SegmentFiles(self.path, self.path.name, self.config, self._clock)
+        await trio.to_thread.run_sync(self._files.sync, self._index_bytes())
+        # Overflow policy: a full queue drops the frame and counts it (see record()).
+        send, receive = trio.open_memory_channel[_Item](self.config.queue_size)
+        self._send = send
+        nursery = await self._stack.enter_async_context(trio.open_nursery())
+        nursery.start_soon(self._write_loop, receive)
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> bool | None:
+        send, self._send = self._send, None
+        if send is not None:
+            await send.aclose()
+        return await self._stack.__aexit__(exc_type, exc, tb)
+
+    async def _write_loop(self, receive: trio.MemoryReceiveChannel[_Item]) -> None:
+        assert self._files is not None
+        files = self._files
+        try:
+            async with receive:
+                next_sync = trio.current_time() + self.config.flush_interval
+                done = False
+                while not done:
+                    batch: list[_Item] = []
+                    with trio.move_on_at(next_sync):
+                        try:
+                            batch.append(await receive.receive())
+                        except trio.EndOfChannel:
+                            done = True
+                    while not done and len(batch) < _BATCH_LIMIT:
+                        try:
+                            batch.append(receive.receive_nowait())
+                        except trio.WouldBlock:
+                            break
+                        except trio.EndOfChannel:
+                            done = True
+                    if batch:
+                        await self._write_batch(batch)
+                    if trio.current_time() >= next_sync:
+                        index = self._index_bytes() if self._index_dirty else None
+                        self._index_dirty = False
+                        await trio.to_thread.run_sync(files.sync, index)
+                        next_sync = trio.current_time() + self.config.flush_interval
+        finally:
+            # Data must be complete on exit, even when the recorder is cancelled.
+            with trio.CancelScope(shield=True):
+                self._closed = True
+                await trio.to_thread.run_sync(files.close, self._index_bytes())
+
+    async def _write_batch(self, batch: list[_Item]) -> None:
+        assert self._files is not None
+        files, config = self._files, self.config
+
+        def work() -> _BatchResult:
+            records, result = _encode_batch(batch, config)
+            result.bytes_written = files.append(records)
+            return result
+
+        result = await trio.to_thread.run_sync(work)
+        self.stats.frames_recorded += result.frames
+        self.stats.bytes_written += result.bytes_written
+        self.stats.segments = len(files.segments)
+        for conn_id, (frames, wire_bytes) in result.per_connection.items():
+            info = self._connections.get(conn_id)
+            if info is None:
+                info = self._connections[conn_id] = rpb.ConnectionInfo(conn_id=conn_id)
+            info.frames += frames
+            info.bytes += wire_bytes
+        for conn_id, (from_broker, version) in result.versions.items():
+            seen = self._versions.setdefault(conn_id, {})
+            seen[from_broker] = version
+            # CONNECTED carries the version the broker agreed to; CONNECT only the client's offer.
+            self._connections[conn_id].protocol_version = seen.get(True, seen.get(False, version))
+        self._index_dirty = True
+
+    def _index_bytes(self) -> bytes:
+        index = rpb.RecordingIndex(
+            format_version=FORMAT_VERSION, recording_id=self.path.name, start_ns=self.start_ns,
+            pid=self._pid, frames_recorded=self.stats.frames_recorded,
+            frames_dropped=self.stats.frames_dropped, include_payloads=self.config.include_payloads,
+            redact=self.config.redact)
+        if self._files is not None:
+            index.segments.extend(self._files.segments)
+        index.connections.extend(self._connections[c] for c in sorted(self._connections))
+        if self._closed:
+            index.end_ns = self._clock()
+        data: bytes = index.SerializeToString()
+        return data
+
+
+__all__ = ["DEFAULT_MAX_SEGMENT_BYTES", "DEFAULT_QUEUE_SIZE", "INDEX_NAME", "SEGMENT_SUFFIX", "Address",
+           "RecordConfig", "Recorder", "RecorderStats", "recording_dir_name"]

@@ -1,0 +1,219 @@
+"""The Trio recorder writing real files on a tmp dir, read back with the reader."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import trio
+from recording_sessions import BASE_NS, record_sessions, session
+
+from proxy.errors import RecordingError
+from proxy.pb import recording_pb2 as rpb
+from proxy.recording.reader import Recording, open_recordings
+from proxy.recording.recorder import RecordConfig, Recorder, recording_dir_name
+
+
+async def test_every_frame_is_read_back_with_its_exact_bytes_in_capture_order(tmp_path: Path) -> None:
+    sent = session(conn=1) + session(conn=2, start_ns=BASE_NS + 75_000)
+    await record_sessions(str(tmp_path), [session(conn=1), session(conn=2, start_ns=BASE_NS + 75_000)],
+                          redact=False)
+    recordings = open_recordings(tmp_path)
+    got = list(recordings.frames())
+    expected = sorted(sent, key=lambda f: f.ts_ns)
+    assert [(f.conn, f.direction, f.origin, f.ts_ns, f.raw, f.rules) for f in got] == \
+        [(f.conn, f.direction, f.origin, f.ts_ns, f.raw, f.rules) for f in expected]
+    assert [f.frame.type_name for f in got] == [f.command for f in expected]
+
+
+async def test_directory_is_named_by_utc_start_and_pid_and_index_describes_connections(tmp_path: Path) -> None:
+    recorder = await record_sessions(str(tmp_path), [session(conn=5)])
+    (path,) = list(tmp_path.iterdir())  # noqa: ASYNC240 - a test reading what the recorder wrote
+    assert re.fullmatch(r"\d{8}T\d{6}Z-\d+", path.name)
+    assert path.name == recording_dir_name(recorder.start_ns, os.getpid())
+    recording = Recording(path)
+    assert recording.finished
+    info = recording.connections[5]
+    assert (info.client.host, info.client.port, info.broker.port) == ("127.0.0.1", 50005, 6650)
+    assert info.lookup_mode == rpb.REWRITE and info.protocol_version == 21
+    frames = session(conn=5)
+    assert info.frames == len(frames) and info.bytes == sum(len(f.raw) for f in frames)
+    assert info.start_ns == frames[0].ts_ns - 1000 and info.end_ns == frames[-1].ts_ns + 1000
+    assert recorder.stats.frames_recorded == len(frames) and recorder.stats.frames_dropped == 0
+
+
+def test_dir_name_format() -> None:
+    assert recording_dir_name(1_767_225_600_123_000_000, 42) == "20260101T000000Z-42"
+
+
+async def test_auth_data_is_redacted_by_default_and_kept_with_redact_false(tmp_path: Path) -> None:
+    await record_sessions(str(tmp_path / "a"), [session(auth=b"very-secret-token")])
+    await record_sessions(str(tmp_path / "b"), [session(auth=b"very-secret-token")], redact=False)
+    (redacted,) = [f for f in open_recordings(tmp_path / "a").frames() if f.frame.type_name == "CONNECT"]
+    (kept,) = [f for f in open_recordings(tmp_path / "b").frames() if f.frame.type_name == "CONNECT"]
+    assert redacted.redacted and redacted.frame.command.connect.auth_data == b"REDACTED*********"
+    assert not kept.redacted and kept.frame.command.connect.auth_data == b"very-secret-token"
+    for segment in (tmp_path / "a").glob("*/segment-*.ptap"):
+        assert b"very-secret-token" not in segment.read_bytes()
+
+
+async def test_payloads_left_out_are_zero_filled_with_true_sizes(tmp_path: Path) -> None:
+    frames = session()
+    await record_sessions(str(tmp_path), [frames], include_payloads=False)
+    got = list(open_recordings(tmp_path).frames())
+    for sent, read in zip(frames, got, strict=True):
+        assert read.size == len(sent.raw)
+        if sent.command in ("SEND", "MESSAGE"):
+            assert read.payload_stripped and len(read.data) < len(sent.raw)
+            section = read.frame.payload
+            assert section is not None and section.payload == bytes(len(section.payload))
+            assert section.metadata.producer_name == "prod-1"
+
+
+async def test_segments_rotate_by_size_and_read_in_order(tmp_path: Path) -> None:
+    sessions = [session(conn=c, start_ns=BASE_NS + c * 10_000_000, sends=20) for c in range(1, 4)]
+    recorder = await record_sessions(str(tmp_path), sessions, max_segment_bytes=4096)
+    recording = open_recordings(tmp_path).recordings[0]
+    assert len(recording.segments) >= 4 and recorder.stats.segments == len(recording.segments)
+    for name in recording.segments:
+        assert (recording.path / name).stat().st_size <= 4096 + 2048  # one frame may overshoot a little
+    assert len(list(recording.frames())) == sum(len(s) for s in sessions)
+
+
+async def test_a_full_queue_drops_frames_counts_them_and_never_blocks(tmp_path: Path) -> None:
+    frames = session(sends=50)
+    with trio.fail_after(10):
+        async with Recorder(RecordConfig(dir=tmp_path, queue_size=8)) as recorder:
+            recorder.open_connection(1, "127.0.0.1:5000", "127.0.0.1:6650", "proxy-through", BASE_NS)
+            accepted = [recorder.record(1, f.direction, f.origin, f.ts_ns, f.raw) for f in frames]  # no checkpoint
+    assert accepted.count(True) < len(frames)
+    dropped = accepted.count(False)
+    assert recorder.stats.frames_dropped == dropped
+    recording = open_recordings(tmp_path).recordings[0]
+    assert recording.frames_dropped == dropped
+    assert recording.connections[1].frames_dropped == dropped
+    assert recording.connections[1].lookup_mode == rpb.PROXY_THROUGH
+    assert len(list(recording.frames())) == len(frames) - dropped
+
+
+async def test_data_reaches_disk_within_a_second_while_recording(tmp_path: Path) -> None:
+    frames = session()
+    with trio.fail_after(10):
+        async with Recorder(RecordConfig(dir=tmp_path)) as recorder:
+            recorder.open_connection(1, "127.0.0.1:5000", "127.0.0.1:6650", "rewrite", BASE_NS)
+            for f in frames:
+                recorder.record(1, f.direction, f.origin, f.ts_ns, f.raw)
+            await trio.sleep(1.3)
+            live = open_recordings(recorder.path).recordings[0]
+            assert not live.finished
+            assert len(list(live.frames())) == len(frames)
+            assert live.index is not None and live.index.connections[0].frames == len(frames)
+
+
+async def test_a_parent_of_several_recordings_reads_in_time_order_with_unique_connection_ids(tmp_path: Path) -> None:
+    await record_sessions(str(tmp_path), [session(conn=1, start_ns=BASE_NS + 10**12)])
+    await record_sessions(str(tmp_path), [session(conn=1, start_ns=BASE_NS)])
+    recordings = open_recordings(tmp_path)
+    assert len(recordings.recordings) == 2
+    frames = list(recordings.frames())
+    assert [f.ts_ns for f in frames] == sorted(f.ts_ns for f in frames)
+    assert sorted({f.conn for f in frames}) == sorted(recordings.connections) == [1, 2]
+
+
+def test_reading_something_that_is_not_a_recording_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(RecordingError, match="no such file"):
+        open_recordings(tmp_path / "missing")
+    with pytest.raises(RecordingError, match="no recording here"):
+        open_recordings(tmp_path)
+
+
+_KILLED_WRITER = textwrap.dedent("""
+    import sys, time, trio
+    from proxy.pb import PulsarApi_pb2 as api
+    from proxy.protocol.frame import encode_payload_command
+    from proxy.recording.recorder import RecordConfig, Recorder
+
+    async def main():
+        async with Recorder(RecordConfig(dir=sys.argv[1], max_segment_bytes=1 << 30)) as rec:
+            rec.open_connection(1, "127.0.0.1:5000", "127.0.0.1:6650", "rewrite", time.time_ns())
+            i = 0
+            while True:
+                raw = encode_payload_command(api.CommandSend(producer_id=1, sequence_id=i),
+                                             api.MessageMetadata(producer_name="p", sequence_id=i, publish_time=1),
+                                             bytes([i % 251]) * (1000 + i % 5000))
+                rec.record(1, "to_broker", "client", time.time_ns(), raw)
+                i += 1
+                if i % 50 == 0:
+                    await trio.sleep(0)
+    trio.run(main)
+""")
+
+
+def test_a_recorder_killed_mid_write_leaves_a_recording_readable_to_its_last_whole_frame(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(tmp_path)])
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            segments = list(tmp_path.glob("*/segment-*.ptap"))
+            if segments and segments[0].stat().st_size > 300_000:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the recorder subprocess wrote nothing")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert proc.returncode == -signal.SIGKILL
+    recordings = open_recordings(tmp_path)
+    recording = recordings.recordings[0]
+    assert not recording.finished
+    frames = list(recordings.frames())
+    assert len(frames) > 100
+    for i, frame in enumerate(frames):
+        send = frame.frame
+        assert send.command.send.sequence_id == i
+        assert send.payload is not None and send.payload.checksum_ok()
+    assert recordings.connections[1].frames == len(frames)
+    on_disk = sum(p.stat().st_size for p in recording.path.glob("segment-*.ptap"))
+    assert recording.truncated_bytes < on_disk
+    # and `show` reads it to the last whole frame too
+    shown = subprocess.run([sys.executable, "-m", "proxy", "show", str(tmp_path), "--json"],
+                           capture_output=True, text=True, timeout=120, check=True)
+    assert len(shown.stdout.splitlines()) == len(frames)
+
+
+async def test_the_proxy_observer_hook_feeds_the_recorder(tmp_path: Path) -> None:
+    from proxy.protocol.frame import frame_from_bytes
+    from proxy.protocol.session import Direction
+    from proxy.recording.observer import RecordingObserver, broker_address
+    from proxy.server.hooks import ConnectionEvent, ConnectionInfo, FrameEvent, Origin
+
+    assert broker_address("pulsar+ssl://broker-1:6651") == ("broker-1", 6651)
+    assert broker_address("pulsar://10.0.0.5") == ("10.0.0.5", 6650)
+    assert broker_address(None) is None
+    frames = session()
+    conn = ConnectionInfo(conn_id=9, client="127.0.0.1:41000", listener="127.0.0.1:6650",
+                          broker_url="pulsar://127.0.0.1:6651")
+    with trio.fail_after(10):
+        async with Recorder(RecordConfig(dir=tmp_path)) as recorder:
+            observer = RecordingObserver(recorder, lookup_mode="proxy-through")
+            observer.on_connection(ConnectionEvent(conn, BASE_NS, closed=False))
+            for f in frames:
+                observer.on_frame(FrameEvent(conn, Direction(f.direction), Origin(f.origin), f.ts_ns,
+                                             frame_from_bytes(f.raw), fired=f.rules))
+            observer.on_connection(ConnectionEvent(conn, frames[-1].ts_ns + 1, closed=True, reason="eof"))
+    recordings = open_recordings(tmp_path)
+    info = recordings.connections[9]
+    assert (info.client.port, info.broker.port, info.lookup_mode) == (41000, 6651, rpb.PROXY_THROUGH)
+    got = list(recordings.frames())
+    assert [(g.origin, g.rules) for g in got] == [(f.origin, f.rules) for f in frames]
