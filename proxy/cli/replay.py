@@ -1,0 +1,143 @@
+"""``pulsar-tap replay``: client-side replay with a response diff, or broker-side replay (``--serve``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+
+NAME = "replay"
+HELP = "replay a recording against a broker, or serve it to live clients as a broker"
+DESCRIPTION = """\
+Client-side replay (default): re-enact the recorded clients against the broker at
+--upstream — lookups redone, producer/consumer/request ids remapped, messages
+re-published with their payloads, keys and properties, FLOW/ACK re-issued, the
+original pacing scaled by --speed (0: as fast as possible) — and print one line per
+request whose answer differs:
+  DIFF conn=N COMMAND topic=T recorded=OUTCOME replayed=OUTCOME
+(OUTCOME: ok, error:CODE, unanswered, not-sent).  Exit 0 when nothing differs, 1
+otherwise.  Message ids, generated names and timing are not differences.
+
+Broker-side replay (--serve): listen at --listen and answer any number of live
+clients from the recording, requests matched by command and key fields (topic,
+subscription, producer name, message order), never by ids; lookups point at this
+server; recorded MESSAGEs are pushed within the consumer's FLOW permits.  Requests
+the recording cannot answer get ERROR UnknownError "not in recording" (--unmatched
+error, the default), are relayed to --upstream (forward), or close the connection
+(close).  Prints "ready: listening on HOST:PORT"; SIGINT/SIGTERM stop it (exit 0).
+
+examples:
+  pulsar-tap replay recordings/sample --upstream pulsar://127.0.0.1:6650 --speed 0
+  pulsar-tap replay REC --upstream pulsar://broker:6650 --speed 2
+  pulsar-tap replay recordings/sample --serve --listen 127.0.0.1:6650
+  pulsar-tap replay REC --serve --listen 127.0.0.1:6650 --unmatched forward --upstream pulsar://broker:6650
+"""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("recording", metavar="REC", help="recording directory, or a parent of several")
+    parser.add_argument("--upstream", metavar="URL",
+                        help="the broker to replay against (client-side), or to forward to (--serve)")
+    parser.add_argument("--speed", type=float, default=1.0, metavar="X",
+                        help="pacing: recorded gaps divided by X; 0 = as fast as possible (default 1)")
+    parser.add_argument("--timeout", type=float, default=10.0, metavar="S",
+                        help="seconds to wait for each answer and for the last receipts (default 10)")
+    parser.add_argument("--token", metavar="TOKEN", help="auth token for the upstream (client-side)")
+    parser.add_argument("--serve", action="store_true", help="broker-side replay: act as the broker")
+    parser.add_argument("--listen", metavar="HOST:PORT", default="127.0.0.1:6650",
+                        help="where --serve listens (default 127.0.0.1:6650; port 0 picks one)")
+    parser.add_argument("--advertise", metavar="HOST", help="host written into lookup answers (default: listen host)")
+    parser.add_argument("--unmatched", choices=("error", "forward", "close"), default="error",
+                        help="what --serve does with requests the recording cannot answer (default error)")
+    parser.add_argument("--ready-file", metavar="PATH", help="--serve: write the listening port as JSON once ready")
+    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="warning")
+
+
+def run(args: argparse.Namespace) -> int:
+    from proxy.errors import UsageError
+    from proxy.telemetry.logs import configure_logging
+
+    if args.speed < 0:
+        raise UsageError("--speed must be 0 or more")
+    if args.timeout <= 0:
+        raise UsageError("--timeout must be more than 0")
+    configure_logging("console", args.log_level)
+    if args.serve:
+        return _serve(args)
+    if not args.upstream:
+        raise UsageError("give --upstream URL (client-side replay) or --serve (broker-side replay)")
+    return _replay(args)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    import trio
+
+    from proxy.client.names import parse_service_url
+    from proxy.replay.replayer import replay_recording
+
+    parse_service_url(args.upstream)  # a bad URL is a usage error before anything is read
+    result = trio.run(lambda: replay_recording(args.recording, args.upstream, speed=args.speed,
+                                               operation_timeout=args.timeout, receipt_timeout=args.timeout,
+                                               token=args.token))
+    for diff in result.diffs:
+        print(diff.format())
+    print(f"replayed {result.requests} requests: {len(result.diffs)} differ", file=sys.stderr)
+    return 1 if result.diffs else 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import trio
+
+    from proxy.client.names import parse_service_url
+    from proxy.config.proxy_config import HostPort
+    from proxy.errors import PulsarTapError, UsageError
+    from proxy.recording.reader import open_recordings
+    from proxy.replay.conversation import build_conversations
+    from proxy.replay.matcher import AnswerBook
+    from proxy.replay.server import ReplayServer
+
+    try:
+        listen = HostPort.parse(args.listen)
+    except ValueError as exc:
+        raise UsageError(f"--listen: {exc}") from None
+    if args.upstream:
+        parse_service_url(args.upstream)
+    book = AnswerBook.from_conversations(build_conversations(open_recordings(args.recording).frames()).values())
+    server = ReplayServer(book, listen.host, listen.port, unmatched=args.unmatched, upstream=args.upstream,
+                          advertise=args.advertise)
+
+    async def main() -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                try:
+                    address: str = await nursery.start(server.run)
+                except OSError as exc:
+                    raise PulsarTapError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from None
+                print(f"ready: listening on {address}", flush=True)
+                if args.ready_file:
+                    _write_ready_file(args.ready_file, address)
+                async for _ in signals:
+                    server.request_shutdown()
+                    break
+
+    try:
+        trio.run(main)
+    except BaseExceptionGroup as group:
+        inner = _first(group)
+        if isinstance(inner, PulsarTapError):
+            raise inner from None
+        raise
+    return 0
+
+
+def _write_ready_file(path: str, address: str) -> None:
+    Path(path).write_text(json.dumps({"listen": [address], "admin": None}) + "\n")
+
+
+def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc

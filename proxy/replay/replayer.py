@@ -1,0 +1,369 @@
+"""Client-side replay: re-enact the recorded clients against a broker and diff the answers.
+
+``pulsar-tap replay REC --upstream URL [--speed X]``.  Every frame the recorded
+clients sent (:mod:`proxy.replay.conversation`) is re-issued in capture order,
+paced by the recorded times divided by ``speed`` (0: no waiting), through the
+built-in client's connection layer (:mod:`proxy.client.connection`; its
+:class:`~proxy.client.lookup.LookupService` redoes lookups against the new
+cluster):
+
+- LOOKUP and PARTITIONED_METADATA are redone as lookups;
+- PRODUCER and SUBSCRIBE go to the broker that owns their topic there, with new
+  producer, consumer and request ids (the recorded ones are mapped to them);
+- SEND frames are re-sent with their recorded metadata and payload — keys,
+  properties, batches, compression as they were — under the new producer id;
+- FLOW is re-issued; ACK too, its message ids translated: the n-th message the
+  recorded consumer received is the n-th message the live one receives;
+- other requests are re-sent with the ids remapped.
+
+Each request's answer is compared with the recorded one by outcome only
+(``ok``, ``error:CODE``, ``unanswered``; ``not-sent`` when the producer or
+consumer it needs could not be created): message ids, generated names and
+timing are not differences.  :class:`ReplayDiff` is one differing request, printed
+as ``DIFF conn=N COMMAND topic=T recorded=OUTCOME replayed=OUTCOME``.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import structlog
+import trio
+
+from proxy.client.connection import ClientConnection, ConnectionConfig, ConnectionPool
+from proxy.client.lookup import LookupService
+from proxy.client.names import parse_service_url
+from proxy.errors import BrokerError, ClientError, ConnectionFailed, ProtocolError, RequestTimeout
+from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.commands import sub_command
+from proxy.protocol.frame import Frame, encode_payload_command
+from proxy.replay.conversation import OK, UNANSWERED, Conversation, Exchange, Step, error_outcome, with_command
+from proxy.replay.matcher import message_id_key
+
+T = api.BaseCommand.Type
+log = structlog.get_logger("pulsar_tap.replay")
+
+NOT_SENT: Final = "not-sent"
+#: handshake and keepalive frames: the connection layer plays those itself
+_CONNECTION_FRAMES: Final = frozenset({T.CONNECT, T.PING, T.PONG, T.AUTH_RESPONSE})
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayDiff:
+    """One request whose replayed answer differs from the recorded one."""
+
+    conn: int
+    command: str
+    topic: str | None
+    recorded: str
+    replayed: str
+
+    def format(self) -> str:
+        return (f"DIFF conn={self.conn} {self.command} topic={self.topic or '-'} "
+                f"recorded={self.recorded} replayed={self.replayed}")
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    requests: int = 0
+    frames_sent: int = 0
+    diffs: list[ReplayDiff] = field(default_factory=list)
+
+
+class _LiveProducer:
+    """A re-created producer: collects the answers to its SENDs."""
+
+    def __init__(self, connection: ClientConnection, producer_id: int) -> None:
+        self.connection = connection
+        self.producer_id = producer_id
+        self.pending: dict[int, Exchange] = {}  # sequence id -> the recorded SEND's exchange
+        self.outcomes: dict[int, str] = {}      # id(exchange) -> outcome
+        self.all_answered = trio.Event()
+        self.all_answered.set()
+
+    def expect(self, sequence_id: int, exchange: Exchange) -> None:
+        self.pending[sequence_id] = exchange
+        if self.all_answered.is_set():
+            self.all_answered = trio.Event()
+
+    def handle_frame(self, connection: ClientConnection, frame: Frame) -> None:
+        if frame.type not in (T.SEND_RECEIPT, T.SEND_ERROR):
+            return
+        sub: Any = frame.sub
+        exchange = self.pending.pop(sub.sequence_id, None)
+        if exchange is not None:
+            self.outcomes[id(exchange)] = (OK if frame.type == T.SEND_RECEIPT
+                                           else error_outcome(api.ServerError.Name(sub.error)))
+        if not self.pending:
+            self.all_answered.set()
+
+    def connection_closed(self, connection: ClientConnection) -> None:
+        self.pending.clear()
+        self.all_answered.set()
+
+
+class _LiveConsumer:
+    """A re-created consumer: remembers the ids of the messages it received, in order."""
+
+    def __init__(self, connection: ClientConnection, consumer_id: int) -> None:
+        self.connection = connection
+        self.consumer_id = consumer_id
+        self.received: list[api.MessageIdData] = []
+        self.arrived = trio.Event()
+        self.starved = False
+
+    def handle_frame(self, connection: ClientConnection, frame: Frame) -> None:
+        if frame.type == T.MESSAGE:
+            self.received.append(frame.command.message.message_id)
+            self.arrived.set()
+            self.arrived = trio.Event()
+
+    def connection_closed(self, connection: ClientConnection) -> None:
+        self.arrived.set()
+
+    async def message_id(self, index: int, wait_s: float) -> api.MessageIdData | None:
+        """The id of the ``index``-th message received, waiting for it up to ``wait_s`` seconds."""
+        if not self.starved:
+            with trio.move_on_after(wait_s):
+                while len(self.received) <= index and not self.connection.closed.is_set():
+                    await self.arrived.wait()
+        if index < len(self.received):
+            return self.received[index]
+        self.starved = True  # one wait in vain is enough: later ACKs of it do not wait again
+        return None
+
+
+def _steps_in_order(conversations: dict[int, Conversation]) -> Iterator[tuple[Conversation, Step]]:
+    streams = [((step.ts_ns, conv.conn, i), conv, step) for conv in conversations.values()
+               for i, step in enumerate(conv.steps)]
+    heapq.heapify(streams)
+    while streams:
+        _, conv, step = heapq.heappop(streams)
+        yield conv, step
+
+
+class ClientReplayer:
+    """Re-enacts recorded client connections against ``upstream`` (see the module docstring)."""
+
+    def __init__(self, conversations: dict[int, Conversation], upstream: str, *, speed: float = 1.0,
+                 operation_timeout: float = 10.0, receipt_timeout: float = 10.0, token: str | None = None) -> None:
+        if speed < 0:
+            raise ValueError("speed must be 0 (as fast as possible) or more")
+        self.conversations = conversations
+        self.service = parse_service_url(upstream)
+        self.speed = speed
+        self.receipt_timeout = receipt_timeout
+        auth = None
+        if token is not None:
+            from proxy.client.connection import TokenAuthentication
+            auth = TokenAuthentication(token)
+        self.config = ConnectionConfig(auth=auth, operation_timeout=operation_timeout,
+                                       connection_timeout=operation_timeout)
+        self._producers: dict[tuple[int, int], _LiveProducer] = {}
+        self._consumers: dict[tuple[int, int], _LiveConsumer] = {}
+        self._outcomes: dict[int, str] = {}
+        self._next_id = 0
+        self._lookup: LookupService | None = None
+        self._pool: ConnectionPool | None = None
+        self.result = ReplayResult()
+
+    async def run(self) -> ReplayResult:
+        """Replay everything; raises ConnectionFailed when the upstream cannot be reached at all."""
+        unreachable: ClientError | None = None
+        async with trio.open_nursery() as nursery:
+            self._pool = ConnectionPool(nursery, self.config)
+            self._lookup = LookupService(self._pool, self.service)
+            try:
+                await self._lookup.service_connection()
+            except ClientError as exc:
+                unreachable = exc
+            try:
+                if unreachable is None:
+                    await self._replay_all()
+                    await self._await_receipts()
+            finally:
+                self._pool.close_all()
+                nursery.cancel_scope.cancel()
+        if unreachable is not None:
+            raise ConnectionFailed(f"cannot reach the upstream: {unreachable}")
+        self._collect_diffs()
+        return self.result
+
+    async def _replay_all(self) -> None:
+        start_ns: int | None = None
+        clock_start = trio.current_time()
+        for conv, step in _steps_in_order(self.conversations):
+            if step.frame.type in _CONNECTION_FRAMES:
+                continue
+            if self.speed > 0:
+                start_ns = step.ts_ns if start_ns is None else start_ns
+                await trio.sleep_until(clock_start + (step.ts_ns - start_ns) / 1e9 / self.speed)
+            if step.exchange is not None:
+                self.result.requests += 1
+            try:
+                outcome = await self._replay_step(conv, step)
+            except BrokerError as exc:
+                outcome = error_outcome(exc.server_error)
+            except RequestTimeout:
+                outcome = UNANSWERED
+            except (ClientError, ProtocolError) as exc:
+                # the connection could not be opened or broke: the request got no broker answer
+                log.warning("replayed request failed", conn=conv.conn, command=step.frame.type_name, error=str(exc))
+                outcome = NOT_SENT
+            if step.exchange is not None and outcome is not None:
+                self._outcomes[id(step.exchange)] = outcome
+
+    async def _replay_step(self, conv: Conversation, step: Step) -> str | None:
+        """Re-issue one recorded frame; returns the outcome of a request (None: answered later, or none)."""
+        frame = step.frame
+        kind = frame.type
+        sub: Any = frame.sub
+        assert self._lookup is not None
+        if kind == T.LOOKUP:
+            await self._lookup.lookup(sub.topic)
+            return OK
+        if kind == T.PARTITIONED_METADATA:
+            await self._lookup.partitioned_metadata(sub.topic)
+            return OK
+        if kind == T.PRODUCER:
+            return await self._create(conv, frame, sub, producer=True)
+        if kind == T.SUBSCRIBE:
+            return await self._create(conv, frame, sub, producer=False)
+        if kind == T.SEND:
+            return self._send(conv, step, sub)
+        if kind == T.ACK:
+            return await self._ack(conv, frame, sub)
+        cmd = api.BaseCommand()
+        cmd.CopyFrom(frame.command)
+        live_sub: Any = sub_command(cmd)
+        fields = live_sub.DESCRIPTOR.fields_by_name
+        connection: ClientConnection | None = None
+        if "producer_id" in fields and live_sub.HasField("producer_id"):
+            producer = self._producers.get((conv.conn, live_sub.producer_id))
+            if producer is None:
+                return NOT_SENT
+            live_sub.producer_id, connection = producer.producer_id, producer.connection
+        elif "consumer_id" in fields and live_sub.HasField("consumer_id"):
+            consumer = self._consumers.get((conv.conn, live_sub.consumer_id))
+            if consumer is None:
+                return NOT_SENT
+            live_sub.consumer_id, connection = consumer.consumer_id, consumer.connection
+        if connection is None:
+            connection = await self._lookup.service_connection()
+        if "request_id" in fields and live_sub.HasField("request_id"):
+            live_sub.request_id = connection.new_request_id()
+            await connection.request(live_sub)
+            return OK
+        connection.send_command(live_sub)
+        self.result.frames_sent += 1
+        return None
+
+    async def _create(self, conv: Conversation, frame: Frame, sub: Any, *, producer: bool) -> str:
+        assert self._lookup is not None and self._pool is not None
+        where = await self._lookup.lookup(sub.topic)
+        connection = await self._pool.get(where.logical, where.physical)
+        live: Any = type(sub)()
+        live.CopyFrom(sub)
+        self._next_id += 1
+        live.request_id = connection.new_request_id()
+        if producer:
+            live.producer_id = self._next_id
+            handler_p = _LiveProducer(connection, self._next_id)
+            connection.register_producer(self._next_id, handler_p)
+            try:
+                await connection.request(live)
+            except ClientError:
+                connection.unregister_producer(self._next_id)
+                raise
+            self._producers[(conv.conn, sub.producer_id)] = handler_p
+        else:
+            live.consumer_id = self._next_id
+            handler_c = _LiveConsumer(connection, self._next_id)
+            connection.register_consumer(self._next_id, handler_c)
+            try:
+                await connection.request(live)
+            except ClientError:
+                connection.unregister_consumer(self._next_id)
+                raise
+            self._consumers[(conv.conn, sub.consumer_id)] = handler_c
+        return OK
+
+    def _send(self, conv: Conversation, step: Step, sub: Any) -> str | None:
+        producer = self._producers.get((conv.conn, sub.producer_id))
+        if producer is None or producer.connection.closed.is_set():
+            return NOT_SENT
+        frame = step.frame
+        cmd = api.BaseCommand()
+        cmd.CopyFrom(frame.command)
+        cmd.send.producer_id = producer.producer_id
+        section = frame.payload
+        if section is not None and not section.checksum_ok():
+            # payloads were not recorded (zero-filled): send them with a checksum that holds
+            data = encode_payload_command(cmd, section.metadata_raw, section.payload)
+        else:
+            data = with_command(frame, cmd)
+        if step.exchange is not None:
+            producer.expect(sub.sequence_id, step.exchange)
+        producer.connection.send(data, T.SEND)
+        self.result.frames_sent += 1
+        return None
+
+    async def _ack(self, conv: Conversation, frame: Frame, sub: Any) -> str | None:
+        consumer = self._consumers.get((conv.conn, sub.consumer_id))
+        if consumer is None:
+            return NOT_SENT
+        order = {message_id_key(m)[:2]: i for i, m in enumerate(conv.messages.get(sub.consumer_id, []))}
+        cmd = api.BaseCommand()
+        cmd.CopyFrom(frame.command)
+        ack = cmd.ack
+        ack.consumer_id = consumer.consumer_id
+        for message_id in ack.message_id:
+            index = order.get((message_id.ledgerId, message_id.entryId))
+            live = None if index is None else await consumer.message_id(index, self.receipt_timeout)
+            if live is None:
+                log.warning("cannot translate an acked message id", conn=conv.conn,
+                            ledger=message_id.ledgerId, entry=message_id.entryId)
+                continue
+            message_id.ledgerId, message_id.entryId = live.ledgerId, live.entryId
+            if live.HasField("partition"):
+                message_id.partition = live.partition
+        if ack.HasField("request_id"):
+            ack.request_id = consumer.connection.new_request_id()
+            await consumer.connection.request(ack)
+            return OK
+        consumer.connection.send_command(ack)
+        self.result.frames_sent += 1
+        return None
+
+    async def _await_receipts(self) -> None:
+        with trio.move_on_after(self.receipt_timeout):
+            for producer in self._producers.values():
+                await producer.all_answered.wait()
+        for producer in self._producers.values():
+            self._outcomes.update(producer.outcomes)
+
+    def _collect_diffs(self) -> None:
+        for conv in sorted(self.conversations.values(), key=lambda c: c.conn):
+            for exchange in conv.exchanges:
+                replayed = self._outcomes.get(id(exchange), UNANSWERED)
+                if replayed != exchange.outcome:
+                    self.result.diffs.append(ReplayDiff(conv.conn, exchange.command, exchange.topic,
+                                                        exchange.outcome, replayed))
+
+
+async def replay_recording(path: str, upstream: str, *, speed: float = 1.0, operation_timeout: float = 10.0,
+                           receipt_timeout: float = 10.0, token: str | None = None) -> ReplayResult:
+    """Replay the recording at ``path`` (a recording or a parent of several) against ``upstream``."""
+    from proxy.recording.reader import open_recordings
+    from proxy.replay.conversation import build_conversations
+
+    conversations = await trio.to_thread.run_sync(lambda: build_conversations(open_recordings(path).frames()))
+    replayer = ClientReplayer(conversations, upstream, speed=speed, operation_timeout=operation_timeout,
+                              receipt_timeout=receipt_timeout, token=token)
+    return await replayer.run()
+
+
+__all__ = ["NOT_SENT", "ClientReplayer", "ReplayDiff", "ReplayResult", "replay_recording"]

@@ -1,0 +1,221 @@
+"""A recording proxy and a replay server on their own threads, for scripts and tests.
+
+Recordings the replay tests and ``recordings/make_sample.py`` use are made the
+way users make them: the official client talks to a real pulsar-tap proxy that
+records, in front of a broker.  :class:`RecordingProxy` runs a
+:class:`~proxy.server.app.ProxyServer` with a
+:class:`~proxy.recording.observer.RecordingObserver` (and optionally a rule file's
+hook) on a Trio loop in a daemon thread, so blocking clients can be driven from
+the caller's thread; :meth:`RecordingProxy.stop` shuts the proxy down and
+finishes the recording.  :class:`ThreadedReplayServer` does the same for a
+:class:`~proxy.replay.server.ReplayServer`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import Counter
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import trio
+
+from proxy.config.proxy_config import HostPort, LimitsConfig, ProxyConfig, ServiceUrl
+from proxy.errors import PulsarTapError
+from proxy.recording.observer import RecordingObserver
+from proxy.recording.recorder import RecordConfig, Recorder
+from proxy.replay.matcher import AnswerBook
+from proxy.replay.server import ReplayServer
+from proxy.server.app import ProxyServer
+from proxy.server.hooks import ConnectionEvent, FrameEvent, FrameHook
+
+
+def rules_hook(rules_text: str, seed: int = 1) -> FrameHook:
+    """The proxy hook for a rule document given as YAML text."""
+    from proxy.rules.engine import RulesEngine
+    from proxy.rules.hook import RulesHook
+    from proxy.rules.loader import load_rules_text
+
+    return RulesHook(RulesEngine(load_rules_text(rules_text), seed=seed))
+
+
+class _LoopThread:
+    """Runs one async ``main(ready)`` on a Trio loop in a daemon thread."""
+
+    def __init__(self, name: str) -> None:
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+
+    async def serve(self, ready: threading.Event) -> None:
+        raise NotImplementedError
+
+    def shutdown(self) -> None:
+        raise NotImplementedError
+
+    def start(self, timeout: float = 15.0) -> None:
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise PulsarTapError(f"{self._thread.name} did not start in time")
+        if self._error is not None:
+            raise PulsarTapError(f"{self._thread.name} failed to start: {self._error!r}")
+
+    def _main(self) -> None:
+        async def main() -> None:
+            self._token = trio.lowlevel.current_trio_token()
+            await self.serve(self._ready)
+
+        try:
+            trio.run(main)
+        except BaseException as exc:  # reported by start() or stop()
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self._token is not None and self._thread.is_alive():
+            with contextlib.suppress(trio.RunFinishedError):
+                self._token.run_sync_soon(self.shutdown)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise PulsarTapError(f"{self._thread.name} did not stop in time")
+        if self._error is not None:
+            raise PulsarTapError(f"{self._thread.name} failed: {self._error!r}")
+
+
+class FrameCounter:
+    """A proxy observer counting the frames it hears of, by (direction, origin, command)."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[tuple[str, str, str]] = Counter()
+
+    def on_frame(self, event: FrameEvent) -> None:
+        self.counts[(str(event.direction), str(event.origin), event.frame.type_name)] += 1
+
+    def on_connection(self, event: ConnectionEvent) -> None:
+        pass
+
+
+class RecordingProxy(_LoopThread):
+    """``pulsar-tap run --record DIR`` in-process: a recording proxy in front of ``upstream``."""
+
+    def __init__(self, upstream: str, record_dir: str | Path | None = None, *, hook: FrameHook | None = None,
+                 lookup: str = "rewrite", **record_options: Any) -> None:
+        super().__init__("pulsar-tap-recording-proxy")
+        self.config = ProxyConfig(upstream=ServiceUrl.parse(upstream), listen=HostPort("127.0.0.1", 0),
+                                  lookup=lookup, limits=LimitsConfig(drain_seconds=0.5))
+        self.record_dir = None if record_dir is None else Path(record_dir)
+        self.record_options = record_options
+        self.hook = hook
+        self.server: ProxyServer | None = None
+        self.recorder: Recorder | None = None
+        #: every frame the proxy published to its observers, counted independently of the recorder
+        self.frames = FrameCounter()
+
+    @property
+    def service_url(self) -> str:
+        assert self.server is not None
+        return f"pulsar://{self.server.main_address}"
+
+    @property
+    def recording_path(self) -> Path:
+        """The recording directory this run created."""
+        assert self.recorder is not None
+        path: Path = self.recorder.path
+        return path
+
+    async def serve(self, ready: threading.Event) -> None:
+        if self.record_dir is None:
+            self.server = ProxyServer(self.config, hook=self.hook)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.server.run)
+                ready.set()
+            return
+        async with Recorder(RecordConfig(dir=self.record_dir, **self.record_options)) as recorder:
+            self.recorder = recorder
+            observer = RecordingObserver(recorder, lookup_mode=self.config.lookup)
+            self.server = ProxyServer(self.config, hook=self.hook, observers=[observer, self.frames])
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.server.run)
+                ready.set()
+
+    def shutdown(self) -> None:
+        if self.server is not None:
+            self.server.request_shutdown()
+
+    def __enter__(self) -> RecordingProxy:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+class ThreadedReplayServer(_LoopThread):
+    """``pulsar-tap replay REC --serve`` in-process, on loopback."""
+
+    def __init__(self, book: AnswerBook, **options: Any) -> None:
+        super().__init__("pulsar-tap-replay-server")
+        self.server = ReplayServer(book, "127.0.0.1", 0, **options)
+
+    @property
+    def service_url(self) -> str:
+        return f"pulsar://{self.server.address}"
+
+    async def serve(self, ready: threading.Event) -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.server.run)
+            ready.set()
+
+    def shutdown(self) -> None:
+        self.server.request_shutdown()
+
+    def __enter__(self) -> ThreadedReplayServer:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+
+
+
+def official_session(service_url: str, topic: str, subscription: str, messages: int, *,
+                     batching: bool = True, compression: str = "LZ4", timeout: float = 30.0) -> list[bytes]:
+    """The official client subscribes, produces ``messages`` (keys, properties), consumes and acks them all.
+
+    Returns the payloads in the order they were produced.  Needs ``pulsar-client``.
+    """
+    import pulsar
+
+    payloads = [f"message-{i:05d} ".encode() + bytes(range(32)) for i in range(messages)]
+    client = pulsar.Client(service_url, operation_timeout_seconds=int(timeout))
+    try:
+        consumer = client.subscribe(topic, subscription, consumer_type=pulsar.ConsumerType.Shared,
+                                    initial_position=pulsar.InitialPosition.Earliest)
+        producer = client.create_producer(
+            topic, batching_enabled=batching, batching_max_messages=100, batching_max_publish_delay_ms=5,
+            compression_type=getattr(pulsar.CompressionType, compression))
+        for i, payload in enumerate(payloads):
+            producer.send_async(payload, None, partition_key=f"key-{i % 7}", properties={"index": str(i)})
+        producer.flush()
+        received: list[bytes] = []
+        while len(received) < messages:
+            message = consumer.receive(timeout_millis=int(timeout * 1000))
+            received.append(message.data())
+            consumer.acknowledge(message)
+        producer.close()
+        consumer.close()
+        if sorted(received) != sorted(payloads):
+            raise PulsarTapError("the official client did not get back what it produced")
+    finally:
+        client.close()
+    return payloads
+
+__all__ = ["FrameCounter", "RecordingProxy", "ThreadedReplayServer", "official_session", "rules_hook"]
