@@ -20,7 +20,15 @@ from proxy.errors import ConfigError, PulsarTapError, UsageError
 
 #: sub-command modules, in the order ``--help`` lists them
 SUBCOMMAND_MODULES = (
+    "proxy.cli.rules",
     "proxy.cli.demo",
+    "proxy.cli.run",
+    "proxy.cli.broker",
+    "proxy.cli.show",
+    "proxy.cli.export",
+    "proxy.cli.replay",
+    "proxy.cli.perf",
+    "proxy.cli.analyze",
 )
 
 

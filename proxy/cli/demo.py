@@ -1,46 +1,242 @@
 """``pulsar-tap demo``: the main job on embedded defaults.
 
-Until the proxy and the embedded broker exist, the demo decodes a bundled sample
-of real frames (``proxy/data/sample_client_frames.bin``: one session of the
-official Pulsar client, captured by ``tests/golden/capture.py``) with the frame
-codec and prints them as a table: each frame's command, size and key fields, the
-messages inside each SEND (decompressed and batch-split), and a summary line.
+An embedded 2-broker cluster, the proxy in front of it with ``rules/demo.yaml``,
+recording everything, and traffic from the built-in client: producers and a
+Shared subscription of two consumers on a 4-partition topic, for about ten
+seconds with a live progress line.  It ends with a summary — messages, per-command
+latency through the proxy (paired from the recording by the session machine), rule
+hits — and the commands to inspect, replay and analyse the recording it leaves.
+
+``--sample`` instead decodes a bundled sample of frames the official Pulsar client
+sent (``proxy/data/sample_client_frames.bin``) and prints them as a table.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections import Counter
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from proxy.protocol.frame import Frame
 
 NAME = "demo"
-HELP = "run the main job on embedded defaults"
+HELP = "run the main job on embedded defaults: broker, proxy, rules, traffic, recording"
 DESCRIPTION = """\
-Decode and print a bundled sample of frames the official Pulsar client sent
-(one session: connect, lookup, two producers, a batched LZ4 send, a consumer
-that subscribes, flows and acks).
+Start an embedded 2-broker Pulsar cluster, put the proxy in front of it with the
+example rules of rules/demo.yaml, record everything, and drive producers and
+consumers of the built-in client through it on a 4-partition topic for about ten
+seconds.  Prints live progress, then the messages sent and received, the latency
+of each command through the proxy, the rule hits, and what to try next with the
+recording it leaves in --out.
 
-example:
+examples:
   pulsar-tap demo
+  pulsar-tap demo --seconds 30 --rate 2000 --out /tmp/tap-demo
+  pulsar-tap demo --sample        # just decode a bundled capture of the official client
 """
 
 SAMPLE_RESOURCE = "sample_client_frames.bin"
+TOPIC = "persistent://public/default/demo-orders"
+SUBSCRIPTION = "demo-sub"
+PARTITIONS = 4
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    del parser
+    parser.add_argument("--seconds", type=float, default=10.0, help="how long to send (default 10)")
+    parser.add_argument("--rate", type=int, default=500, help="messages per second in total (default 500)")
+    parser.add_argument("--size", type=int, default=256, help="message size in bytes (default 256)")
+    parser.add_argument("--out", default="pulsar-tap-demo", metavar="DIR",
+                        help="where the recording goes (default ./pulsar-tap-demo)")
+    parser.add_argument("--rules", metavar="FILE", help="rule file (default rules/demo.yaml)")
+    parser.add_argument("--sample", action="store_true", help="only decode the bundled sample of client frames")
 
+
+def run(args: argparse.Namespace) -> int:
+    from proxy.errors import UsageError
+
+    if args.sample:
+        print_sample()
+        return 0
+    if args.seconds <= 0 or args.rate <= 0 or args.size <= 0:
+        raise UsageError("--seconds, --rate and --size must be positive")
+    import trio
+
+    rules = Path(args.rules) if args.rules else _default_rules()
+    return trio.run(_demo, args, rules)
+
+
+def _default_rules() -> Path:
+    from proxy.errors import UsageError
+
+    for base in (Path.cwd(), Path(__file__).resolve().parents[2]):
+        candidate = base / "rules" / "demo.yaml"
+        if candidate.is_file():
+            return candidate
+    raise UsageError("rules/demo.yaml not found: run the demo from a pulsar-tap checkout, or pass --rules FILE")
+
+
+async def _demo(args: argparse.Namespace, rules: Path) -> int:
+    from proxy.broker.cluster import ClusterConfig
+    from proxy.broker.embedded import open_cluster
+    from proxy.config.proxy_config import HostPort, LimitsConfig, ProxyConfig, RecordConfig, ServiceUrl
+    from proxy.server.stack import running_proxy
+    from proxy.telemetry.logs import configure_logging
+
+    configure_logging("console", "warning")
+    out = Path(args.out)
+    print(f"demo: starting a 2-broker embedded cluster, the proxy with {rules}, recording under {out}/")
+    async with open_cluster(ClusterConfig(brokers=2, topics={TOPIC: PARTITIONS})) as cluster:
+        brokers = ", ".join(cluster.addresses)
+        config = ProxyConfig(upstream=ServiceUrl.parse(f"pulsar://{cluster.addresses[0]}"),
+                             listen=HostPort("127.0.0.1", 0),
+                             rules=str(rules), record=RecordConfig(dir=str(out)),
+                             limits=LimitsConfig(drain_seconds=1.0))
+        async with running_proxy(config) as stack:
+            print(f"demo: brokers {brokers}; proxy pulsar://{stack.address}; "
+                  f"rules seed {stack.engine.seed if stack.engine else '-'}")
+            traffic = await _traffic(f"pulsar://{stack.address}", args)
+            hits = stack.engine.hits() if stack.engine is not None else {}
+            recording = stack.recording_path
+    assert recording is not None
+    _summary(traffic, hits, recording, args)
+    return 0 if traffic["lost"] == 0 else 1
+
+
+async def _traffic(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Produce at ``--rate`` for ``--seconds`` through the proxy while two consumers receive and ack."""
+    import time
+
+    import trio
+
+    from proxy.client.client import PulsarClient
+    from proxy.client.latency import LatencyHistogram
+
+    latency = LatencyHistogram()
+    sent: set[bytes] = set()
+    received: Counter[bytes] = Counter()
+    payload_pad = b"." * max(0, args.size - 16)
+    started = time.monotonic()
+    tty = sys.stdout.isatty()
+
+    async with PulsarClient(url, operation_timeout=30.0) as client:
+        consumers = [await client.subscribe(TOPIC, SUBSCRIPTION, subscription_type="Shared",
+                                            initial_position="Earliest", consumer_name=f"demo-consumer-{i}")
+                     for i in range(2)]
+        producer = await client.create_producer(TOPIC, compression="LZ4", batching_max_delay=0.005)
+
+        async def consume(consumer: Any) -> None:
+            while True:
+                message = await consumer.receive()
+                received[message.payload[:16]] += 1
+                consumer.acknowledge(message)
+
+        async def send_one(index: int, nursery: trio.Nursery) -> None:
+            key = f"{index:016d}".encode()
+            sent.add(key)
+            start = time.monotonic()
+            await producer.send(key + payload_pad, key=f"customer-{index % 50}",
+                                properties={"demo": "true"})
+            latency.record(time.monotonic() - start)
+
+        def progress(final: bool = False) -> None:
+            elapsed = time.monotonic() - started
+            line = (f"[{elapsed:5.1f}s] sent {len(sent):,}  received {sum(received.values()):,}  publish "
+                    f"p50 {latency.percentile(50) * 1000:.1f} ms  p99 {latency.percentile(99) * 1000:.1f} ms")
+            if tty:
+                print(f"\r\033[K{line}", end="\n" if final else "", flush=True)
+            elif final or int(elapsed * 2) % 4 == 0:
+                print(line, flush=True)
+
+        async with trio.open_nursery() as receivers:
+            for consumer in consumers:
+                receivers.start_soon(consume, consumer)
+            async with trio.open_nursery() as senders:
+                interval = 1.0 / args.rate
+                index = 0
+                next_report = started
+                while time.monotonic() - started < args.seconds:
+                    senders.start_soon(send_one, index, senders)
+                    index += 1
+                    now = time.monotonic()
+                    if now >= next_report:
+                        progress()
+                        next_report = now + 0.5
+                    await trio.sleep(max(0.0, started + index * interval - now))
+            with trio.move_on_after(15):
+                while len(set(received) & sent) < len(sent):  # noqa: ASYNC110 - polls counters, no event to wait on
+                    await trio.sleep(0.05)
+            progress(final=True)
+            receivers.cancel_scope.cancel()
+        await producer.close()
+        for consumer in consumers:
+            await consumer.close()
+    missing = len(sent - set(received))
+    return {"sent": len(sent), "received": sum(received.values()), "unique": len(set(received) & sent),
+            "lost": missing, "redelivered": sum(received.values()) - len(set(received)),
+            "p50_ms": latency.percentile(50) * 1000, "p99_ms": latency.percentile(99) * 1000,
+            "seconds": time.monotonic() - started}
+
+
+def request_latencies(recording: Path) -> dict[str, list[float]]:
+    """Latency (µs) of every request/response pair in a recording, by request command."""
+    from proxy.protocol.session import Direction, SessionTracker
+    from proxy.recording.reader import open_recordings
+
+    trackers: dict[int, SessionTracker] = {}
+    result: dict[str, list[float]] = {}
+    for recorded in open_recordings(recording).frames():
+        if recorded.origin == "proxy":
+            continue  # what the proxy changed is recorded again; pair what crossed the wire once
+        tracker = trackers.setdefault(recorded.conn, SessionTracker(strict=False))
+        observation = tracker.observe(recorded.frame, Direction(recorded.direction), recorded.ts_ns)
+        pair = observation.completed
+        if pair is not None and pair.outcome != "unanswered":
+            result.setdefault(pair.request_command, []).append(pair.latency_ns / 1000)
+    return result
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _summary(traffic: dict[str, Any], hits: dict[str, int], recording: Path, args: argparse.Namespace) -> None:
+    print()
+    print(f"messages: sent {traffic['sent']:,}, received {traffic['received']:,} "
+          f"({traffic['unique']:,} distinct, {traffic['redelivered']:,} redelivered), lost {traffic['lost']:,}; "
+          f"publish latency p50 {traffic['p50_ms']:.1f} ms, p99 {traffic['p99_ms']:.1f} ms")
+    print()
+    print("latency through the proxy (from the recording, µs)")
+    print(f"  {'command':<22}{'count':>8}{'p50':>10}{'p99':>10}{'max':>10}")
+    for command, values in sorted(request_latencies(recording).items(), key=lambda item: -len(item[1])):
+        print(f"  {command:<22}{len(values):>8,}{_percentile(values, 0.5):>10.0f}{_percentile(values, 0.99):>10.0f}"
+              f"{max(values):>10.0f}")
+    print()
+    print("rule hits")
+    for name, count in hits.items():
+        print(f"  {name:<28}{count:>6,}")
+    print()
+    print(f"recording: {recording}")
+    print("try next:")
+    print(f"  pulsar-tap show {recording} --command PRODUCER,SEND_RECEIPT | less -R")
+    print(f"  pulsar-tap show {recording} --diagram {Path(args.out) / 'diagram.html'}")
+    print("  pulsar-tap broker --listen 127.0.0.1:6650 &   # a fresh broker to replay into")
+    print(f"  pulsar-tap replay {recording} --upstream pulsar://127.0.0.1:6650 --speed 0")
+    print(f"  pulsar-tap replay {recording} --serve --listen 127.0.0.1:6651")
+    print(f"  pulsar-tap analyze {recording} --out {Path(args.out) / 'analysis'}")
+    print(f"  pulsar-tap export {recording} --pcap {Path(args.out) / 'demo.pcapng'}")
+
+
+# -- the bundled sample of client frames (``--sample``) -------------------------------------------------
 
 def load_sample() -> bytes:
     """The bundled sample stream, read from the installed package."""
     from importlib import resources
 
     return resources.files("proxy").joinpath("data", SAMPLE_RESOURCE).read_bytes()
-
-
 def describe(frame: Frame) -> str:
     """The key fields of one frame, as ``name=value`` pairs."""
     from proxy.protocol.compression import compression_name
@@ -105,8 +301,7 @@ def render(stream: bytes) -> list[str]:
     return lines
 
 
-def run(args: argparse.Namespace) -> int:
-    del args
+
+def print_sample() -> None:
     for line in render(load_sample()):
         print(line)
-    return 0

@@ -151,3 +151,26 @@ def test_a_one_gib_recording_of_many_connections_is_analysed(tmp_path: Path) -> 
     messages = pq.read_table(tmp_path / "out" / "messages", columns=["sequence_id"]).num_rows
     assert messages == stats.messages
     shutil.rmtree(tmp_path / "in")
+
+
+def test_official_client_recording_pairs_exactly_as_show_does(tmp_path: Path) -> None:
+    """recordings/sample: the official client producing and consuming through the proxy."""
+    sample = ROOT / "recordings" / "sample"
+    done = analyze(str(sample), "--out", str(tmp_path / "out"), "--master", "local[1]", "--quiet")
+    assert done.returncode == 0, done.stderr[-3000:]
+    shown = subprocess.run([*CLI, "show", str(sample), "--json"], capture_output=True, text=True, timeout=120,
+                           cwd=ROOT)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    frames = [json.loads(line) for line in shown.stdout.splitlines()]
+    requests = table(tmp_path / "out", "requests")
+    sends = [r for r in requests if r["request_command"] == "SEND"]
+    assert len(sends) == sum(1 for f in frames if f["command"] == "SEND" and f["origin"] == "client") > 0
+    by_end = {(r["conn_id"], r["end_ns"]): r for r in requests}
+    answered = [f for f in frames if f.get("latency_us") is not None and f["origin"] != "proxy"]
+    assert answered
+    for frame in answered:
+        row = by_end[(frame["conn"], frame["ts_ns"])]
+        assert row["request_command"] == frame["request"]
+        assert abs(row["latency_us"] - frame["latency_us"]) < 1.0
+    produced = sum(f["num_messages"] for f in frames if f["command"] == "SEND" and f["origin"] == "client")
+    assert len(table(tmp_path / "out", "messages")) == produced == 200
