@@ -45,7 +45,7 @@ def produce_and_consume(url: str, topic: str, messages: int, size: int) -> tuple
     try:
         consumer = client.subscribe(topic, "bench", receiver_queue_size=1000)
         producer = client.create_producer(topic, batching_enabled=True, batching_max_messages=500,
-                                          compression_type=pulsar.CompressionType.LZ4)
+                                          compression_type=pulsar.CompressionType.LZ4, block_if_queue_full=True)
         start = time.perf_counter()
         for _ in range(messages):
             producer.send_async(payload, None)

@@ -15,8 +15,9 @@ stamp=.venv/.pulsar-tap-installed
 want=$(cat pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     echo "setup: installing Python packages into .venv" >&2
-    .venv/bin/python -m pip install --quiet --upgrade pip
-    .venv/bin/python -m pip install --quiet -e '.[dev]'
+    # (pip's notes about unused local package folders are noise here: filtered)
+    .venv/bin/python -m pip install --quiet -e '.[dev]' 2>&1 | grep -v "^WARNING: Location" || true
+    .venv/bin/python -c "import proxy, pulsar, pyspark" || { echo "setup: installation failed" >&2; exit 1; }
     echo "$want" > "$stamp"
 fi
 

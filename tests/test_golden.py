@@ -344,7 +344,8 @@ async def test_capture_still_works_against_the_live_official_client(tmp_path: Pa
 def test_pulsar_tap_demo_prints_the_bundled_sample_as_a_table() -> None:
     """The console script decodes the bundled sample: one row per client frame, then a summary."""
     script = Path(sys.executable).with_name("pulsar-tap")
-    command = [str(script), "demo", "--sample"] if script.exists() else [sys.executable, "-m", "proxy", "demo", "--sample"]
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "proxy"]
+    command += ["demo", "--sample"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
