@@ -165,16 +165,16 @@ class Subscription:
 
     def _update_active(self) -> None:
         active = failover_active(self.consumers, self.topic.partition_index)
-        if active is self._active:
-            return
         previous = self._active
         self._active = active
-        if previous is not None and previous.pending:
+        if active is not previous and previous is not None and previous.pending:
             for entry_id in previous.pending:
                 self._owner.pop(entry_id, None)
             previous.pending.clear()
             previous.unacked_messages = 0
             self._rewind()
+        # also when the active consumer stays: one that just joined (is_active None)
+        # must hear that it is standing by, as a Pulsar broker tells it
         for consumer in self.consumers:
             is_active = consumer is active
             if consumer.is_active != is_active:
