@@ -24,7 +24,7 @@ from typing import Any
 
 import trio
 
-# run as a script, bench/ comes first on sys.path and bench/proxy.py would shadow the package
+# run from a checkout without an install: import the repository's own package
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from proxy.broker.cluster import ClusterConfig

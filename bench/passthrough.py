@@ -13,9 +13,9 @@ missing); pulsar-tap runs with no rules, no recording and telemetry off.  The
 stand-in broker and the load client are plain ``selectors`` loops in their own
 processes, identical for all three paths, so the ratios compare the proxies.
 
-    .venv/bin/python bench/proxy.py              # the full run (about a minute)
-    .venv/bin/python bench/proxy.py --quick      # shorter phases
-    .venv/bin/python bench/proxy.py --profile /tmp/tap.prof   # pulsar-tap under cProfile
+    .venv/bin/python bench/passthrough.py              # the full run (about a minute)
+    .venv/bin/python bench/passthrough.py --quick      # shorter phases
+    .venv/bin/python bench/passthrough.py --profile /tmp/tap.prof   # pulsar-tap under cProfile
 """
 
 from __future__ import annotations
