@@ -22,21 +22,17 @@ from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable
 from typing import Any, Final
 from urllib.parse import unquote
 
 import yaml
 
+from proxy.asgi import Receive, Scope, Send, answered_outside_http
 from proxy.config.yaml_lines import LineList, LineMap, load_text
 from proxy.errors import ConfigError
 from proxy.rules.engine import RulesEngine
 from proxy.rules.loader import RuleFileError, rule_from_data, ruleset_from_data
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 #: the largest request body accepted (a rules document is small)
 MAX_BODY_BYTES: Final = 1024 * 1024
@@ -67,10 +63,7 @@ class AdminApp:
         self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
-            return
-        if scope["type"] != "http":
+        if await answered_outside_http(scope, receive, send):
             return
         try:
             status, headers, body = await self._handle(scope, receive)
@@ -82,16 +75,6 @@ class AdminApp:
         await send({"type": "http.response.start", "status": status,
                     "headers": [*headers, (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
-
-    @staticmethod
-    async def _lifespan(receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return
 
     # -- routing ------------------------------------------------------------------------------
     async def _handle(self, scope: Scope, receive: Receive) -> tuple[int, list[tuple[bytes, bytes]], bytes]:

@@ -28,22 +28,17 @@ import json
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Final
 
 import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
+from proxy.asgi import Receive, Scope, Send, answered_outside_http
 from proxy.broker.cluster import Cluster
 from proxy.broker.naming import TopicName
 from proxy.broker.topic import Topic
 from proxy.errors import BrokerError
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 _PERSISTENT: Final = r"/admin/v2/persistent/(?P<tenant>[^/]+)/(?P<ns>[^/]+)"
 _ROUTES: Final[list[tuple[str, re.Pattern[str], str]]] = [
@@ -77,15 +72,7 @@ class AdminApp:
         self.http_url = http_url
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        if scope["type"] != "http":
+        if await answered_outside_http(scope, receive, send):
             return
         body = b""
         while True:

@@ -367,6 +367,13 @@ class BrokerConnection:
     def _consumer(self, consumer_id: int) -> tuple[Consumer, Subscription] | None:
         return self.consumers.get(consumer_id)
 
+    def _requested_consumer(self, consumer_id: int, request_id: int) -> tuple[Consumer, Subscription] | None:
+        """The consumer a request names; when there is none, answers ConsumerNotFound and returns None."""
+        found = self.consumers.get(consumer_id)
+        if found is None:
+            self._error(request_id, "ConsumerNotFound", "Consumer not found")
+        return found
+
     def _on_flow(self, frame: Frame) -> None:
         cmd: api.CommandFlow = frame.command.flow
         found = self._consumer(cmd.consumer_id)
@@ -413,9 +420,8 @@ class BrokerConnection:
 
     def _on_unsubscribe(self, frame: Frame) -> None:
         cmd: api.CommandUnsubscribe = frame.command.unsubscribe
-        found = self._consumer(cmd.consumer_id)
+        found = self._requested_consumer(cmd.consumer_id, cmd.request_id)
         if found is None:
-            self._error(cmd.request_id, "ConsumerNotFound", "Consumer not found")
             return
         consumer, subscription = found
         others = [c for c in subscription.consumers if c is not consumer]
@@ -432,9 +438,8 @@ class BrokerConnection:
 
     def _on_seek(self, frame: Frame) -> None:
         cmd: api.CommandSeek = frame.command.seek
-        found = self._consumer(cmd.consumer_id)
+        found = self._requested_consumer(cmd.consumer_id, cmd.request_id)
         if found is None:
-            self._error(cmd.request_id, "ConsumerNotFound", "Consumer not found")
             return
         subscription = found[1]
         topic = subscription.topic
@@ -457,9 +462,8 @@ class BrokerConnection:
 
     def _on_get_last_message_id(self, frame: Frame) -> None:
         cmd: api.CommandGetLastMessageId = frame.command.getLastMessageId
-        found = self._consumer(cmd.consumer_id)
+        found = self._requested_consumer(cmd.consumer_id, cmd.request_id)
         if found is None:
-            self._error(cmd.request_id, "ConsumerNotFound", "Consumer not found")
             return
         subscription = found[1]
         topic = subscription.topic

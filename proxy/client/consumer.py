@@ -23,18 +23,19 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
 from proxy.client.acks import AckGroup, BatchAckTracker, NegativeAckTracker
-from proxy.client.backoff import Backoff
 from proxy.client.connection import ClientConnection
 from proxy.client.flow import FlowControl
 from proxy.client.message import EARLIEST, LATEST, Message, MessageId
 from proxy.client.names import partition_index
-from proxy.errors import BrokerError, ClientClosed, ClientError, ConnectionFailed, ProtocolError, RequestTimeout
+from proxy.client.reconnecting import ReconnectingHandle
+from proxy.errors import ClientClosed, ClientError, ConnectionFailed, ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.chunks import ChunkAssembler, is_chunk
 from proxy.protocol.message import decode_messages
@@ -119,12 +120,15 @@ class ReceiveQueue:
         self._lot.unpark_all()
 
 
-class Consumer:
+class Consumer(ReconnectingHandle):
     """A consumer on one topic (or one partition of a partitioned topic)."""
+
+    NON_RETRYABLE = NON_RETRYABLE
+    RETRY_ACTION = "re-subscribing"
 
     def __init__(self, client: PulsarClient, topic: str, subscription: str, consumer_id: int,
                  config: ConsumerConfig, queue: ReceiveQueue | None = None) -> None:
-        self.client = client
+        super().__init__(client)
         self.topic = topic
         self.subscription = subscription
         self.consumer_id = consumer_id
@@ -144,65 +148,23 @@ class Consumer:
         #: last chunk's entry -> every chunk's entry, for chunked messages handed out and not acked yet;
         #: bounded by MAX_TRACKED_CHUNKED_MESSAGES (oldest forgotten: their chunks are redelivered)
         self._chunked_messages: dict[MessageId, list[MessageId]] = {}
-        self._connection: ClientConnection | None = None
         self._generation = 0
         self._queued = 0
-        self._ready = False
-        self._disconnected = trio.Event()
-        self._state_changed = trio.Event()
-        self._closing = False
-        self._cancel = trio.CancelScope()
-        self._backoff = Backoff()
         self.last_dequeued: MessageId | None = None
         self.start_message_id = config.start_message_id
-        self.reconnects = 0
         self.reached_end_of_topic = False
         self.corrupt_messages = 0
 
     def __repr__(self) -> str:
         return f"<Consumer {self.consumer_name} on {self.topic} / {self.subscription}>"
 
-    @property
-    def is_connected(self) -> bool:
-        return self._ready
-
     # -- life cycle ------------------------------------------------------------------------
 
-    async def run(self, *, task_status: trio.TaskStatus[Consumer] = trio.TASK_STATUS_IGNORED) -> None:
-        """Subscribe, report started, then keep the subscription alive until closed."""
-        with self._cancel:
-            await self._keep_trying(first=True)
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._nack_timer)
-                nursery.start_soon(self._ack_timer)
-                task_status.started(self)
-                while not self._closing:
-                    await self._disconnected.wait()
-                    if self._closing:
-                        break
-                    self.reconnects += 1
-                    self._notify_state()
-                    await self._keep_trying(first=False)
-                nursery.cancel_scope.cancel()
+    def _timers(self) -> list[Callable[[], Awaitable[None]]]:
+        return [self._nack_timer, self._ack_timer]
 
-    async def _keep_trying(self, *, first: bool) -> None:
-        """(Re)subscribe with backoff; the first attempt gives up after the operation timeout."""
-        deadline = trio.current_time() + self.client.config.operation_timeout
-        while not self._closing:
-            try:
-                await self._subscribe()
-            except (ConnectionFailed, BrokerError, RequestTimeout) as exc:
-                retryable = not (isinstance(exc, BrokerError) and exc.server_error in NON_RETRYABLE)
-                delay = self._backoff.next()
-                if first and (not retryable or trio.current_time() + delay > deadline):
-                    raise
-                log.info("%r: re-subscribing in %.2f s after: %s", self, delay, exc)
-                await trio.sleep(delay)
-                continue
-            self._backoff.reset()
-            return
-
-    async def _subscribe(self) -> None:
+    async def _register(self) -> None:
+        """SUBSCRIBE on the topic's broker, dropping what was queued under the previous connection."""
         self._ready = False
         self._disconnected = trio.Event()
         connection = await self.client.connection_for(self.topic)
@@ -276,22 +238,7 @@ class Consumer:
         except ConnectionFailed as exc:
             self._lose_connection(str(exc))
 
-    def _notify_state(self) -> None:
-        self._state_changed.set()
-        self._state_changed = trio.Event()
-
-    async def wait_connected(self, min_reconnects: int = 0) -> None:
-        """Wait until connected after at least ``min_reconnects`` reconnections."""
-        while self.reconnects < min_reconnects or not self._ready:
-            if self._closing:
-                raise ClientClosed(f"{self!r} is closed")
-            await self._state_changed.wait()
-
     # -- FrameHandler ----------------------------------------------------------------------
-
-    def connection_closed(self, connection: ClientConnection) -> None:
-        if connection is self._connection:
-            self._lose_connection(f"connection closed: {connection.close_reason}")
 
     def handle_frame(self, connection: ClientConnection, frame: Any) -> None:
         if connection is not self._connection:
@@ -515,11 +462,7 @@ class Consumer:
         finally:
             if connection is not None:
                 connection.unregister_consumer(self.consumer_id)
-            self._connection = None
-            self._ready = False
-            self._disconnected.set()
-            self._notify_state()
-            self._cancel.cancel()
+            self._stop_reconnecting()
             self.queue.wake_all()
             self.client._forget(self)
 

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
-from proxy.client.backoff import Backoff
 from proxy.client.batching import DEFAULT_MAX_BYTES, DEFAULT_MAX_DELAY, DEFAULT_MAX_MESSAGES, BatchContainer
 from proxy.client.chunking import encode_chunks
 from proxy.client.connection import ClientConnection, error_of
@@ -39,6 +39,7 @@ from proxy.client.names import partition_index
 from proxy.client.outgoing import OutgoingMessage, encode_batch, single_metadata
 from proxy.client.pending import PendingQueue, PendingSend, ReceiptMatch
 from proxy.client.receipt import Receipt
+from proxy.client.reconnecting import ReconnectingHandle
 from proxy.errors import BrokerError, ClientClosed, ClientError, ConnectionFailed, RequestTimeout
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.compression import compress
@@ -89,11 +90,14 @@ def java_string_hash(key: str) -> int:
     return value
 
 
-class Producer:
+class Producer(ReconnectingHandle):
     """A producer on one topic (or one partition of a partitioned topic)."""
 
+    NON_RETRYABLE = NON_RETRYABLE
+    RETRY_ACTION = "reconnecting"
+
     def __init__(self, client: PulsarClient, topic: str, producer_id: int, config: ProducerConfig) -> None:
-        self.client = client
+        super().__init__(client)
         self.topic = topic
         self.producer_id = producer_id
         self.config = config
@@ -106,25 +110,13 @@ class Producer:
         self._batch: BatchContainer[Receipt] = BatchContainer(config.batching_max_messages, config.batching_max_bytes)
         self._pending: PendingQueue[Receipt | None] = PendingQueue()
         self._slots = trio.Semaphore(config.max_pending_messages) if config.max_pending_messages > 0 else None
-        self._connection: ClientConnection | None = None
         self._epoch = 0
-        self._ready = False
-        self._disconnected = trio.Event()
-        self._state_changed = trio.Event()
-        self._closing = False
         self._closed = trio.Event()
-        self._cancel = trio.CancelScope()
         self._last_receipt: Receipt | None = None
-        self._backoff = Backoff()
         self.topic_epoch: int | None = None
-        self.reconnects = 0
 
     def __repr__(self) -> str:
         return f"<Producer {self.producer_name or '?'} on {self.topic}>"
-
-    @property
-    def is_connected(self) -> bool:
-        return self._ready
 
     @property
     def pending_messages(self) -> int:
@@ -132,43 +124,14 @@ class Producer:
 
     # -- life cycle ------------------------------------------------------------------------
 
-    async def run(self, *, task_status: trio.TaskStatus[Producer] = trio.TASK_STATUS_IGNORED) -> None:
-        """Create the producer, report started, then keep it connected until closed."""
-        with self._cancel:
-            await self._keep_trying(first=True)
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._batch_timer)
-                nursery.start_soon(self._send_timeout_timer)
-                task_status.started(self)
-                while not self._closing:
-                    await self._disconnected.wait()
-                    if self._closing:
-                        break
-                    self.reconnects += 1
-                    self._notify_state()
-                    await self._keep_trying(first=False)
-                nursery.cancel_scope.cancel()
+    def _timers(self) -> list[Callable[[], Awaitable[None]]]:
+        return [self._batch_timer, self._send_timeout_timer]
 
-    async def _keep_trying(self, *, first: bool) -> None:
-        """(Re)create the producer, with backoff; the first creation gives up after the operation timeout."""
-        deadline = trio.current_time() + self.client.config.operation_timeout
-        while not self._closing:
-            try:
-                await self._connect()
-            except (ConnectionFailed, BrokerError, RequestTimeout) as exc:
-                retryable = not (isinstance(exc, BrokerError) and exc.server_error in NON_RETRYABLE)
-                delay = self._backoff.next()
-                if first and (not retryable or trio.current_time() + delay > deadline):
-                    raise
-                if not retryable:
-                    self._fail_all(exc)
-                log.info("%r: reconnecting in %.2f s after: %s", self, delay, exc)
-                await trio.sleep(delay)
-                continue
-            self._backoff.reset()
-            return
+    def _gave_up_retrying(self, error: BrokerError | ConnectionFailed | RequestTimeout) -> None:
+        self._fail_all(error)
 
-    async def _connect(self) -> None:
+    async def _register(self) -> None:
+        """PRODUCER on the topic's broker, then write every pending SEND again."""
         self._ready = False
         self._disconnected = trio.Event()
         connection = await self.client.connection_for(self.topic)
@@ -223,22 +186,7 @@ class Producer:
         self._disconnected.set()
         self._notify_state()
 
-    def _notify_state(self) -> None:
-        self._state_changed.set()
-        self._state_changed = trio.Event()
-
-    async def wait_connected(self, min_reconnects: int = 0) -> None:
-        """Wait until connected after at least ``min_reconnects`` reconnections."""
-        while self.reconnects < min_reconnects or not self._ready:
-            if self._closing:
-                raise ClientClosed(f"{self!r} is closed")
-            await self._state_changed.wait()
-
     # -- FrameHandler ----------------------------------------------------------------------
-
-    def connection_closed(self, connection: ClientConnection) -> None:
-        if connection is self._connection:
-            self._lose_connection(f"connection closed: {connection.close_reason}")
 
     def handle_frame(self, connection: ClientConnection, frame: Any) -> None:
         if connection is not self._connection:
@@ -440,11 +388,7 @@ class Producer:
         finally:
             self._closing = True
             self._fail_all(ClientClosed(f"{self!r} closed"))
-            self._connection = None
-            self._ready = False
-            self._disconnected.set()
-            self._notify_state()
-            self._cancel.cancel()
+            self._stop_reconnecting()
             self._closed.set()
             self.client._forget(self)
 

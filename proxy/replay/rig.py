@@ -13,7 +13,6 @@ finishes the recording.  :class:`ThreadedReplayServer` does the same for a
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections import Counter
 from pathlib import Path
@@ -30,6 +29,7 @@ from proxy.replay.matcher import AnswerBook
 from proxy.replay.server import ReplayServer
 from proxy.server.app import ProxyServer
 from proxy.server.hooks import ConnectionEvent, FrameEvent, FrameHook
+from proxy.server.threaded import LoopThread
 
 
 def rules_hook(rules_text: str, seed: int = 1) -> FrameHook:
@@ -39,51 +39,6 @@ def rules_hook(rules_text: str, seed: int = 1) -> FrameHook:
     from proxy.rules.loader import load_rules_text
 
     return RulesHook(RulesEngine(load_rules_text(rules_text), seed=seed))
-
-
-class _LoopThread:
-    """Runs one async ``main(ready)`` on a Trio loop in a daemon thread."""
-
-    def __init__(self, name: str) -> None:
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
-
-    async def serve(self, ready: threading.Event) -> None:
-        raise NotImplementedError
-
-    def shutdown(self) -> None:
-        raise NotImplementedError
-
-    def start(self, timeout: float = 15.0) -> None:
-        self._thread.start()
-        if not self._ready.wait(timeout):
-            raise PulsarTapError(f"{self._thread.name} did not start in time")
-        if self._error is not None:
-            raise PulsarTapError(f"{self._thread.name} failed to start: {self._error!r}")
-
-    def _main(self) -> None:
-        async def main() -> None:
-            self._token = trio.lowlevel.current_trio_token()
-            await self.serve(self._ready)
-
-        try:
-            trio.run(main)
-        except BaseException as exc:  # reported by start() or stop()
-            self._error = exc
-        finally:
-            self._ready.set()
-
-    def stop(self, timeout: float = 20.0) -> None:
-        if self._token is not None and self._thread.is_alive():
-            with contextlib.suppress(trio.RunFinishedError):
-                self._token.run_sync_soon(self.shutdown)
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            raise PulsarTapError(f"{self._thread.name} did not stop in time")
-        if self._error is not None:
-            raise PulsarTapError(f"{self._thread.name} failed: {self._error!r}")
 
 
 class FrameCounter:
@@ -99,7 +54,7 @@ class FrameCounter:
         pass
 
 
-class RecordingProxy(_LoopThread):
+class RecordingProxy(LoopThread):
     """``pulsar-tap run --record DIR`` in-process: a recording proxy in front of ``upstream``."""
 
     def __init__(self, upstream: str, record_dir: str | Path | None = None, *, hook: FrameHook | None = None,
@@ -155,7 +110,7 @@ class RecordingProxy(_LoopThread):
         self.stop()
 
 
-class ThreadedReplayServer(_LoopThread):
+class ThreadedReplayServer(LoopThread):
     """``pulsar-tap replay REC --serve`` in-process, on loopback."""
 
     def __init__(self, book: AnswerBook, **options: Any) -> None:

@@ -2,35 +2,27 @@
 
 The cluster runs on its own Trio loop in a background thread (proxy.broker's
 ThreadedCluster), so the built-in client runs in the test's Trio loop and the
-official client, which blocks, runs in worker threads.
+official client, which blocks, runs in worker threads.  The fixtures are
+proxy.broker.testing's, under the names these tests use.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-
 import pytest
 
-from proxy.broker import ClusterConfig, ThreadedCluster
+from proxy.broker import ThreadedCluster
+from proxy.broker.testing import BrokerClusterFactory, broker, broker_cluster
 
-ClusterFactory = Callable[..., ThreadedCluster]
+__all__ = ["ClusterFactory", "broker", "broker_cluster", "cluster", "cluster_factory"]
 
-
-@pytest.fixture
-def cluster_factory() -> Iterator[ClusterFactory]:
-    started: list[ThreadedCluster] = []
-
-    def start(brokers: int = 1, partitions: int | None = None, **options: object) -> ThreadedCluster:
-        config = ClusterConfig(brokers=brokers, auto_partitions=partitions or 0, **options)  # type: ignore[arg-type]
-        cluster = ThreadedCluster(config)
-        started.append(cluster)
-        return cluster.start()
-
-    yield start
-    for cluster in started:
-        cluster.stop()
+ClusterFactory = BrokerClusterFactory
 
 
 @pytest.fixture
-def cluster(cluster_factory: ClusterFactory) -> ThreadedCluster:
-    return cluster_factory()
+def cluster_factory(broker_cluster: BrokerClusterFactory) -> BrokerClusterFactory:
+    return broker_cluster
+
+
+@pytest.fixture
+def cluster(broker: ThreadedCluster) -> ThreadedCluster:
+    return broker

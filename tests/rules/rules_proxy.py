@@ -1,7 +1,8 @@
 """A whole proxy stack (``running_proxy``: server, rules, admin API, hot reload, recorder) in a thread.
 
 The acceptance tests drive it with the blocking official client, so the proxy runs
-on its own Trio loop in a daemon thread, on loopback ports chosen by the kernel.
+on its own Trio loop in a daemon thread (a :class:`~proxy.server.threaded.LoopThread`),
+on loopback ports chosen by the kernel.
 ``rules_proxy(broker, rules_text, **config_fields)`` writes the rule file into the
 test's tmp directory, starts the stack and returns a :class:`ThreadedStack`
 (``.service_url``, ``.admin``, an httpx client on the admin API, ``.engine``,
@@ -10,7 +11,6 @@ test's tmp directory, starts the stack and returns a :class:`ThreadedStack`
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,21 +23,19 @@ import trio
 from proxy.config.proxy_config import AdminConfig, HostPort, LimitsConfig, ProxyConfig, ServiceUrl
 from proxy.rules.engine import RulesEngine
 from proxy.server.stack import ProxyStack, running_proxy
+from proxy.server.threaded import LoopThread
 
 StackFactory = Callable[..., "ThreadedStack"]
 
 
-class ThreadedStack:
+class ThreadedStack(LoopThread):
     """``running_proxy(config)`` on its own Trio loop in a daemon thread."""
 
     def __init__(self, config: ProxyConfig) -> None:
+        super().__init__("pulsar-tap-stack")
         self.config = config
         self.stack: ProxyStack | None = None
-        self._token: trio.lowlevel.TrioToken | None = None
         self._stop: trio.Event | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._main, name="pulsar-tap-stack", daemon=True)
         self.admin: httpx.Client | None = None
 
     @property
@@ -56,49 +54,22 @@ class ThreadedStack:
         return Path(self.config.rules)
 
     def start(self, timeout: float = 15.0) -> ThreadedStack:
-        self._thread.start()
-        if not self._ready.wait(timeout):
-            raise RuntimeError("the proxy stack did not start in time")
-        if self._error is not None or self.stack is None:
-            raise RuntimeError(f"the proxy stack failed to start: {self._error!r}")
+        super().start(timeout)
+        assert self.stack is not None
         if self.stack.admin_address is not None:
             self.admin = httpx.Client(base_url=f"http://{self.stack.admin_address}", timeout=5)
         return self
 
-    def _main(self) -> None:
-        async def main() -> None:
-            self._token = trio.lowlevel.current_trio_token()
-            self._stop = trio.Event()
-            async with running_proxy(self.config) as stack:
-                self.stack = stack
-                self._ready.set()
-                await self._stop.wait()
-        try:
-            trio.run(main)
-        except BaseException as exc:
-            self._error = exc
-        finally:
-            self._ready.set()
+    async def serve(self, ready: threading.Event) -> None:
+        self._stop = trio.Event()
+        async with running_proxy(self.config) as stack:
+            self.stack = stack
+            ready.set()
+            await self._stop.wait()
 
-    def call(self, fn: Callable[[], Any], timeout: float = 10.0) -> Any:
-        """Run ``fn`` in the proxy's loop thread and return its result."""
-        assert self._token is not None
-        box: dict[str, Any] = {}
-        done = threading.Event()
-
-        def run() -> None:
-            try:
-                box["result"] = fn()
-            except BaseException as exc:
-                box["error"] = exc
-            finally:
-                done.set()
-
-        self._token.run_sync_soon(run)
-        assert done.wait(timeout), "the proxy loop did not answer"
-        if "error" in box:
-            raise box["error"]
-        return box["result"]
+    def shutdown(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
 
     def hits(self) -> dict[str, int]:
         """Rule hits as GET /rules reports them."""
@@ -110,12 +81,7 @@ class ThreadedStack:
     def stop(self, timeout: float = 20.0) -> None:
         if self.admin is not None:
             self.admin.close()
-        if self._token is not None and self._thread.is_alive() and self._stop is not None:
-            with contextlib.suppress(trio.RunFinishedError):
-                self._token.run_sync_soon(self._stop.set)
-        self._thread.join(timeout)
-        if self._error is not None:
-            raise self._error
+        super().stop(timeout)
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ prometheus_client's parser.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -16,7 +15,6 @@ from typing import Any
 
 import pulsar
 import pytest
-import trio
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -28,6 +26,7 @@ from proxy.rules.engine import RulesEngine
 from proxy.rules.hook import RulesHook
 from proxy.rules.loader import load_rules_text
 from proxy.server.app import ProxyServer
+from proxy.server.threaded import ThreadedProxy
 from proxy.telemetry import TelemetryPipeline, build_telemetry, telemetry_for_proxy
 
 MESSAGES = 20
@@ -38,44 +37,6 @@ rules:
     match: {command: [SEND_RECEIPT], direction: to_client, topic: "persistent://public/default/slow-*"}
     action: {delay: {ms: 100}}
 """
-
-
-class ProxyThread:
-    """A ProxyServer on its own Trio loop in a daemon thread."""
-
-    def __init__(self, server: ProxyServer) -> None:
-        self.server = server
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._main, name="telemetry-test-proxy", daemon=True)
-
-    def _main(self) -> None:
-        async def main() -> None:
-            self._token = trio.lowlevel.current_trio_token()
-            async with trio.open_nursery() as nursery:
-                await nursery.start(self.server.run)
-                self._ready.set()
-        try:
-            trio.run(main)
-        except BaseException as exc:
-            self._error = exc
-        finally:
-            self._ready.set()
-
-    def start(self) -> str:
-        self._thread.start()
-        assert self._ready.wait(10) and self._error is None, self._error
-        return f"pulsar://{self.server.main_address}"
-
-    def stop(self) -> None:
-        if self._token is not None and self._thread.is_alive():
-            with contextlib.suppress(trio.RunFinishedError):
-                self._token.run_sync_soon(self.server.request_shutdown)
-        self._thread.join(15)
-        assert not self._thread.is_alive(), "the proxy did not stop"
-        if self._error is not None:
-            raise self._error
 
 
 @pytest.fixture
@@ -99,8 +60,8 @@ def run_traffic(cluster: ThreadedCluster, exporter: InMemorySpanExporter, topics
     config = ProxyConfig(upstream=ServiceUrl.parse(cluster.service_url), listen=HostPort("127.0.0.1", 0),
                          limits=LimitsConfig(drain_seconds=0.5))
     hook = RulesHook(RulesEngine(load_rules_text(SLOW_RULES)))
-    proxy = ProxyThread(ProxyServer(config, hook=hook, observers=[pipeline.observer]))
-    url = proxy.start()
+    proxy = ThreadedProxy(ProxyServer(config, hook=hook, observers=[pipeline.observer]), "telemetry-test-proxy")
+    url = proxy.start().service_url
     try:
         client = pulsar.Client(url, operation_timeout_seconds=10, **client_options)
         try:
@@ -205,8 +166,8 @@ def test_tracing_config_sends_spans_of_a_proxied_session_to_an_otlp_collector(cl
                              tracing=TracingConfig(exporter="otlp", endpoint=f"http://127.0.0.1:{port}"))
         server = ProxyServer(config)
         assert server.telemetry is not None and server.telemetry.metrics is not None
-        proxy = ProxyThread(server)
-        url = proxy.start()
+        proxy = ThreadedProxy(server, "telemetry-test-proxy")
+        url = proxy.start().service_url
         try:
             client = pulsar.Client(url, operation_timeout_seconds=10)
             try:
@@ -248,8 +209,8 @@ def test_thousands_of_pipelined_sends_through_a_proxy_with_telemetry_all_arrive(
     config = ProxyConfig(upstream=ServiceUrl.parse(cluster.service_url), listen=HostPort("127.0.0.1", 0),
                          limits=LimitsConfig(drain_seconds=0.5))
     server = ProxyServer(config, observers=[pipeline.observer])
-    proxy = ProxyThread(server)
-    url = proxy.start()
+    proxy = ThreadedProxy(server, "telemetry-test-proxy")
+    url = proxy.start().service_url
     failures: list[object] = []
     try:
         client = pulsar.Client(url, operation_timeout_seconds=10)
