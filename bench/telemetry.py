@@ -60,6 +60,8 @@ MODES = ("off", "noop-observer", "metrics", "traces-100%", "traces-1%")
 class NoopObserver:
     """Receives every event and does nothing: the relay's own cost of having an observer."""
 
+    needs_observation = False  # raw frames only, like the recorder
+
     def on_frame(self, event: FrameEvent) -> None:
         del event
 

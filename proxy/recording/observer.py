@@ -36,6 +36,9 @@ def broker_address(url: str | None) -> Address:
 class RecordingObserver:
     """Feeds a running Recorder from the proxy's observer hub."""
 
+    #: the recorder keeps raw bytes; the frame filter looks at ``fired`` only
+    needs_observation = False
+
     def __init__(self, recorder: Recorder, *, lookup_mode: str | None = None,
                  frame_filter: Callable[[FrameEvent], bool] | None = None) -> None:
         self.recorder = recorder

@@ -233,7 +233,8 @@ class ProxyServer:
             pipeline = ConnectionPipeline(
                 info, settings=self.settings, directory=self.directory, default_broker=broker,
                 now_ns=time.time_ns(), hook=self.hook,
-                publish=self.observers.publish if self.observers.active else None)
+                publish=self.observers.publish if self.observers.active else None,
+                observations=self.observers.needs_observation)
             relay = Relay(self, transport, pipeline)
             self.relays.add(relay)
             log.debug("connection accepted", conn=info.conn_id, client=peer, listener=label)

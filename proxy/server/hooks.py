@@ -155,7 +155,13 @@ class ConnectionEvent:
 
 
 class Observer(Protocol):
-    """Recorder, tracer, metrics: called from the observer task, never on the relay path."""
+    """Recorder, tracer, metrics: called from the observer task, never on the relay path.
+
+    An observer may set a class attribute ``needs_observation = False`` when it never reads
+    :attr:`FrameEvent.observation`: if no observer needs one (and no hook is installed),
+    the relay does not run its session tracker for them and events carry ``None``.
+    Observers without the attribute are given observations.
+    """
 
     def on_frame(self, event: FrameEvent) -> None:
         ...

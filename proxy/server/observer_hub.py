@@ -39,6 +39,11 @@ class ObserverHub:
         """True when someone listens; the relay skips building events otherwise."""
         return bool(self.observers)
 
+    @property
+    def needs_observation(self) -> bool:
+        """True when an observer reads ``FrameEvent.observation`` (see ``hooks.Observer``)."""
+        return any(getattr(observer, "needs_observation", True) for observer in self.observers)
+
     def publish(self, event: Event) -> None:
         try:
             self._send.send_nowait(event)

@@ -28,8 +28,9 @@ What the pipeline does itself (Pulsar binary protocol, "Connection establishment
   ChecksumError instead of being forwarded.
 
 Every other frame is passed through as bytes by the :class:`FrameScanner` unless a
-hook (rules) or observers want it; then the session tracker attributes it and the
-hook's :class:`Verdict` decides.
+hook (rules) or observers want it; then the session tracker attributes it (for a
+hook, and for observers unless none of them reads the observation: ``observations``)
+and the hook's :class:`Verdict` decides.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import enum
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 from typing import Final
 
 from proxy.config.proxy_config import ServiceUrl
@@ -59,7 +61,8 @@ from proxy.server.hooks import (
 from proxy.server.lookup import BROKER_NAMING_TYPES, BrokerDirectory, rewrite_broker_urls
 from proxy.server.scanner import FrameScanner, Piece
 
-T = api.BaseCommand.Type
+# Command types as plain ints: the protobuf enum wrapper's attribute lookups are slow per frame.
+T: Final = SimpleNamespace(**{name: int(value) for name, value in api.BaseCommand.Type.items()})
 TO_BROKER: Final = Direction.TO_BROKER
 TO_CLIENT: Final = Direction.TO_CLIENT
 #: the newest protocol version this proxy's definitions know
@@ -148,7 +151,7 @@ class ConnectionPipeline:
 
     def __init__(self, info: ConnectionInfo, *, settings: PipelineSettings, directory: BrokerDirectory,
                  default_broker: ServiceUrl, now_ns: int, hook: FrameHook | None = None,
-                 publish: Callable[[FrameEvent], None] | None = None) -> None:
+                 publish: Callable[[FrameEvent], None] | None = None, observations: bool = True) -> None:
         self.info = info
         self.settings = settings
         self.directory = directory
@@ -163,7 +166,10 @@ class ConnectionPipeline:
         # carries the rules that fired and when the frame left (after the delays ahead of it).
         self._held_event: FrameEvent | None = None
         self._pause_ns = 0
-        self.tracker = SessionTracker(strict=False) if (hook is not None or publish is not None) else None
+        # The session tracker decodes every frame it sees: run it only for a hook, or for observers
+        # that read FrameEvent.observation (``observations``; a recorder needs raw bytes only).
+        tracked = hook is not None or (publish is not None and observations)
+        self.tracker = SessionTracker(strict=False) if tracked else None
         self.scanners = {TO_BROKER: FrameScanner(settings.max_frame_bytes),
                          TO_CLIENT: FrameScanner(settings.max_frame_bytes)}
         # the side whose frames travel in a direction: client -> to_broker, broker -> to_client

@@ -123,6 +123,9 @@ def _broker_of(connection: ConnectionInfo) -> str | None:
 class TelemetryObserver:
     """:class:`Telemetry` behind the proxy's observer hook."""
 
+    #: telemetry pairs requests with its own tracker (it also sees the proxy's frames)
+    needs_observation = False
+
     def __init__(self, telemetry: Telemetry) -> None:
         self.telemetry = telemetry
 

@@ -254,3 +254,41 @@ def test_proxy_frames_are_never_spliced_into_a_frame_passing_through() -> None:
     assert sent(ping_now, TO_BROKER) == PING             # the broker's stream is between frames
     rest = p.receive(TO_CLIENT, message[1000:], 10 * SECOND)
     assert sent(rest, TO_CLIENT) == message[1000:] + PING
+
+
+def test_observers_that_read_no_observation_get_every_frame_without_the_session_tracker() -> None:
+    """``observations=False`` (no observer reads FrameEvent.observation, no hook): frames still
+    reach observers as received, but nothing is decoded for an Observation."""
+    events: list[FrameEvent] = []
+    p = ConnectionPipeline(
+        ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None),
+        settings=PipelineSettings(keepalive_ns=10 * SECOND), directory=directory(), default_broker=UPSTREAM,
+        now_ns=0, publish=events.append, observations=False)
+    connected(p)
+    producer = encode_command(api.CommandProducer(topic="persistent://t/n/a", producer_id=1, request_id=2))
+    assert sent(p.receive(TO_BROKER, producer, 0), TO_BROKER) == producer
+    assert p.tracker is None
+    assert [e.frame.type for e in events] == [T.CONNECT, T.CONNECTED, T.PRODUCER]
+    assert all(e.observation is None and e.frame._command is None for e in events[2:])
+
+
+def test_observers_by_default_get_the_session_trackers_observation() -> None:
+    events: list[FrameEvent] = []
+    p = pipeline(events=events)
+    connected(p)
+    p.receive(TO_BROKER, encode_command(api.CommandProducer(topic="persistent://t/n/a", producer_id=1,
+                                                            request_id=2)), 0)
+    assert events[-1].observation is not None and events[-1].observation.topic == "persistent://t/n/a"
+
+
+def test_the_hub_asks_for_observations_unless_every_observer_declines() -> None:
+    from proxy.recording.observer import RecordingObserver
+    from proxy.server.observer_hub import ObserverHub
+
+    class Plain:
+        def on_frame(self, event: FrameEvent) -> None: ...
+        def on_connection(self, event: object) -> None: ...
+
+    assert ObserverHub([Plain()]).needs_observation
+    assert not ObserverHub([RecordingObserver.__new__(RecordingObserver)]).needs_observation
+    assert ObserverHub([RecordingObserver.__new__(RecordingObserver), Plain()]).needs_observation
