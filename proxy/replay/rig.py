@@ -44,6 +44,9 @@ def rules_hook(rules_text: str, seed: int = 1) -> FrameHook:
 class FrameCounter:
     """A proxy observer counting the frames it hears of, by (direction, origin, command)."""
 
+    #: it reads only the frame header's command type: the relay need not track the session for it
+    needs_observation = False
+
     def __init__(self) -> None:
         self.counts: Counter[tuple[str, str, str]] = Counter()
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.lowlevel
 from recording_sessions import BASE_NS, record_sessions, session
 
 from proxy.errors import RecordingError
@@ -218,3 +219,29 @@ async def test_the_proxy_observer_hook_feeds_the_recorder(tmp_path: Path) -> Non
     assert (info.client.port, info.broker.port, info.lookup_mode) == (41000, 6651, rpb.PROXY_THROUGH)
     got = list(recordings.frames())
     assert [(g.origin, g.rules) for g in got] == [(f.origin, f.rules) for f in frames]
+
+
+async def test_frames_arriving_one_by_one_are_handed_to_the_writer_thread_in_few_batches(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each hand-off to the worker thread wakes a thread and the Trio loop: frames trickling in
+    (as they do through a proxy) are gathered for a moment and written together, all of them."""
+    from proxy.recording import recorder as recorder_module
+
+    appends: list[int] = []
+    real_append = recorder_module._SegmentFiles.append
+
+    def counting_append(self: recorder_module._SegmentFiles, records: list[bytes]) -> int:
+        appends.append(len(records))
+        return real_append(self, records)
+
+    monkeypatch.setattr(recorder_module._SegmentFiles, "append", counting_append)
+    frames = session() * 10
+    with trio.fail_after(10):
+        async with Recorder(RecordConfig(dir=tmp_path)) as recorder:
+            recorder.open_connection(1, "127.0.0.1:5000", "127.0.0.1:6650", "rewrite", BASE_NS)
+            for f in frames:
+                recorder.record(1, f.direction, f.origin, f.ts_ns, f.raw)
+                await trio.lowlevel.checkpoint()  # the writer task runs between frames
+    assert sum(appends) == len(frames) + 1  # every frame, and the opened record
+    assert len(appends) <= 3
+    assert len(list(open_recordings(tmp_path).frames())) == len(frames)
