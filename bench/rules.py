@@ -7,7 +7,7 @@ Two tables, each as throughput and as a ratio to 0 rules:
    publishes ``--messages`` unbatched 100-byte messages with ``send_async`` (up to
    1000 in flight) and flushes; messages/s from first send to last receipt.  Every
    SEND and SEND_RECEIPT is handed to the rules engine (the rules name those
-   commands), so the cost is decode + session tracking + evaluation on the relay;
+   commands), so the cost is their decode, topic attribution and evaluation on the relay;
 2. **engine alone**: each frame of a producer/consumer mix (SEND, SEND_RECEIPT,
    MESSAGE, FLOW, ACK) decoded, attributed by the real SessionTracker and evaluated
    by :class:`~proxy.rules.engine.RulesEngine`, in a loop.
@@ -194,7 +194,7 @@ def main() -> None:
             print(f"{count:>6} {rate:>12,.0f} {rate / rates[0]:>7.2f}")
         print()
     baseline = measure(0, args.seconds)
-    print("engine alone (decode + session tracking + evaluate), non-matching rules")
+    print("engine alone (decode + evaluate), non-matching rules")
     print(f"{'rules':>6} {'frames/s':>12} {'ratio':>7}")
     for count in (0, 10, 100):
         rate = baseline if count == 0 else measure(count, args.seconds)

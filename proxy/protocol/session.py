@@ -156,6 +156,31 @@ _ATTRIBUTION: Final[dict[int, str]] = {
 }
 
 
+#: The data path: frames sent per message or per batch.  A tracker user that needs only their
+#: attribution (a rules hook) may skip accounting for them: :meth:`SessionTracker.attribute`
+#: gives the same topic / producer / consumer without the pending SENDs and ACKs or the FLOW
+#: permits, and :func:`accounted_types` says which of them must still be observed.
+DATA_PATH_TYPES: Final = frozenset({T.SEND, T.SEND_RECEIPT, T.SEND_ERROR, T.MESSAGE, T.FLOW, T.ACK,
+                                    T.ACK_RESPONSE})
+#: every command type outside the data path: cheap, and they keep the id maps complete
+_CONTROL_TYPES: Final = frozenset(TYPE_NAMES) - DATA_PATH_TYPES
+
+
+def accounted_types(to_client_seen: frozenset[int] | None) -> frozenset[int]:
+    """The frame types (either direction) a tracker must observe for exact attribution.
+
+    ``to_client_seen`` is what the tracker's user looks at travelling to the client (None:
+    everything).  Control frames always: they create and close producers and consumers, and
+    their requests name the topics that their responses are attributed to.  Data-path frames
+    only where a response's attribution depends on its request being pending: an ACK with a
+    request_id is answered by ACK_RESPONSE or ERROR.  SEND_RECEIPT and SEND_ERROR are
+    attributed by producer_id alone, and FLOW permits are left out (``permits`` is then not kept).
+    """
+    if to_client_seen is None or to_client_seen & {T.ACK_RESPONSE, T.ERROR}:
+        return _CONTROL_TYPES | {T.ACK, T.ACK_RESPONSE}
+    return _CONTROL_TYPES
+
+
 @dataclass(slots=True)
 class ProducerInfo:
     producer_id: int
@@ -279,6 +304,20 @@ class SessionTracker:
         cmd = frame.command
         obs = self._observe(frame, cmd, direction, now_ns)
         self.state = next_state
+        return obs
+
+    def attribute(self, frame: Frame, direction: Direction) -> Observation:
+        """The attribution :meth:`observe` gives a :data:`DATA_PATH_TYPES` frame, changing nothing.
+
+        ``completed`` stays None, no request is added, no permits are counted.  An ACK_RESPONSE
+        whose consumer is unknown is not attributed to its ACK's topic (observe would be).
+        """
+        del direction  # the attribution of a data-path frame is the same either way
+        obs = Observation()
+        kind = frame.type
+        if kind not in DATA_PATH_TYPES:
+            raise ValueError(f"attribute() is for data-path frames, not {type_name(kind)}")
+        self._attribute(kind, getattr(frame.command, SUB_FIELDS[kind]), obs)
         return obs
 
     def close(self, now_ns: int) -> list[RequestPair]:

@@ -9,6 +9,11 @@ rule's draws do not shift when another rule is added.  The first *action-bearing
 rule that hits decides the frame; ``record`` and ``mark`` rules compose with it
 wherever they stand.  ``after`` and ``times`` count across all connections.
 
+Rules are indexed by (direction, command type): a frame visits only the rules that
+can match its kind, and which of those meet their criteria (topic, names, client) is
+worked out once per distinct combination of those facts (:class:`_Candidates`), so
+rules that do not match cost nothing per frame however many there are.
+
 State kept here: per rule, the match and hit counters, the generator and the
 token buckets; per connection, the request ids of the close requests the proxy
 sent upstream (their replies are swallowed).  :meth:`RulesEngine.replace`
@@ -29,10 +34,11 @@ from typing import Any, Final
 from google.protobuf.message import Message
 
 from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.commands import TYPE_NAMES
 from proxy.protocol.frame import Frame
 from proxy.protocol.session import Direction, Observation
 from proxy.rules import actions as acts
-from proxy.rules.matcher import FrameFacts, criteria_met
+from proxy.rules.matcher import CRITERIA_FACTS, FrameFacts, criteria_met
 from proxy.rules.model import (
     Close,
     Corrupt,
@@ -55,11 +61,10 @@ from proxy.rules.verdict import PASS, Decision, Deferred
 
 T = api.BaseCommand.Type
 
-#: frames the session tracker must see for topic / name matching to work
-TRACKING_TO_BROKER: Final = frozenset({T.PRODUCER, T.SUBSCRIBE, T.CLOSE_PRODUCER, T.CLOSE_CONSUMER, T.LOOKUP,
-                                       T.PARTITIONED_METADATA})
-TRACKING_TO_CLIENT: Final = frozenset({T.PRODUCER_SUCCESS, T.SUCCESS, T.ERROR, T.CLOSE_PRODUCER,
-                                       T.CLOSE_CONSUMER})
+#: the answers to close requests the proxy sent upstream, which the engine swallows
+_CLOSE_ANSWERS: Final = frozenset({T.SUCCESS, T.ERROR})
+#: distinct fact combinations remembered per (direction, command type); then forgotten at once
+_MAX_REMEMBERED_FACTS: Final = 4096
 #: first request id of the close requests the proxy sends upstream (far above any client's)
 PROXY_REQUEST_IDS_START: Final = 1 << 62
 
@@ -98,6 +103,36 @@ class RuleState:
         self.rng = random.Random(f"{seed}:{self.rule.name}")
 
 
+class _Candidates:
+    """The rules that can match one (direction, command type), in order.
+
+    Whether a rule's criteria hold depends only on the frame's facts that the criteria read
+    (topic, subscription, producer/consumer name, client host), so the rules that meet them
+    are remembered per combination of those facts; the counters are not criteria.
+    """
+
+    __slots__ = ("states", "facts", "remembered")
+
+    def __init__(self, states: tuple[RuleState, ...]) -> None:
+        self.states = states
+        #: the facts any of these rules reads, in a fixed order
+        self.facts = tuple(fact for criterion, fact in CRITERIA_FACTS
+                           if any(getattr(state.rule.match, criterion) is not None for state in states))
+        #: facts (the one fact's value, or a tuple of them) -> the rules meeting their criteria
+        self.remembered: dict[Any, tuple[RuleState, ...]] = {}
+
+    def meeting_criteria(self, facts: FrameFacts) -> tuple[RuleState, ...]:
+        names = self.facts
+        key: Any = getattr(facts, names[0]) if len(names) == 1 else tuple([getattr(facts, n) for n in names])
+        met = self.remembered.get(key)
+        if met is None:
+            if len(self.remembered) >= _MAX_REMEMBERED_FACTS:
+                self.remembered.clear()
+            met = tuple(state for state in self.states if criteria_met(state.rule.match, state.commands, facts))
+            self.remembered[key] = met
+        return met
+
+
 @dataclass(slots=True)
 class _ConnectionState:
     #: request ids of close requests the proxy sent upstream; the broker's reply is swallowed
@@ -116,8 +151,9 @@ class RulesEngine:
         self._connections: dict[int, _ConnectionState] = {}
         self._request_ids = itertools.count(PROXY_REQUEST_IDS_START)
         self._interest: dict[Direction, frozenset[int] | None] = {}
-        #: per command type, the rules that can match it, in order (evaluation skips the others)
-        self._by_type: dict[int, tuple[RuleState, ...]] = {}
+        #: per direction and command type, the rules that can match (evaluation skips the others)
+        self._to_broker: dict[int, _Candidates] = {}
+        self._to_client: dict[int, _Candidates] = {}
         self.generation = 0
         self._compute_interest()
 
@@ -179,25 +215,26 @@ class RulesEngine:
         return self._interest.get(direction, frozenset())
 
     def _compute_interest(self) -> None:
-        self._by_type = {
-            kind: tuple(s for s in self._states if s.commands is None or kind in s.commands)
-            for kind in range(256)
-        }
-        for direction in Direction:
-            wanted: set[int] = set()
-            everything = False
-            for state in self._states:
-                match = state.rule.match
-                if match.direction not in ("any", direction.value):
-                    continue
-                if state.commands is None:
-                    everything = True
-                    break
-                wanted |= state.commands
-                if match.topic or match.subscription or match.producer_name or match.consumer_name:
-                    wanted |= TRACKING_TO_BROKER if direction is Direction.TO_BROKER else TRACKING_TO_CLIENT
-            if any(isinstance(s.rule.action, Close) for s in self._states) and direction is Direction.TO_CLIENT:
-                wanted |= {T.SUCCESS, T.ERROR}
+        """Index the rules by direction and command type; the union is the relay's interest.
+
+        The session tracker's own needs (the frames that attribute ids to topics) are the
+        relay's business (``accounted_types``), not part of this interest.
+        """
+        for direction, index in ((Direction.TO_BROKER, self._to_broker), (Direction.TO_CLIENT, self._to_client)):
+            in_direction = [s for s in self._states if s.rule.match.direction in ("any", direction.value)]
+            index.clear()
+            for kind in TYPE_NAMES:
+                states = tuple(s for s in in_direction if s.commands is None or kind in s.commands)
+                if states:
+                    index[kind] = _Candidates(states)
+            wanted: set[int] = set(index)
+            # the broker's answers to the proxy's own close requests are swallowed (see evaluate),
+            # also after the close rule that sent them is gone
+            closing = any(isinstance(s.rule.action, Close) for s in self._states) or \
+                any(conn.swallow for conn in self._connections.values())
+            if closing and direction is Direction.TO_CLIENT:
+                wanted |= _CLOSE_ANSWERS
+            everything = any(s.commands is None for s in in_direction)
             self._interest[direction] = None if everything else frozenset(wanted)
 
     # -- connections ------------------------------------------------------------------------------
@@ -219,10 +256,14 @@ class RulesEngine:
             if request_id in conn.swallow:
                 conn.swallow.discard(request_id)
                 return Decision(forward=False)
-        candidates = self._by_type.get(frame.type, self._states)
-        if not candidates:
+        index = self._to_broker if direction is Direction.TO_BROKER else self._to_client
+        rules = index.get(frame.type)
+        if rules is None:
             return PASS
         facts = FrameFacts(frame, direction, observation, client)
+        candidates = rules.meeting_criteria(facts)
+        if not candidates:
+            return PASS
         winner: Decision | None = None
         fired: list[str] = []
         marks: list[str] = []
@@ -256,9 +297,8 @@ class RulesEngine:
 
     @staticmethod
     def _hits(state: RuleState, facts: FrameFacts) -> bool:
+        """Does a rule whose criteria are met hit this frame (after, times, probability)?"""
         match = state.rule.match
-        if not criteria_met(match, state.commands, facts):
-            return False
         if isinstance(state.rule.action, Error) and facts.frame.type == T.ACK \
                 and not facts.sub.HasField("request_id"):
             return False  # an ACK without request_id expects no answer

@@ -46,6 +46,11 @@ class RulesHook:
     def __init__(self, engine: RulesEngine) -> None:
         self.engine = engine
 
+    @property
+    def generation(self) -> int:
+        """Changes with every change of the rules in force (and so of :meth:`interest`)."""
+        return self.engine.generation
+
     def interest(self, direction: Direction) -> frozenset[int] | None:
         return self.engine.interest(direction)
 

@@ -12,8 +12,7 @@ are counted by the engine, which owns the counters and the random generators.
 from __future__ import annotations
 
 import ipaddress
-from functools import cached_property
-from typing import Any
+from typing import Any, Final
 
 from proxy.protocol.frame import Frame
 from proxy.protocol.session import Direction, Observation
@@ -34,8 +33,18 @@ def _host_of(address: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Addre
         return None
 
 
+_UNSET: Any = object()
+
+
 class FrameFacts:
-    """What the criteria look at, worked out once per frame and only when asked."""
+    """What the criteria look at, worked out once per frame and only when asked.
+
+    (Plain lazy attributes rather than ``functools.cached_property``, whose lock costs more per
+    frame than the lookups it caches.)
+    """
+
+    __slots__ = ("frame", "direction", "observation", "client_address", "_sub", "_topic", "_subscription",
+                 "_producer_name", "_consumer_name", "_client_host")
 
     def __init__(self, frame: Frame, direction: Direction, observation: Observation | None,
                  client_address: str | None) -> None:
@@ -43,10 +52,14 @@ class FrameFacts:
         self.direction = direction
         self.observation = observation
         self.client_address = client_address
+        self._sub = self._topic = self._subscription = self._producer_name = self._consumer_name = _UNSET
+        self._client_host = _UNSET
 
-    @cached_property
+    @property
     def sub(self) -> Any:
-        return self.frame.sub
+        if self._sub is _UNSET:
+            self._sub = self.frame.sub
+        return self._sub
 
     def _field(self, name: str) -> str | None:
         sub = self.sub
@@ -54,37 +67,57 @@ class FrameFacts:
             return str(getattr(sub, name))
         return None
 
-    @cached_property
+    @property
     def topic(self) -> str | None:
-        if self.observation is not None and self.observation.topic is not None:
-            return self.observation.topic
-        return self._field("topic")
+        if self._topic is _UNSET:
+            obs = self.observation
+            self._topic = obs.topic if obs is not None and obs.topic is not None else self._field("topic")
+        result: str | None = self._topic
+        return result
 
-    @cached_property
+    @property
     def subscription(self) -> str | None:
-        obs = self.observation
-        if obs is not None and obs.consumer is not None:
-            return obs.consumer.subscription
-        return self._field("subscription")
+        if self._subscription is _UNSET:
+            obs = self.observation
+            self._subscription = obs.consumer.subscription if obs is not None and obs.consumer is not None \
+                else self._field("subscription")
+        result: str | None = self._subscription
+        return result
 
-    @cached_property
+    @property
     def producer_name(self) -> str | None:
-        obs = self.observation
-        if obs is not None and obs.producer is not None and obs.producer.producer_name:
-            return obs.producer.producer_name
-        return self._field("producer_name")
+        if self._producer_name is _UNSET:
+            obs = self.observation
+            if obs is not None and obs.producer is not None and obs.producer.producer_name:
+                self._producer_name = obs.producer.producer_name
+            else:
+                self._producer_name = self._field("producer_name")
+        result: str | None = self._producer_name
+        return result
 
-    @cached_property
+    @property
     def consumer_name(self) -> str | None:
-        obs = self.observation
-        if obs is not None and obs.consumer is not None and obs.consumer.consumer_name:
-            return obs.consumer.consumer_name
-        return self._field("consumer_name")
+        if self._consumer_name is _UNSET:
+            obs = self.observation
+            if obs is not None and obs.consumer is not None and obs.consumer.consumer_name:
+                self._consumer_name = obs.consumer.consumer_name
+            else:
+                self._consumer_name = self._field("consumer_name")
+        result: str | None = self._consumer_name
+        return result
 
-    @cached_property
+    @property
     def client_host(self) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-        return _host_of(self.client_address)
+        if self._client_host is _UNSET:
+            self._client_host = _host_of(self.client_address)
+        result: ipaddress.IPv4Address | ipaddress.IPv6Address | None = self._client_host
+        return result
 
+
+#: (Match field, the FrameFacts attribute it tests): everything criteria_met reads besides
+#: the command type and the direction
+CRITERIA_FACTS: Final = (("topic", "topic"), ("subscription", "subscription"), ("producer_name", "producer_name"),
+                         ("consumer_name", "consumer_name"), ("client", "client_host"))
 
 #: (pattern, is regex, text) -> matched; topics and names repeat, so each is matched once
 _PATTERN_RESULTS: dict[tuple[str, bool, str], bool] = {}

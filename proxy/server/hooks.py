@@ -112,6 +112,9 @@ class FrameHook(Protocol):
 
     # Optional: ``connection_closed(conn_id: int) -> None`` is called (when the hook has
     # it) once a connection has ended, to forget per-connection state.
+    # Optional: a ``generation`` attribute that changes whenever ``interest`` may have
+    # changed (rules replaced at run time); the relay then asks for the interest again.
+    # Without it, interest is read when the connection changes phase.
 
 
 class NoRules:

@@ -28,9 +28,14 @@ What the pipeline does itself (Pulsar binary protocol, "Connection establishment
   ChecksumError instead of being forwarded.
 
 Every other frame is passed through as bytes by the :class:`FrameScanner` unless a
-hook (rules) or observers want it; then the session tracker attributes it (for a
-hook, and for observers unless none of them reads the observation: ``observations``)
-and the hook's :class:`Verdict` decides.
+hook (rules) or observers want it.  The hook is asked only about the frame types it
+declared (``interest``), and its :class:`Verdict` decides.  The session tracker
+observes every frame for observers that read the observation (``observations``);
+for a hook alone it observes the control frames (``accounted_types``: what keeps the
+producer / consumer maps and the request attribution exact), and the data-path frames
+(SEND, MESSAGE, FLOW, ACK, receipts) only when the hook looks at them, and then only to
+attribute them (``SessionTracker.attribute``) — so a hook costs in proportion to what
+its rules can match.  FLOW permits are then not counted (``permits_exact`` is False).
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ from proxy.config.proxy_config import ServiceUrl
 from proxy.errors import ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.frame import DEFAULT_MAX_FRAME_BYTES, Frame, encode_command, frame_from_bytes
-from proxy.protocol.session import Direction, Observation, SessionTracker
+from proxy.protocol.session import Direction, Observation, SessionTracker, accounted_types
 from proxy.server.holding import HoldQueue
 from proxy.server.hooks import (
     FORWARD,
@@ -168,8 +173,16 @@ class ConnectionPipeline:
         self._pause_ns = 0
         # The session tracker decodes every frame it sees: run it only for a hook, or for observers
         # that read FrameEvent.observation (``observations``; a recorder needs raw bytes only).
-        tracked = hook is not None or (publish is not None and observations)
+        self._observations = publish is not None and observations
+        tracked = hook is not None or self._observations
         self.tracker = SessionTracker(strict=False) if tracked else None
+        # Per direction: the frame types the hook looks at, and those the tracker observes
+        # (None: every type); set by _refresh_wanted, again whenever the hook's interest changes.
+        self._hook_types: dict[Direction, frozenset[int] | None] = {TO_BROKER: frozenset(), TO_CLIENT: frozenset()}
+        self._accounted: frozenset[int] | None = None
+        self._hook_generation: object = None
+        #: the tracker's FLOW permits are exact only if every FLOW and MESSAGE was observed
+        self.permits_exact = self.tracker is not None
         self.scanners = {TO_BROKER: FrameScanner(settings.max_frame_bytes),
                          TO_CLIENT: FrameScanner(settings.max_frame_bytes)}
         # the side whose frames travel in a direction: client -> to_broker, broker -> to_client
@@ -187,6 +200,8 @@ class ConnectionPipeline:
     # -- input -----------------------------------------------------------------------------
     def receive(self, direction: Direction, data: bytes | memoryview, now_ns: int) -> list[Action]:
         """Bytes read from one side (``direction`` is where they travel)."""
+        if self.hook is not None and getattr(self.hook, "generation", None) != self._hook_generation:
+            self._refresh_wanted()  # the rules changed: look at what they can match now
         self.sides[direction].last_rx_ns = now_ns
         self.bytes_in[direction] += len(data)
         self._pause_ns = 0
@@ -294,6 +309,9 @@ class ConnectionPipeline:
         if data is not frame.raw:
             self._publish_proxy_frame(direction, data, now_ns)
         if self.hook is not None:
+            hook_types = self._hook_types[direction]
+            if hook_types is not None and kind not in hook_types:
+                return data
             if data is not frame.raw:
                 frame = frame_from_bytes(data, self.scanners[direction].max_frame_bytes)
             verdict = self.hook.on_frame(FrameContext(self.info, direction, now_ns, observation), frame)
@@ -303,8 +321,15 @@ class ConnectionPipeline:
 
     def _observe(self, frame: Frame, direction: Direction, now_ns: int) -> Observation | None:
         observation = None
-        if self.tracker is not None:
-            observation = self.tracker.observe(frame, direction, now_ns)
+        tracker = self.tracker
+        if tracker is not None:
+            accounted = self._accounted
+            if accounted is None or frame.type in accounted:
+                observation = tracker.observe(frame, direction, now_ns)
+            else:
+                hook_types = self._hook_types[direction]
+                if hook_types is None or frame.type in hook_types:
+                    observation = tracker.attribute(frame, direction)
         if self.publish is not None:
             self._held_event = FrameEvent(self.info, direction, origin_of(direction), now_ns, frame, observation,
                                           forwarded_ns=now_ns + self._pause_ns)
@@ -428,12 +453,27 @@ class ConnectionPipeline:
 
     def _refresh_wanted(self) -> None:
         """Tell both scanners which frames to hand over (the rest passes through as bytes)."""
-        want_all = self.publish is not None
+        if self.hook is not None:
+            self._hook_generation = getattr(self.hook, "generation", None)
+            for direction in (TO_BROKER, TO_CLIENT):
+                self._hook_types[direction] = self.hook.interest(direction)
+        if self.tracker is None or self._observations:
+            self._accounted = None
+        else:
+            self._accounted = accounted_types(self._hook_types[TO_CLIENT])
+            if T.FLOW not in self._accounted or T.MESSAGE not in self._accounted:
+                self.permits_exact = False  # and stays so: permits missed now are never recounted
         for direction, scanner in self.scanners.items():
-            if self.hook is not None:
-                interest = self.hook.interest(direction)
-                want_all = want_all or interest is None or bool(interest)
+            want_all = self.publish is not None
             wanted: set[int] = {T.PING, T.PONG}
+            if self.tracker is not None and self._accounted is not None:
+                wanted |= self._accounted
+            if self.hook is not None:
+                hook_types = self._hook_types[direction]
+                if hook_types is None:
+                    want_all = True
+                else:
+                    wanted |= hook_types
             if direction is TO_BROKER:
                 if self.phase is Phase.AWAITING_CONNECT:
                     wanted.add(T.CONNECT)

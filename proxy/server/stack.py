@@ -85,9 +85,12 @@ def connection_rows(server: ProxyServer) -> list[dict[str, Any]]:
         producers: list[dict[str, Any]] = [] if tracker is None else [
             {"producer_id": p.producer_id, "topic": p.topic, "producer_name": p.producer_name}
             for p in tracker.producers.values()]
+        # Permits are counted only when the tracker observes every FLOW and MESSAGE (observers
+        # that read observations); for the rules alone it does not, and the rows say "unknown".
+        exact = pipeline.permits_exact or tracker is None
         consumers: list[dict[str, Any]] = [] if tracker is None else [
             {"consumer_id": c.consumer_id, "topic": c.topic, "subscription": c.subscription,
-             "sub_type": c.sub_type, "consumer_name": c.consumer_name, "permits": c.permits}
+             "sub_type": c.sub_type, "consumer_name": c.consumer_name, "permits": c.permits if exact else None}
             for c in tracker.consumers.values()]
         rows.append({
             "conn_id": info.conn_id, "client": info.client, "listener": info.listener,
@@ -98,7 +101,7 @@ def connection_rows(server: ProxyServer) -> list[dict[str, Any]]:
             "bytes_to_client": pipeline.bytes_in[Direction.TO_CLIENT],
             "producers": producers, "consumers": consumers,
             "topics": sorted({str(p["topic"]) for p in producers} | {str(c["topic"]) for c in consumers}),
-            "permits": sum(c["permits"] for c in consumers),
+            "permits": sum(c["permits"] for c in consumers) if exact else None,
         })
     return rows
 

@@ -7,11 +7,13 @@ import pytest
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.frame import Frame, encode_command, encode_payload_command, frame_from_bytes
 from proxy.protocol.session import (
+    DATA_PATH_TYPES,
     TRANSITIONS,
     ConnectionState,
     Direction,
     IllegalFrame,
     SessionTracker,
+    accounted_types,
 )
 
 B, C = Direction.TO_BROKER, Direction.TO_CLIENT
@@ -163,3 +165,37 @@ def test_pending_requests_are_bounded() -> None:
         s.observe(f(api.CommandLookupTopic(topic="t", request_id=i)), B, i)
     assert s.pending_requests == 10
     assert s.forgotten_requests == 15
+
+
+def test_attribute_gives_observes_attribution_of_data_path_frames_and_changes_nothing() -> None:
+    s = connected()
+    s.observe(f(api.CommandProducer(topic="persistent://public/default/a", producer_id=1, request_id=1,
+                                    producer_name="p")), B, 0)
+    s.observe(f(api.CommandSubscribe(topic="persistent://public/default/b", subscription="sub", consumer_id=2,
+                                     request_id=2, subType=api.CommandSubscribe.Shared)), B, 0)
+    s.observe(f(api.CommandSuccess(request_id=2)), C, 0)
+    s.observe(f(api.CommandFlow(consumer_id=2, messagePermits=5)), B, 0)
+    frames = [(send(1, 0), B), (f(api.CommandSendReceipt(producer_id=1, sequence_id=0)), C),
+              (f(api.CommandFlow(consumer_id=2, messagePermits=3)), B),
+              (f(api.CommandAck(consumer_id=2, ack_type=api.CommandAck.Individual, request_id=7,
+                                message_id=[api.MessageIdData(ledgerId=1, entryId=1)])), B),
+              (f(api.CommandSendReceipt(producer_id=9, sequence_id=0)), C)]
+    producer, consumer = s.producers[1], s.consumers[2]
+    a, b = "persistent://public/default/a", "persistent://public/default/b"
+    expected = [(a, producer, None), (a, producer, None), (b, None, consumer), (b, None, consumer),
+                (None, None, None)]
+    pending, permits = s.pending_requests, consumer.permits
+    for (frame, direction), wanted in zip(frames, expected, strict=True):
+        attributed = s.attribute(frame, direction)
+        assert (attributed.topic, attributed.producer, attributed.consumer) == wanted
+        assert attributed.completed is None
+    assert (s.pending_requests, s.consumers[2].permits) == (pending, permits)
+    with pytest.raises(ValueError, match="data-path"):
+        s.attribute(f(api.CommandSuccess(request_id=2)), C)
+
+
+def test_accounted_types_leave_out_the_data_path_unless_a_response_needs_its_request() -> None:
+    assert not accounted_types(frozenset({T.SEND_RECEIPT})) & DATA_PATH_TYPES
+    assert T.PRODUCER in accounted_types(frozenset()) and T.CLOSE_CONSUMER in accounted_types(frozenset())
+    for seen in (frozenset({T.ERROR}), frozenset({T.ACK_RESPONSE}), None):
+        assert accounted_types(seen) & DATA_PATH_TYPES == {T.ACK, T.ACK_RESPONSE}

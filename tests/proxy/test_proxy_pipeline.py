@@ -11,6 +11,9 @@ from proxy.errors import ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.frame import Frame, encode_command, encode_payload_command, frame_from_bytes
 from proxy.protocol.session import Direction
+from proxy.rules.engine import RulesEngine
+from proxy.rules.hook import RulesHook
+from proxy.rules.loader import load_rules_text
 from proxy.server.hooks import DROP, ConnectionInfo, FrameContext, FrameEvent, Origin, Verdict
 from proxy.server.lookup import BrokerDirectory, UnroutableBroker
 from proxy.server.pipeline import (
@@ -292,3 +295,104 @@ def test_the_hub_asks_for_observations_unless_every_observer_declines() -> None:
     assert ObserverHub([Plain()]).needs_observation
     assert not ObserverHub([RecordingObserver.__new__(RecordingObserver)]).needs_observation
     assert ObserverHub([RecordingObserver.__new__(RecordingObserver), Plain()]).needs_observation
+
+
+def rules_hook(text: str) -> RulesHook:
+    return RulesHook(RulesEngine(load_rules_text(text)))
+
+
+def consumer_frames() -> tuple[bytes, bytes, bytes, bytes, bytes]:
+    subscribe = encode_command(api.CommandSubscribe(topic="persistent://public/default/t", subscription="s",
+                                                    consumer_id=2, request_id=2, subType=api.CommandSubscribe.Shared))
+    success = encode_command(api.CommandSuccess(request_id=2))
+    flow = encode_command(api.CommandFlow(consumer_id=2, messagePermits=10))
+    message = encode_payload_command(api.CommandMessage(consumer_id=2, message_id=api.MessageIdData(ledgerId=1,
+                                                                                                    entryId=1)),
+                                     api.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1), b"m")
+    ack = encode_command(api.CommandAck(consumer_id=2, ack_type=api.CommandAck.Individual,
+                                        message_id=[api.MessageIdData(ledgerId=1, entryId=1)]))
+    return subscribe, success, flow, message, ack
+
+
+def test_a_hook_on_receipts_decodes_no_message_flow_or_ack_but_still_attributes_receipts() -> None:
+    """Only what the rules can match is decoded, plus the control frames that attribute ids to topics."""
+    hook = rules_hook("seed: 1\nrules:\n  - name: r\n    match: {command: [SEND_RECEIPT], "
+                      "topic: 'persistent://public/default/t'}\n    action: drop\n")
+    p = pipeline(hook=hook)
+    connected(p)
+    for scanner in p.scanners.values():
+        assert not scanner.want_all
+        assert not scanner.wanted & {T.SEND, T.MESSAGE, T.FLOW, T.ACK}
+    assert T.SEND_RECEIPT in p.scanners[TO_CLIENT].wanted and T.PRODUCER in p.scanners[TO_BROKER].wanted
+    producer, send = producer_frames()
+    subscribe, success, flow, message, ack = consumer_frames()
+    p.receive(TO_BROKER, producer + subscribe, 0)
+    p.receive(TO_CLIENT, encode_command(api.CommandProducerSuccess(request_id=1, producer_name="p")) + success, 0)
+    # the data path passes through as bytes: one slice of what was received, nothing decoded
+    for direction, data in ((TO_BROKER, send + flow + ack), (TO_CLIENT, message)):
+        actions = p.receive(direction, data, 0)
+        assert actions == [Send(direction, [data])]
+    receipt = encode_command(api.CommandSendReceipt(producer_id=1, sequence_id=0))
+    assert sent(p.receive(TO_CLIENT, receipt, 0), TO_CLIENT) == b""  # attributed to the topic, dropped
+    assert p.tracker is not None and set(p.tracker.producers) == {1} and set(p.tracker.consumers) == {2}
+    assert p.tracker.pending_requests == 0  # no SEND waits for its receipt
+    assert not p.permits_exact  # FLOW and MESSAGE were not counted
+
+
+def test_permits_are_exact_when_observers_read_observations() -> None:
+    p = pipeline(hook=rules_hook("rules: []\n"), events=[])
+    connected(p)
+    subscribe, success, flow, message, _ = consumer_frames()
+    p.receive(TO_BROKER, subscribe, 0)
+    p.receive(TO_CLIENT, success, 0)
+    p.receive(TO_BROKER, flow, 0)
+    p.receive(TO_CLIENT, message, 0)
+    assert p.permits_exact and p.tracker is not None and p.tracker.consumers[2].permits == 9
+
+
+def test_rules_added_at_run_time_reach_open_connections() -> None:
+    hook = rules_hook("seed: 1\nrules: []\n")
+    p = pipeline(hook=hook)
+    connected(p)
+    producer, send = producer_frames()
+    assert sent(p.receive(TO_BROKER, producer + send, 0), TO_BROKER) == producer + send
+    hook.engine.replace(load_rules_text("seed: 1\nrules:\n  - name: r\n    match: {command: [SEND], "
+                                        "topic: 'persistent://public/default/t'}\n    action: drop\n"))
+    assert sent(p.receive(TO_BROKER, send, 0), TO_BROKER) == b""
+
+
+def test_an_error_rule_on_responses_tracks_acks_so_their_errors_keep_their_topic() -> None:
+    hook = rules_hook("seed: 1\nrules:\n  - name: r\n    match: {command: [ERROR], "
+                      "topic: 'persistent://public/default/t'}\n    action: drop\n")
+    p = pipeline(hook=hook)
+    connected(p)
+    subscribe, success, _, _, _ = consumer_frames()
+    p.receive(TO_BROKER, subscribe, 0)
+    p.receive(TO_CLIENT, success, 0)
+    assert T.ACK in p.scanners[TO_BROKER].wanted
+    p.receive(TO_BROKER, encode_command(api.CommandAck(consumer_id=2, ack_type=api.CommandAck.Individual,
+                                                       message_id=[api.MessageIdData(ledgerId=1, entryId=1)],
+                                                       request_id=9)), 0)
+    error = encode_command(api.CommandError(request_id=9, error=api.ServerError.UnknownError, message="x"))
+    assert sent(p.receive(TO_CLIENT, error, 0), TO_CLIENT) == b""
+
+
+def test_connections_rows_say_permits_are_unknown_when_flow_and_message_are_not_counted() -> None:
+    from types import SimpleNamespace
+
+    from proxy.server.stack import connection_rows
+
+    rows = {}
+    for name, events in (("rules only", None), ("observers", [])):
+        p = pipeline(hook=rules_hook("rules: []\n"), events=events)
+        connected(p)
+        subscribe, success, flow, _, _ = consumer_frames()
+        p.receive(TO_BROKER, subscribe, 0)
+        p.receive(TO_CLIENT, success, 0)
+        p.receive(TO_BROKER, flow, 0)
+        server = SimpleNamespace(relays=[SimpleNamespace(pipeline=p, upstream_local_address=None)])
+        (rows[name],) = connection_rows(server)  # type: ignore[arg-type]
+    for row in rows.values():
+        assert [c["consumer_id"] for c in row["consumers"]] == [2] and row["topics"] == ["persistent://public/default/t"]
+    assert rows["rules only"]["permits"] is None and rows["rules only"]["consumers"][0]["permits"] is None
+    assert rows["observers"]["permits"] == 10 and rows["observers"]["consumers"][0]["permits"] == 10

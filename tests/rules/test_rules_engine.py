@@ -15,11 +15,14 @@ from rules_helpers import (
     send_frame,
 )
 
+import proxy.rules.engine as engine_module
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.frame import frame_from_bytes
 from proxy.rules.actions import BROKER_INITIATED_REQUEST_ID
 from proxy.rules.engine import PROXY_REQUEST_IDS_START
 from proxy.rules.loader import load_rules_text
+from proxy.rules.matcher import FrameFacts, criteria_met
+from proxy.rules.model import Match
 from proxy.rules.verdict import PASS
 
 T = api.BaseCommand.Type
@@ -374,3 +377,70 @@ def test_hook_adapter_addresses_frames_relative_to_the_sender() -> None:
     assert not verdict.forward and verdict.fired == ("r",)
     assert verdict.to_receiver == decision.to_client and verdict.to_sender == decision.to_broker
     assert to_verdict(PASS, TO_BROKER) is FORWARD
+
+
+def test_rules_are_visited_only_for_their_direction_and_command_and_criteria_once_per_fact(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """100 rules for other topics: each frame looks up which rules meet their criteria, once per topic."""
+    lines = ["seed: 1", "rules:"]
+    for index in range(100):
+        command = ["SEND", "SEND_RECEIPT", "MESSAGE", "FLOW"][index % 4]
+        direction = "to_broker" if command in ("SEND", "FLOW") else "to_client"
+        lines += [f"  - name: r{index}",
+                  f"    match: {{command: [{command}], direction: {direction}, topic: 'nomatch-{index}-*'}}",
+                  "    action: drop"]
+    session = Session(engine_for("\n".join(lines) + "\n"))
+    session.add_producer()
+    calls = 0
+    real = criteria_met
+
+    def counting(match: Match, commands: frozenset[int] | None, facts: FrameFacts) -> bool:
+        nonlocal calls
+        calls += 1
+        return real(match, commands, facts)
+
+    monkeypatch.setattr(engine_module, "criteria_met", counting)
+    for sequence_id in range(200):
+        assert session.decide(send_frame(1, sequence_id), TO_BROKER) is PASS
+        # the wrong direction: no rule is even looked at
+        assert session.engine.evaluate(frame(api.CommandSendReceipt(producer_id=1, sequence_id=sequence_id)),
+                                       TO_BROKER, 0) is PASS
+    assert calls == 25  # the 25 SEND rules, tried once for TOPIC
+    assert session.engine.interest(TO_BROKER) == frozenset({T.SEND, T.FLOW})
+    assert session.engine.interest(TO_CLIENT) == frozenset({T.SEND_RECEIPT, T.MESSAGE})
+
+
+def test_after_and_times_still_count_every_match_when_criteria_are_remembered() -> None:
+    session = Session(engine_for(
+        "seed: 1\nrules:\n  - name: r\n    match: {command: [SEND], topic: 'persistent://public/default/orders-*',"
+        " after: 2, times: 3}\n    action: drop\n"))
+    session.add_producer(1, TOPIC)
+    session.add_producer(3, OTHER_TOPIC)
+    dropped = []
+    for sequence_id in range(10):
+        for producer_id in (1, 3):
+            decision = session.decide(send_frame(producer_id, sequence_id), TO_BROKER)
+            dropped.append((producer_id, sequence_id, not decision.forward))
+    assert [(p, s) for p, s, gone in dropped if gone] == [(1, 2), (1, 3), (1, 4)]
+    assert session.engine.hits() == {"r": 3}
+
+
+def test_replacing_the_rules_forgets_the_remembered_criteria() -> None:
+    session = Session(engine_for("seed: 1\nrules:\n  - name: r\n    match: {command: [SEND], topic: 'x-*'}\n"
+                                 "    action: drop\n"))
+    session.add_producer()
+    assert session.decide(send_frame(1, 0), TO_BROKER) is PASS
+    session.engine.replace(load_rules_text(
+        "seed: 1\nrules:\n  - name: r\n    match: {command: [SEND], topic: 'persistent://public/default/orders-*'}\n"
+        "    action: drop\n"))
+    assert not session.decide(send_frame(1, 1), TO_BROKER).forward
+
+
+def test_answers_to_the_proxys_close_requests_stay_of_interest_after_the_close_rule_goes() -> None:
+    session = one_rule("close", "{command: [SEND]}")
+    decision = session.decide(send_frame(1, 0), TO_BROKER)
+    request_id = decode(decision.to_broker[0]).close_producer.request_id
+    session.engine.replace(load_rules_text("seed: 1\nrules: []\n"))
+    assert T.SUCCESS in (session.engine.interest(TO_CLIENT) or ())
+    assert not session.engine.evaluate(frame(api.CommandSuccess(request_id=request_id)), TO_CLIENT, 0,
+                                       conn_id=1).forward
