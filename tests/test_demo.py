@@ -7,6 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from proxy.broker.cluster import ClusterConfig
+from proxy.broker.embedded import ThreadedCluster
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -30,6 +33,17 @@ def test_demo_runs_the_whole_product_and_leaves_a_readable_recording(tmp_path: P
     commands = {json.loads(line)["command"] for line in shown.stdout.splitlines()}
     assert {"CONNECT", "LOOKUP", "PRODUCER", "SEND", "SEND_RECEIPT", "SUBSCRIBE", "FLOW", "MESSAGE",
             "CLOSE_PRODUCER", "ERROR"} <= commands
+    # the "try next" replay: a fresh broker answers every request the recorded brokers answered
+    cluster = ThreadedCluster(ClusterConfig(brokers=1)).start()
+    try:
+        replayed = subprocess.run([sys.executable, "-m", "proxy", "replay", str(recording), "--upstream",
+                                   cluster.service_url, "--speed", "0"], capture_output=True, text=True,
+                                  timeout=180, cwd=ROOT)
+    finally:
+        cluster.stop()
+    assert replayed.returncode == 0, replayed.stdout[-2000:] + replayed.stderr[-2000:]
+    assert "DIFF" not in replayed.stdout
+    assert "answered or swallowed by the proxy" in replayed.stderr
 
 
 def test_demo_sample_mode_and_bad_arguments() -> None:

@@ -83,7 +83,9 @@ def _replay(args: argparse.Namespace) -> int:
                                                token=args.token))
     for diff in result.diffs:
         print(diff.format())
-    print(f"replayed {result.requests} requests: {len(result.diffs)} differ", file=sys.stderr)
+    handled = (f" ({result.proxy_handled} answered or swallowed by the proxy when recorded: not replayed)"
+               if result.proxy_handled else "")
+    print(f"replayed {result.requests} requests: {len(result.diffs)} differ{handled}", file=sys.stderr)
     return 1 if result.diffs else 0
 
 

@@ -11,6 +11,22 @@ shared :class:`~proxy.protocol.session.SessionTracker` to pair requests with the
 answers and to attribute id-only frames to a topic, and keys every request by
 what identifies it without ids: command, topic, subscription, producer name
 (:func:`exchange_key`).  Nothing here does I/O.
+
+Some requests were never the broker's to answer: the proxy answered them itself
+(the answer the client saw was originated by the proxy — an injected ERROR or
+SEND_ERROR) or swallowed them (a rule fired on the request and either no answer
+reached the client or the proxy reacted at once with a frame of its own, as a
+``close`` rule's CLOSE_PRODUCER).  Such an :class:`Exchange` is marked
+``proxy_handled``: a replay against a live broker neither re-sends nor compares it,
+because its recorded outcome says what the proxy did, not what a broker does.  The
+client's own recovery (the retried PRODUCER, the re-created producer and the SENDs
+it resends) are ordinary requests and are compared as usual.  A CLOSE_PRODUCER the
+client received is kept as a :class:`Step` too (``closed_under_client``), so that a
+replay closes the producer where the recorded one was closed.  The SENDs the client
+still had in flight to it are ``abandoned`` (the client resends them on the
+re-created producer): the broker refused them ("producer not connected"), or, when
+the connection ended first, nothing answered them — a race, so for these the two
+kinds of failure are not told apart.
 """
 
 from __future__ import annotations
@@ -71,6 +87,12 @@ def with_command(frame: Frame, cmd: api.BaseCommand) -> bytes:
 
 def client_view(frames: Iterable[RecordedFrame]) -> Iterator[RecordedFrame]:
     """The frames the clients sent and received, in capture order (see the module docstring)."""
+    for recorded, _originated in _client_frames(frames):
+        yield recorded
+
+
+def _client_frames(frames: Iterable[RecordedFrame]) -> Iterator[tuple[RecordedFrame, bool]]:
+    """:func:`client_view`, each frame with whether the proxy originated it (rather than replaced a broker frame)."""
     held: dict[int, RecordedFrame] = {}  # a broker frame the proxy may still replace, per connection
     for recorded in frames:
         try:
@@ -80,19 +102,21 @@ def client_view(frames: Iterable[RecordedFrame]) -> Iterator[RecordedFrame]:
         pending = held.pop(recorded.conn, None)
         if recorded.direction == "to_broker":
             if pending is not None:
-                yield pending
+                yield pending, False
             if recorded.origin == "client":
-                yield recorded
+                yield recorded, False
             continue
         if recorded.origin == "proxy":
-            if pending is not None and pending.frame.type != kind:
-                yield pending
-            yield recorded
+            replaces = pending is not None and pending.frame.type == kind
+            if pending is not None and not replaces:
+                yield pending, False
+            yield recorded, not replaces
             continue
         if pending is not None:
-            yield pending
+            yield pending, False
         held[recorded.conn] = recorded
-    yield from held.values()
+    for recorded in held.values():
+        yield recorded, False
 
 
 @dataclass(slots=True)
@@ -106,6 +130,12 @@ class Exchange:
     key: tuple[Any, ...]
     response: Frame | None = None
     outcome: str = UNANSWERED
+    #: names of the rules that fired on the request
+    rules: tuple[str, ...] = ()
+    #: the proxy answered or swallowed it: not the broker's to answer (see the module docstring)
+    proxy_handled: bool = False
+    #: a SEND still in flight to a producer the client had been told was closed
+    abandoned: bool = False
 
     @property
     def command(self) -> str:
@@ -121,6 +151,9 @@ class Step:
     exchange: Exchange | None = None
     #: the producer's or consumer's key (topic, name / subscription) for id-bearing frames
     owner: tuple[Any, ...] | None = None
+    #: a CLOSE_PRODUCER the client received (from the broker, or the proxy on its behalf),
+    #: not one it sent: the replay closes the live producer at this point
+    closed_under_client: bool = False
 
 
 @dataclass(slots=True)
@@ -139,6 +172,10 @@ class Conversation:
     connected: Frame | None = None
     tracker: SessionTracker = field(default_factory=lambda: SessionTracker(strict=False))
     pending: dict[Any, Exchange] = field(default_factory=dict)
+    #: the last request a rule fired on, until the next frame towards the client
+    ruled: Exchange | None = None
+    #: producer ids closed under the client and not yet re-created
+    closed_producers: set[int] = field(default_factory=set)
 
 
 def exchange_key(kind: int, sub: Any, owner: tuple[Any, ...] | None, topic: str | None) -> tuple[Any, ...]:
@@ -160,7 +197,7 @@ def exchange_key(kind: int, sub: Any, owner: tuple[Any, ...] | None, topic: str 
     return (kind, topic)
 
 
-def _observe(conv: Conversation, recorded: RecordedFrame) -> None:
+def _observe(conv: Conversation, recorded: RecordedFrame, originated: bool) -> None:
     frame = recorded.frame
     direction = Direction.TO_BROKER if recorded.direction == "to_broker" else Direction.TO_CLIENT
     kind = frame.type
@@ -169,13 +206,19 @@ def _observe(conv: Conversation, recorded: RecordedFrame) -> None:
     except ProtocolError:
         return
     if direction is Direction.TO_CLIENT:
+        ruled, conv.ruled = conv.ruled, None
+        if originated and ruled is not None and ruled.ts_ns == recorded.ts_ns:
+            ruled.proxy_handled = True  # the proxy's own reaction to the request (a close, an injected answer)
         if kind == T.CONNECTED and conv.connected is None:
             conv.connected = frame
         elif kind == T.MESSAGE:
             sub: Any = frame.sub
             conv.messages.setdefault(sub.consumer_id, []).append(frame)
+        elif kind == T.CLOSE_PRODUCER:
+            conv.steps.append(Step(recorded.ts_ns, frame, closed_under_client=True))
+            conv.closed_producers.add(frame.command.close_producer.producer_id)
         if obs.completed is not None:
-            _complete(conv, obs.completed, frame)
+            _complete(conv, obs.completed, frame, originated)
         return
     step = Step(recorded.ts_ns, frame)
     conv.steps.append(step)
@@ -187,6 +230,7 @@ def _observe(conv: Conversation, recorded: RecordedFrame) -> None:
     if obs.consumer is not None:
         step.owner = (obs.consumer.topic, obs.consumer.subscription)
     if kind == T.PRODUCER:
+        conv.closed_producers.discard(sub.producer_id)
         name = sub.producer_name if sub.HasField("producer_name") else None
         conv.producers[sub.producer_id] = (sub.topic, name)
         step.owner = (sub.topic, name)
@@ -194,6 +238,7 @@ def _observe(conv: Conversation, recorded: RecordedFrame) -> None:
         conv.consumers[sub.consumer_id] = (sub.topic, sub.subscription)
     if kind == T.SEND:
         exchange = Exchange(recorded.conn, recorded.ts_ns, frame, obs.topic, (T.SEND,) + (step.owner or (None,)))
+        exchange.abandoned = sub.producer_id in conv.closed_producers
         conv.pending[("send", sub.producer_id, sub.sequence_id)] = exchange
     elif kind in REQUEST_TYPES or (kind == T.ACK and sub.HasField("request_id")):
         key = exchange_key(kind, sub, step.owner, obs.topic)
@@ -201,11 +246,14 @@ def _observe(conv: Conversation, recorded: RecordedFrame) -> None:
         conv.pending[("req", sub.request_id)] = exchange
     else:
         return
+    exchange.rules = recorded.rules
+    if recorded.rules:
+        conv.ruled = exchange
     step.exchange = exchange
     conv.exchanges.append(exchange)
 
 
-def _complete(conv: Conversation, pair: RequestPair, response: Frame) -> None:
+def _complete(conv: Conversation, pair: RequestPair, response: Frame, originated: bool) -> None:
     if pair.request_id is not None:
         key: Any = ("req", pair.request_id)
     elif pair.sequence_id is not None:
@@ -216,18 +264,24 @@ def _complete(conv: Conversation, pair: RequestPair, response: Frame) -> None:
     if exchange is not None:
         exchange.response = response
         exchange.outcome = outcome_of(pair)
+        if originated:
+            exchange.proxy_handled = True
 
 
 def build_conversations(frames: Iterable[RecordedFrame]) -> dict[int, Conversation]:
     """conn id -> its Conversation, from a recording's frames in capture order."""
     conversations: dict[int, Conversation] = {}
-    for recorded in client_view(frames):
+    for recorded, originated in _client_frames(frames):
         conv = conversations.get(recorded.conn)
         if conv is None:
             conv = conversations[recorded.conn] = Conversation(recorded.conn)
-        _observe(conv, recorded)
+        _observe(conv, recorded, originated)
     for conv in conversations.values():
+        for exchange in conv.exchanges:
+            if exchange.rules and exchange.outcome == UNANSWERED:
+                exchange.proxy_handled = True  # a rule kept it from the broker (drop, close)
         conv.pending.clear()  # what is left was never answered: outcome stays "unanswered"
+        conv.ruled = None
     return conversations
 
 

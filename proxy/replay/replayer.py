@@ -16,6 +16,21 @@ cluster):
   recorded consumer received is the n-th message the live one receives;
 - other requests are re-sent with the ids remapped.
 
+A CLOSE_PRODUCER the recorded client received (the broker's, or the proxy's on its
+behalf, as a ``close`` rule sends) closes the live producer at the same point, so the
+SENDs still in flight get the live broker's answer to a closed producer, as they
+did; they stay addressed to it.  For such an abandoned SEND, ``unanswered`` and
+``error:CODE`` are the same outcome (which one the recording holds is a race with
+the end of the connection); only ``ok`` on one side alone is a difference.
+
+A recorded PRODUCER that reuses the id of a producer of the replay is the client
+re-creating a producer it lost: the live one is closed (if it is not yet) once its
+SENDs are answered, the new one is created under the name the live broker gave the
+first (the recorded request names the one the recorded broker gave), and the SENDs
+that follow go to it.  Requests the proxy answered or swallowed (``Exchange.proxy_handled``: an injected ERROR, the SEND
+a ``close`` rule took) are neither re-sent nor compared — a live broker was never
+asked them — and are counted in ``ReplayResult.proxy_handled``.
+
 Each request's answer is compared with the recorded one by outcome only
 (``ok``, ``error:CODE``, ``unanswered``; ``not-sent`` when the producer or
 consumer it needs could not be created): message ids, generated names and
@@ -70,6 +85,8 @@ class ReplayDiff:
 class ReplayResult:
     requests: int = 0
     frames_sent: int = 0
+    #: recorded requests the proxy answered or swallowed: not replayed, not compared
+    proxy_handled: int = 0
     diffs: list[ReplayDiff] = field(default_factory=list)
 
 
@@ -83,6 +100,7 @@ class _LiveProducer:
         self.outcomes: dict[int, str] = {}      # id(exchange) -> outcome
         self.all_answered = trio.Event()
         self.all_answered.set()
+        self.closed = False  # closed on the broker, as the recording says it was
 
     def expect(self, sequence_id: int, exchange: Exchange) -> None:
         self.pending[sequence_id] = exchange
@@ -163,6 +181,8 @@ class ClientReplayer:
         self.config = ConnectionConfig(auth=auth, operation_timeout=operation_timeout,
                                        connection_timeout=operation_timeout)
         self._producers: dict[tuple[int, int], _LiveProducer] = {}
+        self._retired_producers: list[_LiveProducer] = []  # replaced by a re-creation; answers still count
+        self._producer_names: dict[str, str] = {}  # name the recorded broker gave -> name the live one gave
         self._consumers: dict[tuple[int, int], _LiveConsumer] = {}
         self._outcomes: dict[int, str] = {}
         self._next_id = 0
@@ -190,6 +210,9 @@ class ClientReplayer:
         if unreachable is not None:
             raise ConnectionFailed(f"cannot reach the upstream: {unreachable}")
         self._collect_diffs()
+        if self.result.proxy_handled:
+            log.info("requests the proxy answered or swallowed were not replayed",
+                     proxy_handled=self.result.proxy_handled)
         return self.result
 
     async def _replay_all(self) -> None:
@@ -197,6 +220,14 @@ class ClientReplayer:
         clock_start = trio.current_time()
         for conv, step in _steps_in_order(self.conversations):
             if step.frame.type in _CONNECTION_FRAMES:
+                continue
+            if step.closed_under_client:
+                producer = self._producers.get((conv.conn, step.frame.command.close_producer.producer_id))
+                if producer is not None:
+                    await self._close_producer(conv.conn, producer)
+                continue
+            if step.exchange is not None and step.exchange.proxy_handled:
+                self.result.proxy_handled += 1
                 continue
             if self.speed > 0:
                 start_ns = step.ts_ns if start_ns is None else start_ns
@@ -270,15 +301,19 @@ class ClientReplayer:
         self._next_id += 1
         live.request_id = connection.new_request_id()
         if producer:
+            await self._retire_producer(conv.conn, sub.producer_id)
+            if live.HasField("producer_name") and live.producer_name in self._producer_names:
+                live.producer_name = self._producer_names[live.producer_name]
             live.producer_id = self._next_id
             handler_p = _LiveProducer(connection, self._next_id)
             connection.register_producer(self._next_id, handler_p)
             try:
-                await connection.request(live)
+                answer = await connection.request(live)
             except ClientError:
                 connection.unregister_producer(self._next_id)
                 raise
             self._producers[(conv.conn, sub.producer_id)] = handler_p
+            self._remember_producer_name(conv, sub.producer_id, answer)
         else:
             live.consumer_id = self._next_id
             handler_c = _LiveConsumer(connection, self._next_id)
@@ -290,6 +325,43 @@ class ClientReplayer:
                 raise
             self._consumers[(conv.conn, sub.consumer_id)] = handler_c
         return OK
+
+    async def _retire_producer(self, conn: int, recorded_id: int) -> None:
+        """Close the live producer a re-creation replaces, once its SENDs are answered.
+
+        The recorded client only re-creates a producer it lost; the live broker never
+        closed it, so it is closed here, as the recorded one was, without losing an answer.
+        """
+        old = self._producers.pop((conn, recorded_id), None)
+        if old is None:
+            return
+        self._retired_producers.append(old)
+        with trio.move_on_after(self.receipt_timeout):
+            await old.all_answered.wait()
+        await self._close_producer(conn, old)
+        old.connection.unregister_producer(old.producer_id)
+
+    async def _close_producer(self, conn: int, producer: _LiveProducer) -> None:
+        """Close ``producer`` on the live broker; it stays registered for the answers to SENDs in flight."""
+        if producer.closed or producer.connection.closed.is_set():
+            return
+        producer.closed = True
+        try:
+            await producer.connection.request(api.CommandCloseProducer(
+                producer_id=producer.producer_id, request_id=producer.connection.new_request_id()))
+        except ClientError as exc:
+            log.warning("closing a replayed producer failed", conn=conn, error=str(exc))
+
+    def _remember_producer_name(self, conv: Conversation, recorded_id: int, answer: Frame) -> None:
+        recorded = next((e.response for e in conv.exchanges
+                         if e.response is not None and e.response.type == T.PRODUCER_SUCCESS
+                         and e.request.type == T.PRODUCER
+                         and e.request.command.producer.producer_id == recorded_id), None)
+        if recorded is None or answer.type != T.PRODUCER_SUCCESS:
+            return
+        recorded_name: str = recorded.command.producer_success.producer_name
+        live_name: str = answer.command.producer_success.producer_name
+        self._producer_names.setdefault(recorded_name, live_name)
 
     def _send(self, conv: Conversation, step: Step, sub: Any) -> str | None:
         producer = self._producers.get((conv.conn, sub.producer_id))
@@ -342,13 +414,17 @@ class ClientReplayer:
         with trio.move_on_after(self.receipt_timeout):
             for producer in self._producers.values():
                 await producer.all_answered.wait()
-        for producer in self._producers.values():
+        for producer in [*self._retired_producers, *self._producers.values()]:
             self._outcomes.update(producer.outcomes)
 
     def _collect_diffs(self) -> None:
         for conv in sorted(self.conversations.values(), key=lambda c: c.conn):
             for exchange in conv.exchanges:
+                if exchange.proxy_handled:
+                    continue
                 replayed = self._outcomes.get(id(exchange), UNANSWERED)
+                if exchange.abandoned and OK not in (replayed, exchange.outcome):
+                    continue
                 if replayed != exchange.outcome:
                     self.result.diffs.append(ReplayDiff(conv.conn, exchange.command, exchange.topic,
                                                         exchange.outcome, replayed))
