@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 SEGMENT_GLOB: Final = "segment-*.ptap"
+_ROWS_PER_BATCH: Final = 4096
 _SEGMENT_INDEX = re.compile(r"segment-(\d+)\.ptap$")
 
 #: The union of every table's columns, plus which table a row belongs to.
@@ -97,7 +98,12 @@ def _decode_segments() -> Any:
                 recording = path.rstrip("/").split("/")[-2]
                 segment = path.rsplit("/", 1)[-1]
                 cols = segment_columns(recording, segment, _segment_index(path), contents[i].as_py())
-                yield pa.RecordBatch.from_pydict(cols, schema=schema)
+                rows = len(cols["seq"])
+                # small batches: a 256 MiB segment must not become one Arrow batch in the JVM
+                for start in range(0, max(rows, 1), _ROWS_PER_BATCH):
+                    yield pa.RecordBatch.from_pydict(
+                        {name: values[start:start + _ROWS_PER_BATCH] for name, values in cols.items()},
+                        schema=schema)
 
     return run
 
@@ -165,6 +171,10 @@ def run_pipeline(spark: SparkSession, inputs: Sequence[str], out: str, *, since_
 
     result = AnalyzeResult(out)
     step("reading segments")
+    # One segment per task, read where it is decoded: packing files into partitions and
+    # then repartitioning would shuffle every segment's bytes through the JVM.
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "1")
+    spark.conf.set("spark.sql.files.openCostInBytes", "1")
     try:
         segments = (spark.read.format("binaryFile").option("pathGlobFilter", SEGMENT_GLOB)
                     .option("recursiveFileLookup", "true").load(list(inputs)))
@@ -175,7 +185,6 @@ def run_pipeline(spark: SparkSession, inputs: Sequence[str], out: str, *, since_
         raise AnalyticsError("no segment files found in " + ", ".join(inputs))
     result.segments = len(listing)
     result.input_bytes = sum(row["length"] for row in listing)
-    segments = segments.repartition(max(1, min(len(listing), spark.sparkContext.defaultParallelism * 4)))
 
     step("decoding frames")
     frame_rows = segments.select("path", "content").mapInArrow(_decode_segments(), ddl(SEGMENT_SCHEMA))

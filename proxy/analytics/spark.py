@@ -60,7 +60,7 @@ def spark_session(master: str = "local[*]", app_name: str = "pulsar-tap analyze"
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.memory", os.environ.get("PULSAR_TAP_SPARK_DRIVER_MEMORY", "2g"))
+        .config("spark.driver.memory", os.environ.get("PULSAR_TAP_SPARK_DRIVER_MEMORY", "4g"))
         .config("spark.sql.sources.partitionOverwriteMode", "dynamic")
     )
     # Few, larger shuffle partitions: the default 200 costs more in task overhead than it
