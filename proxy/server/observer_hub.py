@@ -44,6 +44,11 @@ class ObserverHub:
         """True when an observer reads ``FrameEvent.observation`` (see ``hooks.Observer``)."""
         return any(getattr(observer, "needs_observation", True) for observer in self.observers)
 
+    @property
+    def queued(self) -> int:
+        """Events published and not yet delivered."""
+        return self._send.statistics().current_buffer_used
+
     def publish(self, event: Event) -> None:
         try:
             self._send.send_nowait(event)

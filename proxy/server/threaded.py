@@ -6,7 +6,9 @@ thread, on loopback ports chosen by the kernel.  :class:`LoopThread` is that
 thread: ``start()`` returns once the server listens (or raises why it could not),
 ``call(fn)`` runs a function in the loop's thread, ``stop()`` asks the server to
 shut down and raises whatever it failed with.  :class:`ThreadedProxy` runs one
-:class:`~proxy.server.app.ProxyServer` so.
+:class:`~proxy.server.app.ProxyServer` so; :class:`ThreadedStack` runs the whole
+proxy process (:func:`~proxy.server.stack.running_proxy`: rules, admin API,
+recorder) with extra observers.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import trio
 from proxy.config.proxy_config import HostPort, ProxyConfig
 from proxy.errors import PulsarTapError
 from proxy.server.app import ProxyServer
+from proxy.server.hooks import Observer
+from proxy.server.stack import ProxyStack, running_proxy
 
 
 class LoopThread:
@@ -120,3 +124,33 @@ class ThreadedProxy(LoopThread):
 
     def shutdown(self) -> None:
         self.server.request_shutdown()
+
+
+class ThreadedStack(LoopThread):
+    """``running_proxy(config)`` on its own Trio loop in a daemon thread, with ``observers`` added."""
+
+    def __init__(self, config: ProxyConfig, *, observers: list[Observer] | None = None,
+                 name: str = "pulsar-tap-stack") -> None:
+        super().__init__(name)
+        self.config = config
+        self.observers = list(observers or [])
+        self.stack: ProxyStack | None = None
+        self._stop: trio.Event | None = None
+
+    @property
+    def service_url(self) -> str:
+        assert self.stack is not None
+        scheme = "pulsar+ssl" if self.config.tls.serves_tls else "pulsar"
+        return f"{scheme}://{self.stack.address}"
+
+    async def serve(self, ready: threading.Event) -> None:
+        self._stop = trio.Event()
+        server = ProxyServer(self.config, observers=self.observers) if self.observers else None
+        async with running_proxy(self.config, server=server) as stack:
+            self.stack = stack
+            ready.set()
+            await self._stop.wait()
+
+    def shutdown(self) -> None:
+        if self._stop is not None:
+            self._stop.set()

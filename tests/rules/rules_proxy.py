@@ -11,37 +11,26 @@ test's tmp directory, starts the stack and returns a :class:`ThreadedStack`
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import trio
 
 from proxy.config.proxy_config import AdminConfig, HostPort, LimitsConfig, ProxyConfig, ServiceUrl
 from proxy.rules.engine import RulesEngine
-from proxy.server.stack import ProxyStack, running_proxy
-from proxy.server.threaded import LoopThread
+from proxy.server.threaded import ThreadedStack as ProductThreadedStack
 
 StackFactory = Callable[..., "ThreadedStack"]
 
 
-class ThreadedStack(LoopThread):
-    """``running_proxy(config)`` on its own Trio loop in a daemon thread."""
+class ThreadedStack(ProductThreadedStack):
+    """The product's threaded stack, with an httpx client on its admin API."""
 
     def __init__(self, config: ProxyConfig) -> None:
-        super().__init__("pulsar-tap-stack")
-        self.config = config
-        self.stack: ProxyStack | None = None
-        self._stop: trio.Event | None = None
+        super().__init__(config)
         self.admin: httpx.Client | None = None
-
-    @property
-    def service_url(self) -> str:
-        assert self.stack is not None
-        return f"pulsar://{self.stack.address}"
 
     @property
     def engine(self) -> RulesEngine:
@@ -59,17 +48,6 @@ class ThreadedStack(LoopThread):
         if self.stack.admin_address is not None:
             self.admin = httpx.Client(base_url=f"http://{self.stack.admin_address}", timeout=5)
         return self
-
-    async def serve(self, ready: threading.Event) -> None:
-        self._stop = trio.Event()
-        async with running_proxy(self.config) as stack:
-            self.stack = stack
-            ready.set()
-            await self._stop.wait()
-
-    def shutdown(self) -> None:
-        if self._stop is not None:
-            self._stop.set()
 
     def hits(self) -> dict[str, int]:
         """Rule hits as GET /rules reports them."""
