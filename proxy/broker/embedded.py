@@ -221,3 +221,7 @@ class ThreadedCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+#: ``broker_cluster(brokers=1, partitions=None, *, admin=False, **ClusterConfig fields)`` (the tests' fixture)
+BrokerClusterFactory = Callable[..., ThreadedCluster]

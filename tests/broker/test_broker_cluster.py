@@ -8,7 +8,7 @@ import pulsar
 import pytest
 
 from proxy.broker import ThreadedCluster
-from proxy.broker.testing import BrokerClusterFactory
+from proxy.broker.embedded import BrokerClusterFactory
 
 TIMEOUT_MS = 10_000
 COMPRESSIONS = ["NONE", "LZ4", "ZLib", "ZSTD", "SNAPPY"]

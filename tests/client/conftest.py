@@ -3,7 +3,7 @@
 The cluster runs on its own Trio loop in a background thread (proxy.broker's
 ThreadedCluster), so the built-in client runs in the test's Trio loop and the
 official client, which blocks, runs in worker threads.  The fixtures are
-proxy.broker.testing's, under the names these tests use.
+tests/conftest.py's, under the names these tests use.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 
 from proxy.broker import ThreadedCluster
-from proxy.broker.testing import BrokerClusterFactory, broker, broker_cluster
+from proxy.broker.embedded import BrokerClusterFactory
 
-__all__ = ["ClusterFactory", "broker", "broker_cluster", "cluster", "cluster_factory"]
+__all__ = ["ClusterFactory", "cluster", "cluster_factory"]
 
 ClusterFactory = BrokerClusterFactory
 

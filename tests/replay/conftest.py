@@ -10,10 +10,9 @@ from replay_sessions import OfficialRecording
 
 from proxy.broker.cluster import ClusterConfig
 from proxy.broker.embedded import ThreadedCluster
-from proxy.broker.testing import broker, broker_cluster
 from proxy.replay.rig import RecordingProxy, official_session
 
-__all__ = ["OfficialRecording", "broker", "broker_cluster", "official_recording"]
+__all__ = ["OfficialRecording", "official_recording"]
 
 TOPIC = "persistent://public/default/replay-orders"
 SUBSCRIPTION = "replay-sub"

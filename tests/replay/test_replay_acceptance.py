@@ -20,7 +20,7 @@ import pytest
 import trio
 from replay_sessions import OfficialRecording
 
-from proxy.broker.testing import BrokerClusterFactory
+from proxy.broker.embedded import BrokerClusterFactory
 from proxy.client.connection import ClientConnection, ConnectionConfig
 from proxy.client.names import BrokerAddress
 from proxy.errors import BrokerError

@@ -15,7 +15,7 @@ from pathlib import Path
 import pulsar
 import trio
 
-from proxy.broker.testing import BrokerClusterFactory
+from proxy.broker.embedded import BrokerClusterFactory
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.recording.reader import open_recordings
 from proxy.replay.conversation import build_conversations

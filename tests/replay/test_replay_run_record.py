@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pulsar
 
-from proxy.broker.testing import BrokerClusterFactory
+from proxy.broker.embedded import BrokerClusterFactory
 from proxy.recording.reader import find_recordings, open_recordings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,6 +6,4 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from rules_proxy import rules_proxy
 
-from proxy.broker.testing import broker, broker_cluster
-
-__all__ = ["broker", "broker_cluster", "rules_proxy"]
+__all__ = ["rules_proxy"]
