@@ -188,7 +188,7 @@ def _cassette_tap(request: pytest.FixtureRequest, marker: pytest.Mark, pool: _Po
         passed = request.node.stash.get(_PASSED, False)
     finally:
         session.finish(save=passed)
-    if passed and session.unmatched:
+    if passed and session.unmatched and session.plan == "replay":  # (extend forwards and records them)
         pytest.fail(f"{session.unmatched} request(s) were not in cassette {cassette.path} (record mode "
                     f"{cassette.mode}): re-record it with --pulsar-record-mode=all", pytrace=False)
 

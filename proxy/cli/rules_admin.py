@@ -77,7 +77,9 @@ def configure_actions(actions: Any) -> None:
     add.add_argument("params", metavar="PARAM=VALUE", nargs="*", help="the action's parameters, e.g. ms=200")
     add.add_argument("--file", metavar="FILE", help="add every rule of this rule file instead")
     add.add_argument("--name", help="the rule's name (default: ACTION-<random>)")
-    add.add_argument("--command", action="append", metavar="TYPE", help="command type to match (repeatable)")
+    # (dest: ``args.command`` is the console script's sub-command)
+    add.add_argument("--command", dest="match_commands", action="append", metavar="TYPE",
+                     help="command type to match (repeatable)")
     add.add_argument("--direction", choices=("to_client", "to_broker", "any"), help="default any")
     add.add_argument("--topic", metavar="TOPIC", help="topic name or glob; short names as clients write them")
     add.add_argument("--topic-regex", metavar="REGEX", help="full topic names matching this regular expression")
@@ -171,6 +173,8 @@ def _compact(value: Any) -> str:
         return ",".join(str(v) for v in value)
     if isinstance(value, dict):
         return json.dumps(value, separators=(",", ":"))
+    if isinstance(value, float):
+        return f"{value:g}"
     return str(value)
 
 
@@ -209,8 +213,8 @@ def _rule_from_flags(args: argparse.Namespace) -> dict[str, Any]:
         except yaml.YAMLError:
             params[key] = text
     match: dict[str, Any] = {}
-    if args.command:
-        match["command"] = [c.upper() for c in args.command]
+    if args.match_commands:
+        match["command"] = [c.upper() for c in args.match_commands]
     if args.direction:
         match["direction"] = args.direction
     if args.topic and args.topic_regex:

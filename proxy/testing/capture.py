@@ -66,9 +66,8 @@ class CapturedRaw:
 
     @property
     def delivered(self) -> bool:
-        """Reached its receiver: a client's frame always counts (the client sent it); otherwise it was forwarded
-        or the proxy wrote it."""
-        return self.origin != "broker" or self.forwarded_ns is not None
+        """Reached its receiver: forwarded (maybe changed), or written by the proxy itself."""
+        return self.origin == "proxy" or self.forwarded_ns is not None
 
     def to_json(self) -> dict[str, Any]:
         import base64
@@ -386,8 +385,8 @@ def decode_window(window: CaptureWindow) -> tuple[list[CapturedFrame], list[Capt
     for _, raw in ordered:
         recorded = RecordedFrame(conn=raw.conn, direction=raw.direction, origin=raw.origin,
                                  ts_ns=_client_view_ns(raw), data=raw.raw, size=len(raw.raw), rules=raw.fired)
-        # What the client did not send, or never got, must not move the session (it answers no request).
-        tracked = raw.delivered and not (raw.origin == "proxy" and raw.direction == "to_broker")
+        # The session as the client knows it: everything it sent (delivered or not), what it was given.
+        tracked = raw.origin == "client" or (raw.direction == "to_client" and raw.delivered)
         entry = builder.entry(recorded) if tracked else _untracked_entry(builder, recorded)
         if raw.ts_ns < window.begin_ns:
             continue  # a connection's set-up frame from before the block: context only

@@ -155,14 +155,19 @@ class Injection:
             added = list(self._added)
         problems: list[str] = []
         try:
-            hits = self.admin.hits()
+            admin = self.admin
+        except TapError:  # the tap was closed inside the block: its rules went with its proxy
+            self._final_hits = dict.fromkeys(self._names, 0)
+            return
+        try:
+            hits = admin.hits()
             self._final_hits = {name: hits.get(name, 0) for name in self._names}
         except AdminError as exc:
             self._final_hits = dict.fromkeys(self._names, 0)
             problems.append(f"could not read the hits of {self.name}: {exc}")
         for name in added:
             try:
-                self.admin.remove_rule(name)
+                admin.remove_rule(name)
             except RuleNotFound:
                 pass  # removed by someone else (a reset between tests, the CLI)
             except AdminError as exc:

@@ -236,6 +236,10 @@ class TapProcess:
                 process.kill()
                 process.wait(timeout=10)
         finally:
+            for pipe in (process.stdin, process.stdout):
+                if pipe is not None:
+                    with contextlib.suppress(OSError):
+                        pipe.close()
             self._log.close()
             if process.returncode == 0:  # the log is kept only when something went wrong
                 self.log_path.unlink(missing_ok=True)
