@@ -14,7 +14,11 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from proxy.testing.admin_client import AdminClient
 
 ADMIN_ENV = "PULSAR_TAP_ADMIN"
 TOKEN_FILE_ENV = "PULSAR_TAP_TOKEN_FILE"
@@ -25,9 +29,9 @@ A running proxy's rules (its admin API, `--admin HOST:PORT` of `pulsar-tap run`)
   add     one rule from ACTION [PARAM=VALUE ...] and match flags, or every rule of --file
   rm      remove rules by name
   reset   remove every rule (the seed is kept), or put --file's rules in force instead
---admin defaults to ${ADMIN_ENV}, --token-file to ${TOKEN_FILE_ENV}.  Errors are one
-line on stderr with exit status 2 (unreachable admin API, 401, 404, 409, 400 with the
-validation message).
+--admin defaults to ${ADMIN_ENV}, --token-file to ${TOKEN_FILE_ENV}.
+Errors are one line on stderr with exit status 2 (unreachable admin API, 401, 404,
+409, 400 with the validation message).
 
 examples:
   pulsar-tap rules list --admin 127.0.0.1:9650
@@ -63,8 +67,9 @@ def configure_actions(actions: Any) -> None:
 
     add = actions.add_parser(
         "add", help="add a rule to a running proxy", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Add one rule (ACTION, its PARAM=VALUE parameters and the match flags) or every rule of a "
-                    "rule file (--file) after the rules in force.",
+        description="Add one rule (ACTION, its PARAM=VALUE parameters and the match flags), or every rule of\n"
+                    "a rule file (--file), after the rules in force.  Values are read as YAML scalars\n"
+                    "(ms=200 is a number, how=reset a string).",
         epilog="examples:\n"
                "  pulsar-tap rules add --admin 127.0.0.1:9650 delay ms=200 --command SEND_RECEIPT --topic orders\n"
                "  pulsar-tap rules add --admin 127.0.0.1:9650 disconnect how=reset --after 10 --times 1\n"
@@ -137,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
-def _list(admin: Any, args: argparse.Namespace) -> int:
+def _list(admin: AdminClient, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"seed": admin.seed(), "rules": [
             {**rule.to_rule(), "hits": rule.hits} for rule in admin.rules()]}, indent=2))
@@ -178,7 +183,7 @@ def _compact(value: Any) -> str:
     return str(value)
 
 
-def _add(admin: Any, args: argparse.Namespace) -> int:
+def _add(admin: AdminClient, args: argparse.Namespace) -> int:
     from proxy.errors import UsageError
 
     if args.file:
@@ -246,7 +251,7 @@ def _file_rules(path: str) -> dict[str, Any]:
     return document
 
 
-def _remove(admin: Any, args: argparse.Namespace) -> int:
+def _remove(admin: AdminClient, args: argparse.Namespace) -> int:
     from proxy.testing.errors import RuleNotFound
 
     missing: list[str] = []
@@ -264,7 +269,7 @@ def _remove(admin: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-def _reset(admin: Any, args: argparse.Namespace) -> int:
+def _reset(admin: AdminClient, args: argparse.Namespace) -> int:
     if args.file:
         document = _file_rules(args.file)
         rules = admin.replace_rules(document["rules"], seed=document.get("seed"))
@@ -276,5 +281,6 @@ def _reset(admin: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-_ACTIONS = {"list": _list, "add": _add, "rm": _remove, "reset": _reset}
+_ACTIONS: dict[str, Callable[[AdminClient, argparse.Namespace], int]] = {
+    "list": _list, "add": _add, "rm": _remove, "reset": _reset}
 ACTIONS = tuple(_ACTIONS)

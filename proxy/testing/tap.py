@@ -277,8 +277,9 @@ class Tap:
         self._admin: AdminClient | None = None
 
     def __repr__(self) -> str:
-        where = f"at {self.service_url}" if self._backend is not None else "not started"
-        return f"<Tap {where} -> {self.upstream_url if self._backend is not None else self._upstream!r}>"
+        if self._backend is None:
+            return f"<Tap not started, for {self._upstream or 'an embedded cluster'}>"
+        return f"<Tap at {self.service_url} in front of {self.upstream_url}>"
 
     # -- life -------------------------------------------------------------------------------------------------
     def start(self, timeout: float = DEFAULT_START_TIMEOUT) -> Self:

@@ -90,6 +90,35 @@ def test_fails_while_recording(pulsar_tap):
 '''
 
 
+FIXTURE_SUITE = '''
+import pytest
+from proxy.testing import drop
+
+TAPS = []
+
+def test_rules_added_here(pulsar_tap, pulsar_cluster):
+    TAPS.append(pulsar_tap)
+    pulsar_tap.admin.add_rule(drop().on("ACK").named("left-over"))
+    assert len(pulsar_cluster.addresses) == 3  # --pulsar-brokers 3
+    assert pulsar_tap.upstream_url == pulsar_cluster.service_url
+
+def test_are_gone_in_the_next_test(pulsar_tap):
+    assert pulsar_tap is TAPS[0]  # one tap for the session
+    assert pulsar_tap.rules() == []
+
+@pytest.mark.pulsar_cluster(brokers=2, partitions=4)
+def test_a_marker_asks_for_another_cluster(pulsar_tap, pulsar_cluster):
+    assert len(pulsar_cluster.addresses) == 2
+    assert pulsar_tap is not TAPS[0] and pulsar_tap.upstream_url == pulsar_cluster.service_url
+'''
+
+
+def test_fixtures_share_a_tap_per_cluster_and_clear_its_rules(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_fixtures=FIXTURE_SUITE)
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--pulsar-brokers", "3")
+    result.assert_outcomes(passed=3)
+
+
 @pytest.fixture
 def outer_tap() -> Iterator[Tap]:
     with Tap(NOWHERE) as tap:
