@@ -96,9 +96,10 @@ class _Pool:
     def tap(self, upstream: str) -> Tap:
         from proxy.testing.tap import Tap
 
-        if upstream not in self.taps:
-            self.taps[upstream] = Tap(upstream, process=self.process).start()
-        return self.taps[upstream]
+        tap = self.taps.get(upstream)
+        if tap is None or not tap.running:  # (a test may have closed the shared tap)
+            tap = self.taps[upstream] = Tap(upstream, process=self.process).start()
+        return tap
 
     def close(self) -> None:
         for tap in self.taps.values():
@@ -149,7 +150,8 @@ def pulsar_tap(request: pytest.FixtureRequest, _pulsar_tap_pool: _Pool) -> Itera
         try:
             yield tap
         finally:
-            tap.reset()
+            if tap.running:
+                tap.reset()
         return
     yield from _cassette_tap(request, marker, _pulsar_tap_pool)
 

@@ -332,6 +332,10 @@ class Tap:
                         tb: TracebackType | None) -> None:
         await run_blocking(self.close, finish=True)
 
+    @property
+    def running(self) -> bool:
+        return self._backend is not None
+
     # -- where it is ------------------------------------------------------------------------------------------
     def _running(self) -> TapBackend:
         if self._backend is None:

@@ -105,6 +105,10 @@ def test_rules_added_here(pulsar_tap, pulsar_cluster):
 def test_are_gone_in_the_next_test(pulsar_tap):
     assert pulsar_tap is TAPS[0]  # one tap for the session
     assert pulsar_tap.rules() == []
+    pulsar_tap.close()  # a test may even close it
+
+def test_a_closed_shared_tap_is_replaced(pulsar_tap):
+    assert pulsar_tap.running and pulsar_tap is not TAPS[0]
 
 @pytest.mark.pulsar_cluster(brokers=2, partitions=4)
 def test_a_marker_asks_for_another_cluster(pulsar_tap, pulsar_cluster):
@@ -116,7 +120,7 @@ def test_a_marker_asks_for_another_cluster(pulsar_tap, pulsar_cluster):
 def test_fixtures_share_a_tap_per_cluster_and_clear_its_rules(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_fixtures=FIXTURE_SUITE)
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--pulsar-brokers", "3")
-    result.assert_outcomes(passed=3)
+    result.assert_outcomes(passed=4)
 
 
 @pytest.fixture
