@@ -28,10 +28,10 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, Protocol, Self
+from typing import TYPE_CHECKING, Any, Final, Protocol, Self
 
 from proxy.testing.admin_client import AdminClient, RuleLike, RuleStatus
 from proxy.testing.capture import Capture, CaptureObserver, CaptureWindow
@@ -39,6 +39,9 @@ from proxy.testing.cluster import EmbeddedCluster
 from proxy.testing.errors import TapError
 from proxy.testing.faults import Fault
 from proxy.testing.injection import Injection, run_blocking
+
+if TYPE_CHECKING:
+    from proxy.server.observer_hub import ObserverHub
 
 DEFAULT_START_TIMEOUT: Final = 30.0
 #: how long the end of a capture waits for the proxy's observers to catch up with the block
@@ -90,24 +93,25 @@ class TapServer:
         from proxy.server.threaded import ThreadedStack
 
         self.settings = settings
+        try:
+            upstream = ServiceUrl.parse(settings.upstream)
+        except ValueError as exc:
+            raise TapError(f"upstream: {exc}") from None
         self._secrets: tempfile.TemporaryDirectory[str] | None = None
         token_file = None
-        if token is not None:
+        if token is not None:  # the admin API reads its token from a file only the user can read
             self._secrets = tempfile.TemporaryDirectory(prefix="pulsar-tap-")
             path = Path(self._secrets.name) / "admin-token"
             path.touch(mode=0o600)
             path.write_text(token, encoding="utf-8")
             token_file = str(path)
-        try:
-            upstream = ServiceUrl.parse(settings.upstream)
-        except ValueError as exc:
-            raise TapError(f"upstream: {exc}") from None
         self.config = ProxyConfig(
             upstream=upstream, listen=HostPort(settings.host, 0), advertise=settings.advertise,
             lookup=settings.lookup, admin=AdminConfig(HostPort(settings.host, 0), token_file),
             record=RecordConfig(dir=settings.record_dir) if settings.record_dir else None,
             limits=LimitsConfig(drain_seconds=settings.drain_seconds))
         self.observer = CaptureObserver()
+        self._hub_drops: dict[int, int] = {}
         self.thread = ThreadedStack(self.config, observers=[self.observer], name="pulsar-tap")
         self.service_url = ""
         self.admin_url = ""
@@ -130,20 +134,29 @@ class TapServer:
         stack = self.thread.stack
         return None if stack is None else stack.recording_path
 
+    def _hub(self) -> ObserverHub | None:
+        stack = self.thread.stack
+        return None if stack is None else stack.server.observers
+
     def capture_begin(self) -> int:
-        return self.observer.begin()
+        hub = self._hub()
+        window_id = self.observer.begin()
+        self._hub_drops[window_id] = 0 if hub is None else hub.dropped
+        return window_id
 
     def capture_end(self, window_id: int) -> CaptureWindow:
         end_ns = time.time_ns()
-        stack = self.thread.stack
+        hub = self._hub()
         deadline = time.monotonic() + _CAPTURE_SETTLE_SECONDS
         # Observers are fed through a queue: wait until what the block caused has been delivered.
-        hub = None if stack is None else stack.server.observers
         while hub is not None and time.monotonic() < deadline:
             if self.observer.last_ts_ns >= end_ns or self.thread.call(lambda: hub.queued) == 0:
                 break
             time.sleep(0.005)
-        return self.observer.end(window_id, end_ns)
+        window = self.observer.end(window_id, end_ns)
+        # events the proxy's observer queue had no room for never reached the capture either
+        lost = (0 if hub is None else hub.dropped) - self._hub_drops.pop(window_id, 0)
+        return replace(window, dropped=window.dropped + lost) if lost > 0 else window
 
     def close(self) -> None:
         try:
