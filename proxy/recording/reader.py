@@ -9,12 +9,27 @@ they were not recorded) and a lazily decoded :class:`~proxy.protocol.frame.Frame
 :attr:`~RecordingSet.connections` is the index of connections.  This is the API
 ``show``, ``export``, ``analyze`` and replay build on.
 
-A segment cut short by a crash is read up to its last whole record; the bytes
-lost are reported in :attr:`Recording.truncated_bytes`.  A recording whose index
-was never finished (the recorder was killed) gets its connections from the
-open/close records in its segments.  When several recordings use the same
-connection ids, the ids of later recordings are shifted past the earlier ones so
-that ``conn`` stays unique (FORMAT.md, "Reading several recordings").
+**Damage is skipped, and said.**  Every intact record is read: a damaged record
+is skipped and the reader resynchronises on the next record boundary
+(:class:`~proxy.recording.segment.SegmentDecoder`); a segment cut short by a crash
+is read up to its last whole record; a zero-byte segment is noted; an
+``index.pb`` that does not decode is ignored and the connections are rebuilt by
+scanning the segments (as for a recording whose index was never finished, the
+recorder having been killed).  What was skipped is in :attr:`RecordingSet.report`
+(and :attr:`Recording.report`), a :class:`ReadReport`, complete once the frames
+have been read to the end:
+
+- ``report.skipped``: :class:`~proxy.recording.segment.SkippedRange` list (segment,
+  offsets, bytes, records, reason; ``torn`` for a crash's cut-off tail);
+- ``report.damaged_records`` / ``damaged_bytes`` / ``torn_bytes``: the totals;
+- ``report.empty_segments`` and ``report.index_problem``;
+- ``report.problems()``: one line per problem; ``report.summary()``: all of it
+  as one line (None when nothing was skipped); ``report.to_json()``.
+
+Commands print ``summary()`` as a warning on stderr (``show --json`` also as its
+last line, FORMAT.md).  When several recordings use the same connection ids, the
+ids of later recordings are shifted past the earlier ones so that ``conn`` stays
+unique (FORMAT.md, "Reading several recordings").
 """
 
 from __future__ import annotations
@@ -24,7 +39,7 @@ import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import BinaryIO, Final
 
 from google.protobuf.message import DecodeError
 
@@ -33,7 +48,7 @@ from proxy.pb import recording_pb2 as rpb
 from proxy.protocol.frame import Frame, frame_from_bytes
 from proxy.recording.recorder import INDEX_NAME, SEGMENT_SUFFIX
 from proxy.recording.redaction import zero_fill
-from proxy.recording.segment import SegmentDecoder
+from proxy.recording.segment import SegmentDecoder, SkippedRange
 
 DIRECTION_NAMES: Final[dict[int, str]] = {rpb.TO_BROKER: "to_broker", rpb.TO_CLIENT: "to_client"}
 ORIGIN_NAMES: Final[dict[int, str]] = {rpb.CLIENT: "client", rpb.BROKER: "broker", rpb.PROXY: "proxy"}
@@ -88,6 +103,81 @@ def frame_from_record(record: rpb.FrameRecord, recording: str = "", conn_offset:
     )
 
 
+@dataclass(slots=True)
+class ReadReport:
+    """What a reader skipped or had to work around; empty when the recording read cleanly."""
+
+    skipped: list[SkippedRange] = field(default_factory=list)
+    #: segment files of zero bytes (a recorder killed right after creating them)
+    empty_segments: list[str] = field(default_factory=list)
+    #: why index.pb was not used (the segments were scanned instead)
+    index_problems: list[str] = field(default_factory=list)
+
+    @property
+    def index_problem(self) -> str | None:
+        return "; ".join(self.index_problems) or None
+
+    @property
+    def damaged(self) -> list[SkippedRange]:
+        return [r for r in self.skipped if not r.torn]
+
+    @property
+    def damaged_records(self) -> int:
+        return sum(r.records for r in self.damaged)
+
+    @property
+    def damaged_bytes(self) -> int:
+        return sum(r.size for r in self.damaged)
+
+    @property
+    def torn_bytes(self) -> int:
+        return sum(r.size for r in self.skipped if r.torn)
+
+    def __bool__(self) -> bool:
+        return bool(self.skipped or self.empty_segments or self.index_problems)
+
+    def merge(self, other: ReadReport) -> None:
+        self.skipped.extend(other.skipped)
+        self.empty_segments.extend(other.empty_segments)
+        self.index_problems.extend(other.index_problems)
+
+    def problems(self) -> list[str]:
+        """One line per problem."""
+        lines = [f"skipped {r.describe()}" for r in self.skipped]
+        lines += [f"{name} is empty (0 bytes): no records" for name in self.empty_segments]
+        lines += [_index_note(problem) for problem in self.index_problems]
+        return lines
+
+    def summary(self, limit: int = 3) -> str | None:
+        """Everything as one line (the first ``limit`` ranges named), or None when nothing was skipped."""
+        parts: list[str] = []
+        damaged = self.damaged
+        if damaged:
+            records = self.damaged_records
+            where = ", ".join(f"{r.segment} {r.start}-{r.end}" for r in damaged[:limit])
+            more = f" and {len(damaged) - limit} more" if len(damaged) > limit else ""
+            parts.append(f"skipped {records} damaged record{'s' if records != 1 else ''} "
+                         f"({self.damaged_bytes} bytes at {where}{more}; reason: {damaged[0].reason})")
+        torn = [r for r in self.skipped if r.torn]
+        if torn:
+            parts.append(f"ignored {self.torn_bytes} bytes of a cut-off record at the end of "
+                         + ", ".join(r.segment for r in torn))
+        if self.empty_segments:
+            parts.append("empty segment" + ("s " if len(self.empty_segments) > 1 else " ")
+                         + ", ".join(self.empty_segments))
+        parts += [_index_note(problem) for problem in self.index_problems]
+        return "; ".join(parts) or None
+
+    def to_json(self) -> dict[str, object]:
+        return {"skipped": [r.to_json() for r in self.skipped], "damaged_records": self.damaged_records,
+                "damaged_bytes": self.damaged_bytes, "torn_bytes": self.torn_bytes,
+                "empty_segments": list(self.empty_segments), "index": self.index_problem}
+
+
+def _index_note(problem: str) -> str:
+    return problem if "missing" in problem else f"{problem}: read the segments instead"
+
+
 def is_recording_dir(path: Path) -> bool:
     return path.is_dir() and ((path / INDEX_NAME).is_file() or any(path.glob("segment-*" + SEGMENT_SUFFIX)))
 
@@ -98,11 +188,34 @@ class Recording:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.id = path.name
+        self._index_problems: list[str] = []
         self.index = self._read_index()
         self.segments = sorted(p.name for p in path.glob("segment-*" + SEGMENT_SUFFIX))
-        #: bytes at segment ends that did not make a whole record (a crash cut them short)
-        self.truncated_bytes = 0
+        if self.index is not None:
+            missing = [name for name in self.index.segments if name not in self.segments]
+            if missing:
+                plural = "s" if len(missing) > 1 else ""
+                self._index_problems.append(f"{self.id}/{INDEX_NAME} names missing segment{plural} "
+                                            + ", ".join(missing))
+        #: segment name -> what was skipped in it (filled in as segments are read to their end)
+        self._segment_reports: dict[str, list[SkippedRange]] = {}
+        self._empty: set[str] = set()
         self._connections: dict[int, rpb.ConnectionInfo] | None = None
+
+    @property
+    def report(self) -> ReadReport:
+        """What was skipped in the segments read to their end so far (see the module docstring)."""
+        report = ReadReport(index_problems=list(self._index_problems))
+        for name in self.segments:
+            report.skipped.extend(self._segment_reports.get(name, ()))
+            if name in self._empty:
+                report.empty_segments.append(f"{self.id}/{name}")
+        return report
+
+    @property
+    def truncated_bytes(self) -> int:
+        """Bytes at segment ends that did not make a whole record (a crash cut them short)."""
+        return self.report.torn_bytes
 
     def _read_index(self) -> rpb.RecordingIndex | None:
         path = self.path / INDEX_NAME
@@ -116,7 +229,9 @@ class Recording:
         try:
             index.ParseFromString(data)
         except (DecodeError, RuntimeError, ValueError):
-            raise RecordingError(f"{path}: not a recording index") from None
+            problem = "is empty" if not data else "is damaged"
+            self._index_problems.append(f"{self.id}/{INDEX_NAME} {problem}")
+            return None
         return index
 
     @property
@@ -139,31 +254,31 @@ class Recording:
         return 0 if self.index is None else int(self.index.frames_dropped)
 
     def records(self) -> Iterator[rpb.Record]:
-        """Every whole record of every segment, in write order."""
-        self.truncated_bytes = 0
+        """Every intact record of every segment, in write order (damaged ones skipped, see :attr:`report`)."""
         for name in self.segments:
-            yield from self._segment_records(self.path / name)
+            yield from self._segment_records(name)
 
-    def _segment_records(self, path: Path) -> Iterator[rpb.Record]:
-        decoder = SegmentDecoder()
+    def _segment_records(self, name: str) -> Iterator[rpb.Record]:
+        path = self.path / name
+        decoder = SegmentDecoder(f"{self.id}/{name}")
         try:
             handle = open(path, "rb")  # noqa: SIM115 - closed in finally, the generator may stop early
         except OSError as exc:
             raise RecordingError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        empty = True
         try:
-            size = path.stat().st_size
             while chunk := handle.read(_READ_CHUNK):
+                empty = False
                 decoder.feed(chunk)
-                try:
-                    yield from decoder.records()
-                except RecordingError as exc:
-                    end = decoder.pending_end
-                    if end is not None and end >= size:
-                        break  # a torn last record: the tail of a crash
-                    raise RecordingError(f"{path}: {exc}") from None
+                yield from decoder.records()
+        except OSError as exc:
+            raise RecordingError(f"{path}: cannot read: {exc.strerror or exc}") from None
         finally:
             handle.close()
-        self.truncated_bytes += size - decoder.offset
+        yield from decoder.finish()
+        self._segment_reports[name] = list(decoder.skipped)
+        if empty:
+            self._empty.add(name)
 
     def frames(self, conn_offset: int = 0) -> Iterator[RecordedFrame]:
         """The recorded frames in write order."""
@@ -267,6 +382,14 @@ class RecordingSet:
         return sum(r.truncated_bytes for r in self.recordings)
 
     @property
+    def report(self) -> ReadReport:
+        """What the reader skipped in every recording (complete once :meth:`frames` was read to its end)."""
+        report = ReadReport()
+        for rec in self.recordings:
+            report.merge(rec.report)
+        return report
+
+    @property
     def frames_dropped(self) -> int:
         return sum(r.frames_dropped for r in self.recordings)
 
@@ -279,10 +402,177 @@ class RecordingSet:
         return heapq.merge(*streams, key=lambda f: f.ts_ns)
 
 
+class _Tail:
+    """The part of one recording directory read so far, for :class:`RecordingFollower`."""
+
+    def __init__(self, path: Path, conn_offset: int) -> None:
+        self.path = path
+        self.id = path.name
+        self.conn_offset = conn_offset
+        self.segment: str | None = None
+        self.handle: BinaryIO | None = None
+        self.decoder: SegmentDecoder | None = None
+        self.done_segments: set[str] = set()
+        self.report = ReadReport()
+        self.max_conn = -1
+        self.finished = False
+
+    def _index_finished(self) -> bool:
+        index = rpb.RecordingIndex()
+        try:
+            index.ParseFromString((self.path / INDEX_NAME).read_bytes())
+        except (OSError, DecodeError, RuntimeError, ValueError):
+            return False
+        return bool(index.HasField("end_ns"))
+
+    def read(self) -> list[rpb.Record]:
+        """Every record written since the last call."""
+        finished = self._index_finished()  # before reading: then everything it covers is on disk
+        records: list[rpb.Record] = []
+        while True:
+            if self.segment is None:
+                waiting = sorted(p.name for p in self.path.glob("segment-*" + SEGMENT_SUFFIX)
+                                 if p.name not in self.done_segments)
+                if not waiting:
+                    break
+                self._open(waiting[0])
+            assert self.handle is not None and self.decoder is not None
+            while chunk := self.handle.read(_READ_CHUNK):
+                self.decoder.feed(chunk)
+                records.extend(self.decoder.records())
+            rotated = any(p.name > (self.segment or "") for p in self.path.glob("segment-*" + SEGMENT_SUFFIX))
+            if not rotated and not finished:
+                break
+            while chunk := self.handle.read(_READ_CHUNK):  # written between the last read and the rotation
+                self.decoder.feed(chunk)
+                records.extend(self.decoder.records())
+            self._close_segment(records)
+        if finished and self.segment is None:
+            self.finished = True
+        return records
+
+    def _open(self, name: str) -> None:
+        try:
+            self.handle = open(self.path / name, "rb")  # noqa: SIM115 - closed in _close_segment / close
+        except OSError as exc:
+            raise RecordingError(f"{self.path / name}: cannot read: {exc.strerror or exc}") from None
+        self.segment = name
+        self.decoder = SegmentDecoder(f"{self.id}/{name}")
+
+    def _close_segment(self, records: list[rpb.Record]) -> None:
+        assert self.decoder is not None and self.handle is not None and self.segment is not None
+        records.extend(self.decoder.finish())
+        self.report.skipped.extend(self.decoder.skipped)
+        if self.handle.tell() == 0:
+            self.report.empty_segments.append(f"{self.id}/{self.segment}")
+        self.handle.close()
+        self.done_segments.add(self.segment)
+        self.segment, self.handle, self.decoder = None, None, None
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+            self.handle = None
+
+
+class RecordingFollower:
+    """Reads a recording while the proxy writes it (``show --follow``), as ``tail -f`` reads a log.
+
+    ``path`` is a recording directory (followed until the recorder finishes it) or
+    a parent of several (the newest one is followed, then each newer one that
+    appears, until the caller stops).  :meth:`frames` yields frames as they reach
+    the disk, sorted by capture time within each poll, with ``conn`` ids of later
+    recordings shifted past the earlier ones'.  :attr:`caught_up` turns true once
+    what was already on disk has been yielded.  A record still being written is
+    waited for; damaged records are skipped as :class:`Recording` skips them and
+    reported in :attr:`report`.
+    """
+
+    def __init__(self, path: str | Path, *, poll_seconds: float = 0.2) -> None:
+        self.base = Path(path)
+        if not self.base.exists():
+            raise RecordingError(f"{self.base}: no such file or directory")
+        if not self.base.is_dir():
+            raise RecordingError(f"{self.base}: not a recording directory")
+        self.single = is_recording_dir(self.base)
+        self.poll_seconds = poll_seconds
+        self.caught_up = False
+        self._tails: list[_Tail] = []
+
+    @property
+    def report(self) -> ReadReport:
+        report = ReadReport()
+        for tail in self._tails:
+            report.merge(tail.report)
+        return report
+
+    @property
+    def recording_ids(self) -> list[str]:
+        return [tail.id for tail in self._tails]
+
+    def _newer_recording(self) -> Path | None:
+        if self.single:
+            return self.base if not self._tails else None
+        current = self._tails[-1].id if self._tails else None
+        try:
+            found = sorted(p for p in self.base.iterdir() if is_recording_dir(p))
+        except OSError as exc:
+            raise RecordingError(f"{self.base}: cannot read: {exc.strerror or exc}") from None
+        newer = [p for p in found if current is None or p.name > current]
+        if not newer:
+            return None
+        return newer[-1] if current is None else newer[0]
+
+    def poll(self) -> list[RecordedFrame]:
+        """The frames written since the last poll (none yet: an empty list)."""
+        out: list[RecordedFrame] = []
+        while True:
+            if not self._tails:
+                first = self._newer_recording()
+                if first is None:
+                    return out
+                self._tails.append(_Tail(first, 0))
+            tail = self._tails[-1]
+            for record in tail.read():
+                if record.HasField("frame"):
+                    frame = frame_from_record(record.frame, tail.id, tail.conn_offset)
+                    tail.max_conn = max(tail.max_conn, frame.conn)
+                    out.append(frame)
+            newer = None if self.single else self._newer_recording()
+            if newer is None:
+                break
+            tail.close()  # a newer proxy run has started: this one is over (finished or killed)
+            self._tails.append(_Tail(newer, max(t.max_conn for t in self._tails) + 1))
+        out.sort(key=lambda f: f.ts_ns)
+        return out
+
+    @property
+    def finished(self) -> bool:
+        """The followed recording is finished and read (only for a single recording directory)."""
+        return self.single and bool(self._tails) and self._tails[-1].finished
+
+    def frames(self) -> Iterator[RecordedFrame]:
+        """Frames as they are written, until the recording finishes (a single one) or forever (a parent)."""
+        import time
+
+        try:
+            while True:
+                batch = self.poll()
+                yield from batch
+                self.caught_up = True
+                if self.finished:
+                    return
+                time.sleep(self.poll_seconds)
+        finally:
+            for tail in self._tails:
+                tail.close()
+
+
 def open_recordings(path: str | Path) -> RecordingSet:
     """A recording directory, or a parent of several, ready to read."""
     return RecordingSet([Recording(p) for p in find_recordings(path)])
 
 
-__all__ = ["DIRECTION_NAMES", "LOOKUP_MODE_NAMES", "ORIGIN_NAMES", "REORDER_WINDOW", "RecordedFrame", "Recording",
-           "RecordingSet", "find_recordings", "frame_from_record", "is_recording_dir", "open_recordings"]
+__all__ = ["DIRECTION_NAMES", "LOOKUP_MODE_NAMES", "ORIGIN_NAMES", "REORDER_WINDOW", "ReadReport", "RecordedFrame",
+           "Recording", "RecordingFollower", "RecordingSet", "find_recordings", "frame_from_record",
+           "is_recording_dir", "open_recordings"]
