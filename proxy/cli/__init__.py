@@ -1,22 +1,34 @@
 """The ``pulsar-tap`` console script: one argparse sub-command per module of this package.
 
 Each sub-command module defines ``NAME``, ``HELP``, ``DESCRIPTION`` (help text with
-examples), ``configure(parser)`` and ``run(args) -> int``; it imports heavy
-dependencies inside ``run`` so that ``pulsar-tap --help`` stays fast.  Errors the
-project raises on purpose become one line on stderr and a non-zero exit status,
-never a traceback.
+examples), ``configure(parser)`` and ``run(args) -> int``, and may define ``EPILOG``
+(its exit statuses); it imports heavy dependencies inside ``run`` so that
+``pulsar-tap --help`` stays fast.
+
+Exit statuses (SPEC.md, "Interrupts"): 0 done, or stopped by the user with a
+complete result; 1 a finding (``rules check``: errors in a file, ``replay``:
+differences); 2 bad input or an error; 130 interrupted with an incomplete result.
+Errors the project raises on purpose (also inside a Trio exception group) become
+one line on stderr, never a traceback; so does anything unexpected, unless
+``PULSAR_TAP_TRACEBACK=1`` asks for the traceback.  SIGINT and SIGTERM are handled
+by :mod:`proxy.cli.interrupt`.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
 
 from proxy import __version__
+from proxy.cli.interrupt import EXIT_INTERRUPTED, handling_signals
 from proxy.errors import ConfigError, PulsarTapError, UsageError
+
+#: exit status for bad input and errors
+EXIT_ERROR = 2
 
 #: sub-command modules, in the order ``--help`` lists them
 SUBCOMMAND_MODULES = (
@@ -30,6 +42,18 @@ SUBCOMMAND_MODULES = (
     "proxy.cli.perf",
     "proxy.cli.analyze",
 )
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and epilogs as written (they hold examples); every option's default shown."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help
+        if text is None or "%(default)" in text or "default" in text.lower():
+            return text
+        if action.default in (None, False, argparse.SUPPRESS, [], "") or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,7 +76,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
         module = importlib.import_module(name)
         sub_parser = sub.add_parser(
             module.NAME, help=module.HELP, description=module.DESCRIPTION,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
+            epilog=getattr(module, "EPILOG", None), formatter_class=HelpFormatter,
         )
         module.configure(sub_parser)
         modules[module.NAME] = module
@@ -60,25 +84,69 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    with handling_signals():
+        try:
+            return _main(argv)
+        except KeyboardInterrupt:
+            # a command that handles interrupts itself returns its own status; here the work was cut short
+            print("pulsar-tap: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        except BrokenPipeError:
+            _quiet_stdout()
+            return 0
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser, modules = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
-        return 2
+        return EXIT_ERROR
     try:
         status: int = modules[args.command].run(args)
-    except KeyboardInterrupt:
-        return 0
-    except UsageError as exc:
-        print(f"pulsar-tap {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except ConfigError as exc:
-        print(exc.format(), file=sys.stderr)
-        return 2
-    except PulsarTapError as exc:
-        print(f"pulsar-tap {args.command}: error: {exc}", file=sys.stderr)
-        return 1
+    except (PulsarTapError, BaseExceptionGroup) as exc:
+        error = _project_error(exc)
+        if error is None:
+            raise
+        _report(args.command, error)
+        return EXIT_ERROR
+    except (KeyboardInterrupt, BrokenPipeError):
+        raise
+    except Exception as exc:
+        if os.environ.get("PULSAR_TAP_TRACEBACK"):
+            raise
+        print(f"pulsar-tap {args.command}: internal error: {type(exc).__name__}: {exc} "
+              "(PULSAR_TAP_TRACEBACK=1 shows where)", file=sys.stderr)
+        return EXIT_ERROR
     return status
+
+
+def _project_error(exc: BaseException) -> PulsarTapError | None:
+    """The PulsarTapError ``exc`` is, or the first one inside a (nested) exception group."""
+    if isinstance(exc, PulsarTapError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _project_error(inner)
+            if found is not None:
+                return found
+    return None
+
+
+def _report(command: str, error: PulsarTapError) -> None:
+    if isinstance(error, ConfigError) and not isinstance(error, UsageError):
+        print(error.format(), file=sys.stderr)
+    else:
+        print(f"pulsar-tap {command}: error: {error}", file=sys.stderr)
+
+
+def _quiet_stdout() -> None:
+    """The reader of stdout went away (``| head``): stop quietly, as Unix tools do."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

@@ -137,7 +137,7 @@ def test_no_java_runtime_is_one_clear_error(tmp_path: Path) -> None:
                                 if not (Path(p) / "java").exists())
     done = analyze(str(stats.path), "--out", str(tmp_path / "out"),
                    env={"JAVA_HOME": str(tmp_path / "no-jdk"), "PATH": bare_path}, timeout=120)
-    assert done.returncode == 1
+    assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "pulsar-tap analyze: error: no Java runtime found: Spark needs one (install a JDK 17+, e.g. with "
         "'bash scripts/setup.sh', or set JAVA_HOME)"]

@@ -236,7 +236,7 @@ def test_pulsar_tap_run_on_a_busy_port_prints_one_error_line() -> None:
         port = busy.getsockname()[1]
         result = subprocess.run([sys.executable, "-m", "proxy", "run", "--listen", f"127.0.0.1:{port}",
                                  "--upstream", "pulsar://127.0.0.1:6650"], capture_output=True, text=True, timeout=30)
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert result.stderr.strip() == f"pulsar-tap run: error: cannot listen on 127.0.0.1:{port}: Address already in use"
 
 

@@ -315,14 +315,14 @@ def test_broker_side_replay_forwards_what_it_cannot_answer(official_recording: O
 
 def test_serve_refuses_bad_input_with_one_line() -> None:
     missing = _pulsar_tap("replay", "/nonexistent/recording", "--serve", "--listen", "127.0.0.1:0")
-    assert missing.returncode == 1 and missing.stderr.count("\n") == 1 and "no such file" in missing.stderr
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "no such file" in missing.stderr
     sample = str(Path(__file__).resolve().parents[2] / "recordings" / "sample")
     forward = _pulsar_tap("replay", sample, "--serve", "--unmatched", "forward", "--listen", "127.0.0.1:0")
     assert forward.returncode == 2 and "--upstream" in forward.stderr
     listen = _pulsar_tap("replay", sample, "--serve", "--listen", "nowhere")
     assert listen.returncode == 2 and "--listen" in listen.stderr
     unreachable = _pulsar_tap("replay", sample, "--upstream", "pulsar://127.0.0.1:1", "--speed", "0")
-    assert unreachable.returncode == 1 and "cannot reach the upstream" in unreachable.stderr
+    assert unreachable.returncode == 2 and "cannot reach the upstream" in unreachable.stderr
     assert "Traceback" not in unreachable.stderr + listen.stderr + forward.stderr + missing.stderr
 
 
