@@ -6,26 +6,29 @@ in its direction, with its wire size (payloads zero-filled when they were not
 recorded).  A connection's handshake is placed at its recorded start, its FIN
 exchange at its recorded end (none if the recording stopped while it was open).
 Connections with no recorded addresses get stand-ins: client 192.0.2.x, broker
-198.51.100.1:6650 (documentation ranges).
+198.51.100.1:6650 (documentation ranges).  The output path is checked before
+anything is read, and the capture is written under a temporary name and renamed
+into place only when complete (:mod:`proxy.recording.output`); what the reader
+skipped in a damaged recording is in :attr:`ExportSummary.report`.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from proxy.errors import RecordingError
 from proxy.pb import recording_pb2 as rpb
+from proxy.recording.output import atomic_output, check_output_file
 from proxy.recording.pcap import (
     TcpConversation,
     enhanced_packet_block,
     interface_description_block,
     section_header_block,
 )
-from proxy.recording.reader import RecordingSet, open_recordings
+from proxy.recording.reader import ReadReport, RecordingSet, open_recordings
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +38,8 @@ class ExportSummary:
     frames: int
     #: conn id -> (client-to-broker payload bytes, broker-to-client payload bytes)
     payload_bytes: dict[int, tuple[int, int]]
+    #: what the reader skipped (damaged records, a crash's tail, an unusable index)
+    report: ReadReport = field(default_factory=ReadReport)
 
 
 def _conversation(conn_id: int, info: rpb.ConnectionInfo | None) -> TcpConversation:
@@ -99,17 +104,15 @@ def write_pcapng(recordings: RecordingSet, out: BinaryIO) -> ExportSummary:
         packets += 1
     payload = {conn_id: (conv.payload_bytes["to_broker"], conv.payload_bytes["to_client"])
                for conn_id, conv in export.conversations.items()}
-    return ExportSummary(len(export.conversations), packets, export.frames, payload)
+    return ExportSummary(len(export.conversations), packets, export.frames, payload, recordings.report)
 
 
-def export_pcap(path: str, out_path: str) -> ExportSummary:
+def export_pcap(path: str, out_path: str | Path, flag: str = "--pcap") -> ExportSummary:
+    """Write the recording(s) at ``path`` to ``out_path``: whole, or not at all."""
+    target = check_output_file(out_path, flag)
     recordings = open_recordings(path)
-    target = Path(out_path)
-    try:
-        with open(target, "wb") as out:
-            return write_pcapng(recordings, out)
-    except OSError as exc:
-        raise RecordingError(f"{target}: cannot write: {exc.strerror or exc}") from None
+    with atomic_output(target) as out:
+        return write_pcapng(recordings, out)
 
 
 __all__ = ["ExportSummary", "PcapExport", "export_pcap", "write_pcapng"]

@@ -70,6 +70,8 @@ class TimelineEntry:
     payload_size: int | None = None
     #: why the frame could not be decoded, if it could not
     error: str | None = None
+    #: the producer's name, from the frame or from the PRODUCER/PRODUCER_SUCCESS of its producer id
+    producer_name: str | None = None
 
     @property
     def is_payload(self) -> bool:
@@ -134,6 +136,10 @@ class TimelineBuilder:
         else:
             entry.topic = observation.topic
             entry.completed = observation.completed
+            if observation.producer is not None:
+                entry.producer_name = observation.producer.producer_name
+        if isinstance(entry.fields.get("producer_name"), str):
+            entry.producer_name = entry.fields["producer_name"]
         if entry.topic is None and isinstance(entry.fields.get("topic"), str):
             entry.topic = entry.fields["topic"]
         section = frame.payload
@@ -145,6 +151,8 @@ class TimelineBuilder:
                 metadata = api.MessageMetadata()
             entry.num_messages = (metadata.num_messages_in_batch if metadata.HasField("num_messages_in_batch")
                                   else 1)
+            if entry.producer_name is None and metadata.HasField("producer_name"):
+                entry.producer_name = metadata.producer_name
             entry.compression = api.CompressionType.Name(metadata.compression)
             entry.payload_size = len(section.payload)
         return entry
