@@ -36,6 +36,12 @@ Each request's answer is compared with the recorded one by outcome only
 consumer it needs could not be created): message ids, generated names and
 timing are not differences.  :class:`ReplayDiff` is one differing request, printed
 as ``DIFF conn=N COMMAND topic=T recorded=OUTCOME replayed=OUTCOME``.
+
+:meth:`ClientReplayer.stop` (``pulsar-tap replay`` calls it on SIGINT/SIGTERM)
+ends the replay early: nothing more is sent, the answers to what was sent are
+awaited briefly, and only the requests that were replayed are compared
+(``ReplayResult.stopped`` is set).  ``requests_total``, ``steps_done`` and
+``position_ns`` let a caller show progress while the original pace is kept.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 import trio
@@ -57,6 +63,9 @@ from proxy.protocol.commands import sub_command
 from proxy.protocol.frame import Frame, encode_payload_command
 from proxy.replay.conversation import OK, UNANSWERED, Conversation, Exchange, Step, error_outcome, with_command
 from proxy.replay.matcher import message_id_key
+
+if TYPE_CHECKING:
+    from proxy.recording.reader import ReadReport
 
 T = api.BaseCommand.Type
 log = structlog.get_logger("pulsar_tap.replay")
@@ -88,6 +97,8 @@ class ReplayResult:
     #: recorded requests the proxy answered or swallowed: not replayed, not compared
     proxy_handled: int = 0
     diffs: list[ReplayDiff] = field(default_factory=list)
+    #: stopped before the end (SIGINT/SIGTERM): only the requests replayed so far were compared
+    stopped: bool = False
 
 
 class _LiveProducer:
@@ -189,6 +200,20 @@ class ClientReplayer:
         self._lookup: LookupService | None = None
         self._pool: ConnectionPool | None = None
         self.result = ReplayResult()
+        #: ids of the exchanges whose request was issued (the ones compared when stopped early)
+        self._issued: set[int] = set()
+        self._stop = trio.Event()
+        #: progress: recorded requests in all, steps issued, and the recorded time reached (ns from the first step)
+        self.requests_total = sum(1 for conv in conversations.values() for e in conv.exchanges if not e.proxy_handled)
+        self.steps_done = 0
+        self.position_ns = 0
+        steps = [step.ts_ns for conv in conversations.values() for step in conv.steps]
+        self.span_ns = max(steps) - min(steps) if steps else 0
+
+    def stop(self) -> None:
+        """Send nothing more; wait briefly for the answers to what was sent, then compare that."""
+        self.result.stopped = True
+        self._stop.set()
 
     async def run(self) -> ReplayResult:
         """Replay everything; raises ConnectionFailed when the upstream cannot be reached at all."""
@@ -202,7 +227,9 @@ class ClientReplayer:
                 unreachable = exc
             try:
                 if unreachable is None:
-                    await self._replay_all()
+                    with trio.CancelScope() as replaying:
+                        nursery.start_soon(self._cancel_on_stop, replaying)
+                        await self._replay_all()
                     await self._await_receipts()
             finally:
                 self._pool.close_all()
@@ -215,10 +242,18 @@ class ClientReplayer:
                      proxy_handled=self.result.proxy_handled)
         return self.result
 
+    async def _cancel_on_stop(self, scope: trio.CancelScope) -> None:
+        await self._stop.wait()
+        scope.cancel()
+
     async def _replay_all(self) -> None:
         start_ns: int | None = None
         clock_start = trio.current_time()
+        first_ns: int | None = None
         for conv, step in _steps_in_order(self.conversations):
+            first_ns = step.ts_ns if first_ns is None else first_ns
+            self.position_ns = step.ts_ns - first_ns
+            self.steps_done += 1
             if step.frame.type in _CONNECTION_FRAMES:
                 continue
             if step.closed_under_client:
@@ -234,6 +269,7 @@ class ClientReplayer:
                 await trio.sleep_until(clock_start + (step.ts_ns - start_ns) / 1e9 / self.speed)
             if step.exchange is not None:
                 self.result.requests += 1
+                self._issued.add(id(step.exchange))
             try:
                 outcome = await self._replay_step(conv, step)
             except BrokerError as exc:
@@ -411,7 +447,7 @@ class ClientReplayer:
         return None
 
     async def _await_receipts(self) -> None:
-        with trio.move_on_after(self.receipt_timeout):
+        with trio.move_on_after(min(self.receipt_timeout, 2.0) if self.result.stopped else self.receipt_timeout):
             for producer in self._producers.values():
                 await producer.all_answered.wait()
         for producer in [*self._retired_producers, *self._producers.values()]:
@@ -420,7 +456,7 @@ class ClientReplayer:
     def _collect_diffs(self) -> None:
         for conv in sorted(self.conversations.values(), key=lambda c: c.conn):
             for exchange in conv.exchanges:
-                if exchange.proxy_handled:
+                if exchange.proxy_handled or (self.result.stopped and id(exchange) not in self._issued):
                     continue
                 replayed = self._outcomes.get(id(exchange), UNANSWERED)
                 if exchange.abandoned and OK not in (replayed, exchange.outcome):
@@ -430,16 +466,23 @@ class ClientReplayer:
                                                         exchange.outcome, replayed))
 
 
-async def replay_recording(path: str, upstream: str, *, speed: float = 1.0, operation_timeout: float = 10.0,
-                           receipt_timeout: float = 10.0, token: str | None = None) -> ReplayResult:
-    """Replay the recording at ``path`` (a recording or a parent of several) against ``upstream``."""
+def load_conversations(path: str) -> tuple[dict[int, Conversation], ReadReport]:
+    """The recorded conversations at ``path``, and what the reader skipped (damaged records)."""
     from proxy.recording.reader import open_recordings
     from proxy.replay.conversation import build_conversations
 
-    conversations = await trio.to_thread.run_sync(lambda: build_conversations(open_recordings(path).frames()))
+    recordings = open_recordings(path)
+    conversations = build_conversations(recordings.frames())
+    return conversations, recordings.report
+
+
+async def replay_recording(path: str, upstream: str, *, speed: float = 1.0, operation_timeout: float = 10.0,
+                           receipt_timeout: float = 10.0, token: str | None = None) -> ReplayResult:
+    """Replay the recording at ``path`` (a recording or a parent of several) against ``upstream``."""
+    conversations, _ = await trio.to_thread.run_sync(load_conversations, path)
     replayer = ClientReplayer(conversations, upstream, speed=speed, operation_timeout=operation_timeout,
                               receipt_timeout=receipt_timeout, token=token)
     return await replayer.run()
 
 
-__all__ = ["NOT_SENT", "ClientReplayer", "ReplayDiff", "ReplayResult", "replay_recording"]
+__all__ = ["NOT_SENT", "ClientReplayer", "ReplayDiff", "ReplayResult", "load_conversations", "replay_recording"]
