@@ -116,6 +116,39 @@ class ConfigError(PulsarTapError):
         return ": ".join(parts)
 
 
+class ConfigErrors(ConfigError):
+    """Several config errors at once (every one a file holds); ``errors`` in file order.
+
+    Its own file, line, key and message are the first error's; :meth:`format` gives
+    one line per error.
+    """
+
+    errors: list[ConfigError]
+
+    def __init__(self, errors: list[ConfigError]) -> None:
+        if not errors:
+            raise ValueError("ConfigErrors needs at least one error")
+        flat: list[ConfigError] = []
+        for error in errors:
+            flat.extend(error.errors if isinstance(error, ConfigErrors) else [error])
+        self.errors = flat
+        first = flat[0]
+        super().__init__(first.message, file=first.file, line=first.line, key=first.key)
+
+    def format(self) -> str:
+        if not hasattr(self, "errors"):  # called by ConfigError.__init__ before errors is set
+            return super().format()
+        return "\n".join(error.format() for error in self.errors)
+
+    @classmethod
+    def raise_if_any(cls, errors: list[ConfigError]) -> None:
+        """Raise the only error, or all of them as one ConfigErrors; nothing when the list is empty."""
+        if len(errors) == 1:
+            raise errors[0]
+        if errors:
+            raise cls(errors)
+
+
 class UsageError(PulsarTapError):
     """A command was given bad arguments; printed as one line, exit status 2."""
 

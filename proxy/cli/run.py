@@ -2,15 +2,16 @@
 
 Flags override the file.  Prints ``ready: listening on HOST:PORT`` once accepting
 (``--ready-file`` also writes ``{"listen": [...], "admin": ...}``), and exits 0 on
-SIGINT/SIGTERM after draining.  A config the proxy refuses is one line
-``FILE:LINE: KEY: message`` (or ``--flag: message``) and exit status 2.
+SIGINT/SIGTERM after draining (a second signal cuts the drain short).  A config
+the proxy refuses is one line per error, ``FILE:LINE: KEY: message`` (or
+``--flag: message``), and exit status 2; so is a busy --listen or --admin port.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +21,22 @@ DESCRIPTION = """\
 Run the Pulsar proxy: clients connect to --listen, traffic goes to --upstream.
 Settings come from proxy.yaml (-c) and/or flags; flags win.
 
+The upstream is probed at start and then every few seconds: when it does not
+answer (nothing listening, or pulsar+ssl:// aimed at a plaintext port) a warning
+is logged and the proxy serves anyway; GET /healthz reports "upstream":
+"reachable" or "unreachable", and the log says when it comes back.
+
 examples:
   pulsar-tap run --listen 127.0.0.1:6650 --upstream pulsar://broker:6650
   pulsar-tap run -c proxy.yaml
   pulsar-tap run -c proxy.yaml --lookup proxy-through --ready-file /tmp/ready.json
+  pulsar-tap run --upstream pulsar://broker:6650 --rules rules/chaos.yaml --record recordings/ \
+      --admin 127.0.0.1:9650
+"""
+EPILOG = """\
+exit status:
+  0    stopped by SIGINT/SIGTERM after draining (a second signal cuts the drain short)
+  2    bad arguments, a config or rule file it refuses (every error listed), a busy port
 """
 
 #: flag destination -> (config key path, flag as written)
@@ -49,7 +62,7 @@ _FLAG_KEYS: dict[str, tuple[tuple[str, ...], str]] = {
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-c", "--config", metavar="FILE", help="proxy.yaml")
+    parser.add_argument("-c", "--config", metavar="FILE", help="proxy.yaml (keys as in SPEC.md; flags override it)")
     parser.add_argument("--listen", metavar="HOST:PORT", help="where clients connect (default 127.0.0.1:6650)")
     parser.add_argument("--upstream", metavar="URL", help="the cluster's service URL, pulsar:// or pulsar+ssl://")
     parser.add_argument("--advertise", metavar="HOST", help="host written into rewritten lookups")
@@ -60,18 +73,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-cert", metavar="FILE", help="certificate served to clients (enables TLS)")
     parser.add_argument("--tls-key", metavar="FILE", help="private key of --tls-cert")
     parser.add_argument("--tls-upstream-ca", metavar="FILE", help="CA bundle that verifies the brokers")
-    parser.add_argument("--max-connections", type=int, metavar="N")
-    parser.add_argument("--max-frame-bytes", type=int, metavar="BYTES")
+    parser.add_argument("--max-connections", type=int, metavar="N",
+                        help="client connections served at once; more are closed at accept (default 10000)")
+    parser.add_argument("--max-frame-bytes", type=int, metavar="BYTES",
+                        help="largest frame before CONNECTED; later the broker's max_message_size + 10 KiB "
+                             "(default 5 MiB + 10 KiB)")
     parser.add_argument("--verify-checksums", action="store_true", default=None,
                         help="answer SENDs with a bad CRC32C with SEND_ERROR ChecksumError")
-    parser.add_argument("--keepalive-seconds", type=float, metavar="S", help="dead-peer detection interval")
-    parser.add_argument("--drain-seconds", type=float, metavar="S", help="grace period on shutdown")
-    parser.add_argument("--broker-ports", metavar="START-END", help="ports for per-broker listeners")
+    parser.add_argument("--keepalive-seconds", type=float, metavar="S",
+                        help="PING a side silent this long; silent twice as long, it is dead (default 30)")
+    parser.add_argument("--drain-seconds", type=float, metavar="S",
+                        help="on SIGINT/SIGTERM, how long answers in flight may drain (default 5)")
+    parser.add_argument("--broker-ports", metavar="START-END",
+                        help="ports for the per-broker listeners of lookup rewriting (default: ephemeral)")
     parser.add_argument("--allow-broker", action="append", metavar="HOST:PORT",
                         help="a broker proxy-through may route to (repeatable)")
     parser.add_argument("--ready-file", metavar="PATH", help="write the listening ports as JSON once ready")
-    parser.add_argument("--log-format", choices=("console", "json"), default="console")
-    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    parser.add_argument("--log-format", choices=("console", "json"), default="console",
+                        help="log lines on stderr as readable text or as JSON objects")
+    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
+                        help="least severe log level shown")
 
 
 def _document(args: argparse.Namespace) -> tuple[Any, str | None, Path | None, dict[tuple[str, ...], str]]:
@@ -103,9 +124,13 @@ def _document(args: argparse.Namespace) -> tuple[Any, str | None, Path | None, d
 
 
 def load(args: argparse.Namespace) -> Any:
-    """The validated ProxyConfig for these arguments (UsageError / ConfigError otherwise)."""
+    """The validated ProxyConfig for these arguments (UsageError / ConfigError(s) otherwise).
+
+    Every error is reported: those about a value a flag gave name the flag
+    (``--listen: ...``), the others the file, line and key.
+    """
     from proxy.config.proxy_config import parse_config
-    from proxy.errors import ConfigError, UsageError
+    from proxy.errors import ConfigError, ConfigErrors, UsageError
 
     if not args.config and not args.upstream:
         raise UsageError("give -c proxy.yaml or --upstream URL")
@@ -113,10 +138,23 @@ def load(args: argparse.Namespace) -> Any:
     try:
         return parse_config(document, file=file, base_dir=base if file else Path.cwd())
     except ConfigError as exc:
-        for path, flag in from_flags.items():
-            if exc.key is not None and (exc.key == ".".join(path) or exc.key.startswith(".".join(path) + "[")):
-                raise UsageError(f"{flag}: {exc.message}") from None
+        errors = exc.errors if isinstance(exc, ConfigErrors) else [exc]
+        named = [_name_flag(error, from_flags) for error in errors]
+        if len(named) == 1 and named[0] is not errors[0]:
+            raise UsageError(named[0].message) from None
+        ConfigErrors.raise_if_any(named)
         raise
+
+
+def _name_flag(error: Any, from_flags: dict[tuple[str, ...], str]) -> Any:
+    """``error`` as ``--flag: message`` when a flag gave the value it is about."""
+    from proxy.errors import ConfigError
+
+    for path, flag in from_flags.items():
+        dotted = ".".join(path)
+        if error.key is not None and (error.key == dotted or error.key.startswith(dotted + "[")):
+            return ConfigError(f"{flag}: {error.message}")
+    return error
 
 
 def write_ready_file(path: str, listen: list[str], admin: str | None) -> None:
@@ -126,13 +164,18 @@ def write_ready_file(path: str, listen: list[str], admin: str | None) -> None:
 def run(args: argparse.Namespace) -> int:
     import trio
 
-    from proxy.errors import PulsarTapError
+    from proxy.cli.interrupt import on_signals, signal_name
+    from proxy.cli.ports import check_can_listen
+    from proxy.errors import UsageError
     from proxy.server.app import ProxyServer
     from proxy.server.stack import load_ruleset, running_proxy
     from proxy.telemetry.logs import configure_logging
 
     config = load(args)
     load_ruleset(config)  # a bad rule file is refused before anything listens (exit 2)
+    if config.admin is not None:
+        flag = "--admin" if args.admin else "admin.listen"
+        check_can_listen(config.admin.listen.host, config.admin.listen.port, flag)
     configure_logging(args.log_format, args.log_level)
     import structlog
 
@@ -141,17 +184,27 @@ def run(args: argparse.Namespace) -> int:
     try:
         server.bind()
     except OSError as exc:
-        raise PulsarTapError(f"cannot listen on {config.listen}: {exc.strerror or exc}") from None
+        raise UsageError(f"cannot listen on {config.listen}: {exc.strerror or exc}") from None
 
     async def main() -> None:
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        stop = trio.Event()
+
+        def on_signal(count: int) -> None:
+            if count == 1:
+                log.info("signal received: draining", signal=signal_name(1),
+                         drain_seconds=config.limits.drain_seconds)
+                stop.set()
+            else:
+                log.info("second signal: closing now", signal=signal_name(count))
+                server.cut_drain()
+
+        with on_signals(on_signal):
             async with running_proxy(config, server=server) as stack:
                 if args.ready_file:
                     write_ready_file(args.ready_file, [stack.address], stack.admin_address)
                 print(f"ready: listening on {stack.address}", flush=True)
-                async for signum in signals:
-                    log.info("signal received", signal=signal.Signals(signum).name)
-                    break
+                await stop.wait()
+            print(f"stopped: {server.accepted_connections} connections served", file=sys.stderr, flush=True)
 
     trio.run(main)
     return 0

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
 from proxy.config.yaml_lines import LineList, LineMap
-from proxy.errors import ConfigError
+from proxy.errors import ConfigError, ConfigErrors
 
 T = TypeVar("T")
 
@@ -84,12 +84,11 @@ class Section:
         return ConfigError(message, file=self.file, line=self.key_line(key), key=join_key(self.path, key))
 
     def check_keys(self, allowed: Iterable[str]) -> None:
-        """Reject the first key (in document order) that is not in ``allowed``."""
+        """Reject every key that is not in ``allowed`` (ConfigErrors when there are several)."""
         allowed_set = set(allowed)
-        for key in self.data:
-            if key not in allowed_set:
-                known = ", ".join(sorted(allowed_set))
-                raise self.error(str(key), f"unknown key (known keys: {known})")
+        known = ", ".join(sorted(allowed_set))
+        ConfigErrors.raise_if_any([self.error(str(key), f"unknown key (known keys: {known})")
+                                   for key in self.data if key not in allowed_set])
 
     # -- values -------------------------------------------------------------------------
     def has(self, key: str) -> bool:

@@ -14,14 +14,17 @@ tracing, rules) are validated here for shape and kept for them.  Flags given to
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from proxy.config.fields import Section, type_word
 from proxy.config.yaml_lines import LineList, load_file
-from proxy.errors import ConfigError
+from proxy.errors import ConfigError, ConfigErrors
 from proxy.protocol.frame import DEFAULT_MAX_FRAME_BYTES
+
+T = TypeVar("T")
 
 DEFAULT_LISTEN: Final = "127.0.0.1:6650"
 DEFAULT_ADMIN_LISTEN: Final = "127.0.0.1:9650"
@@ -184,106 +187,165 @@ def parse_broker_ports(text: str) -> tuple[int, int]:
     return start, end
 
 
-def parse_config(data: Any, *, file: str | None = None, base_dir: Path | None = None) -> ProxyConfig:
-    """Validate a loaded ``proxy.yaml`` document (a mapping) into a ProxyConfig."""
-    top = Section.of(data, file=file, line=1)
-    top.check_keys(TOP_LEVEL_KEYS)
+class _Errors:
+    """Collects every ConfigError of a document, so all of them are reported at once."""
 
-    upstream_text = top.string("upstream")
-    try:
-        upstream = ServiceUrl.parse(upstream_text)
-    except ValueError as exc:
-        raise top.error("upstream", str(exc)) from None
-    listen = _host_port(top, "listen", DEFAULT_LISTEN)
-    assert listen is not None
-    advertise = top.string("advertise", None)
-    lookup = top.choice("lookup", LOOKUP_MODES, "rewrite")
+    def __init__(self) -> None:
+        self.errors: list[ConfigError] = []
+
+    def attempt(self, fn: Callable[[], T], default: T) -> T:
+        """``fn()``, or ``default`` once its error is recorded."""
+        try:
+            return fn()
+        except ConfigErrors as exc:
+            self.errors.extend(exc.errors)
+        except ConfigError as exc:
+            self.errors.append(exc)
+        return default
+
+    def section(self, parent: Section, key: str, keys: tuple[str, ...]) -> Section | None:
+        """The sub-section ``key`` (its unknown keys recorded), or None when absent or not a mapping."""
+        sec = self.attempt(lambda: parent.section(key), None)
+        if sec is not None:
+            self.attempt(lambda: sec.check_keys(keys), None)
+        return sec
+
+
+def parse_config(data: Any, *, file: str | None = None, base_dir: Path | None = None) -> ProxyConfig:
+    """Validate a loaded ``proxy.yaml`` document (a mapping) into a ProxyConfig.
+
+    Every error is collected: one raises as a ConfigError, several as ConfigErrors
+    (in line order), so a user fixes them all in one go.
+    """
+    top = Section.of(data, file=file, line=1)
+    c = _Errors()
+    c.attempt(lambda: top.check_keys(TOP_LEVEL_KEYS), None)
+
+    def upstream_url() -> ServiceUrl:
+        text = top.string("upstream")
+        try:
+            return ServiceUrl.parse(text)
+        except ValueError as exc:
+            raise top.error("upstream", str(exc)) from None
+
+    upstream = c.attempt(upstream_url, None)
+    listen = c.attempt(lambda: _host_port(top, "listen", DEFAULT_LISTEN), None)
+    advertise = c.attempt(lambda: top.string("advertise", None), None)
+    lookup = c.attempt(lambda: top.choice("lookup", LOOKUP_MODES, "rewrite"), "rewrite")
 
     tls = TlsConfig()
-    if (sec := top.section("tls")) is not None:
-        sec.check_keys(("cert", "key", "upstream_ca"))
-        tls = TlsConfig(_readable_file(sec, "cert", base_dir), _readable_file(sec, "key", base_dir),
-                        _readable_file(sec, "upstream_ca", base_dir))
-        if (tls.cert is None) != (tls.key is None):
-            raise sec.error("key" if tls.key is None else "cert", "tls.cert and tls.key go together")
+    if (sec := c.section(top, "tls", ("cert", "key", "upstream_ca"))) is not None:
+        tls_section = sec
+
+        def tls_file(key: str) -> str | None:
+            return c.attempt(lambda: _readable_file(tls_section, key, base_dir), None)
+
+        tls = TlsConfig(tls_file("cert"), tls_file("key"), tls_file("upstream_ca"))
+        if (tls_section.has("cert")) != (tls_section.has("key")):
+            c.errors.append(tls_section.error("key" if not tls_section.has("key") else "cert",
+                                              "tls.cert and tls.key go together"))
 
     admin = None
-    if (sec := top.section("admin")) is not None:
-        sec.check_keys(("listen", "token_file"))
-        admin_listen = _host_port(sec, "listen", DEFAULT_ADMIN_LISTEN)
-        assert admin_listen is not None
-        admin = AdminConfig(admin_listen, _readable_file(sec, "token_file", base_dir))
+    if (sec := c.section(top, "admin", ("listen", "token_file"))) is not None:
+        admin_section = sec
+        admin_listen = c.attempt(lambda: _host_port(admin_section, "listen", DEFAULT_ADMIN_LISTEN), None)
+        token_file = c.attempt(lambda: _readable_file(admin_section, "token_file", base_dir), None)
+        if admin_listen is not None:
+            admin = AdminConfig(admin_listen, token_file)
 
     record = None
-    if (sec := top.section("record")) is not None:
-        sec.check_keys(("dir", "redact", "max_segment_mb", "include_payloads"))
-        record = RecordConfig(sec.string("dir", "recordings/"), sec.boolean("redact", True),
-                              sec.integer("max_segment_mb", 256, minimum=1),
-                              sec.boolean("include_payloads", True))
+    if (sec := c.section(top, "record", ("dir", "redact", "max_segment_mb", "include_payloads"))) is not None:
+        rec = sec
+        record = RecordConfig(c.attempt(lambda: rec.string("dir", "recordings/"), "recordings/"),
+                              c.attempt(lambda: rec.boolean("redact", True), True),
+                              c.attempt(lambda: rec.integer("max_segment_mb", 256, minimum=1), 256),
+                              c.attempt(lambda: rec.boolean("include_payloads", True), True))
 
     tracing = TracingConfig()
-    if (sec := top.section("tracing")) is not None:
-        sec.check_keys(("exporter", "endpoint", "protocol", "sample"))
-        tracing = TracingConfig(sec.choice("exporter", ("none", "console", "otlp"), "none"),
-                                sec.string("endpoint", None), sec.choice("protocol", ("http", "grpc"), "http"),
-                                float(sec.number("sample", 1.0, minimum=0.0, maximum=1.0)))
+    if (sec := c.section(top, "tracing", ("exporter", "endpoint", "protocol", "sample"))) is not None:
+        tr = sec
+        tracing = TracingConfig(
+            c.attempt(lambda: tr.choice("exporter", ("none", "console", "otlp"), "none"), "none"),
+            c.attempt(lambda: tr.string("endpoint", None), None),
+            c.attempt(lambda: tr.choice("protocol", ("http", "grpc"), "http"), "http"),
+            float(c.attempt(lambda: tr.number("sample", 1.0, minimum=0.0, maximum=1.0), 1.0)))
         if tracing.endpoint is not None and not re.match(r"^https?://", tracing.endpoint):
-            raise sec.error("endpoint", f"{tracing.endpoint!r} is not an http:// or https:// URL")
+            c.errors.append(tr.error("endpoint", f"{tracing.endpoint!r} is not an http:// or https:// URL"))
 
     limits = LimitsConfig()
-    if (sec := top.section("limits")) is not None:
-        sec.check_keys(("max_connections", "max_frame_bytes", "verify_checksums", "keepalive_seconds",
-                        "drain_seconds"))
+    if (sec := c.section(top, "limits", ("max_connections", "max_frame_bytes", "verify_checksums",
+                                          "keepalive_seconds", "drain_seconds"))) is not None:
+        lim, d = sec, LimitsConfig()
         limits = LimitsConfig(
-            sec.integer("max_connections", limits.max_connections, minimum=1),
-            sec.integer("max_frame_bytes", limits.max_frame_bytes, minimum=1024, maximum=2**31),
-            sec.boolean("verify_checksums", False),
-            float(sec.number("keepalive_seconds", limits.keepalive_seconds, minimum=0.05)),
-            float(sec.number("drain_seconds", limits.drain_seconds, minimum=0.0)),
+            c.attempt(lambda: lim.integer("max_connections", d.max_connections, minimum=1), d.max_connections),
+            c.attempt(lambda: lim.integer("max_frame_bytes", d.max_frame_bytes, minimum=1024, maximum=2**31),
+                      d.max_frame_bytes),
+            c.attempt(lambda: lim.boolean("verify_checksums", False), False),
+            float(c.attempt(lambda: lim.number("keepalive_seconds", d.keepalive_seconds, minimum=0.05),
+                            d.keepalive_seconds)),
+            float(c.attempt(lambda: lim.number("drain_seconds", d.drain_seconds, minimum=0.0), d.drain_seconds)),
         )
 
-    rules: str | LineList | list[Any] | None = None
-    if top.has("rules"):
-        value = top.raw("rules")
-        if isinstance(value, str):
-            rules_path = Path(value)
-            if base_dir is not None and not rules_path.is_absolute():
-                rules_path = base_dir / rules_path
-            if not rules_path.is_file():
-                raise top.error("rules", f"rule file {value!r} is not a readable file")
-            rules = str(rules_path)
-        elif isinstance(value, list):
-            for index, item in enumerate(value):
-                if not isinstance(item, dict):
-                    line = value.line_of(index) if isinstance(value, LineList) else top.key_line("rules")
-                    raise ConfigError(f"a rule must be a mapping, not {type_word(item)}", file=file, line=line,
-                                      key=f"rules[{index}]")
-            rules = value
-        else:
-            raise top.error("rules", f"must be a rule file path or a list of rules, not {type_word(value)}")
+    rules = c.attempt(lambda: _rules(top, file, base_dir), None)
+    broker_ports = c.attempt(lambda: _broker_ports(top), None)
+    no_brokers: tuple[HostPort, ...] = ()
+    allowed = c.attempt(lambda: _allowed_brokers(top, file), no_brokers)
 
-    broker_ports = None
-    if top.has("broker_ports"):
-        try:
-            broker_ports = parse_broker_ports(str(top.raw("broker_ports")))
-        except ValueError as exc:
-            raise top.error("broker_ports", str(exc)) from None
-
-    allowed: list[HostPort] = []
-    if top.has("allowed_brokers"):
-        value = top.raw("allowed_brokers")
-        if not isinstance(value, list):
-            raise top.error("allowed_brokers", f"must be a list of HOST:PORT, not {type_word(value)}")
-        for index, item in enumerate(value):
-            try:
-                allowed.append(_broker_address(item))
-            except ValueError as exc:
-                line = value.line_of(index) if isinstance(value, LineList) else top.key_line("allowed_brokers")
-                raise ConfigError(str(exc), file=file, line=line, key=f"allowed_brokers[{index}]") from None
-
+    ConfigErrors.raise_if_any(sorted(c.errors, key=lambda error: error.line or 0))
+    assert upstream is not None and listen is not None
     return ProxyConfig(upstream=upstream, listen=listen, advertise=advertise, lookup=lookup, tls=tls,
                        admin=admin, record=record, tracing=tracing, limits=limits, rules=rules,
-                       broker_ports=broker_ports, allowed_brokers=tuple(allowed), file=file)
+                       broker_ports=broker_ports, allowed_brokers=allowed, file=file)
+
+
+def _rules(top: Section, file: str | None, base_dir: Path | None) -> str | LineList | list[Any] | None:
+    if not top.has("rules"):
+        return None
+    value = top.raw("rules")
+    if isinstance(value, str):
+        rules_path = Path(value)
+        if base_dir is not None and not rules_path.is_absolute():
+            rules_path = base_dir / rules_path
+        if not rules_path.is_file():
+            raise top.error("rules", f"rule file {value!r} is not a readable file")
+        return str(rules_path)
+    if isinstance(value, list):
+        errors = []
+        for index, item in enumerate(value):
+            if not isinstance(item, dict):
+                line = value.line_of(index) if isinstance(value, LineList) else top.key_line("rules")
+                errors.append(ConfigError(f"a rule must be a mapping, not {type_word(item)}", file=file, line=line,
+                                          key=f"rules[{index}]"))
+        ConfigErrors.raise_if_any(errors)
+        return value
+    raise top.error("rules", f"must be a rule file path or a list of rules, not {type_word(value)}")
+
+
+def _broker_ports(top: Section) -> tuple[int, int] | None:
+    if not top.has("broker_ports"):
+        return None
+    try:
+        return parse_broker_ports(str(top.raw("broker_ports")))
+    except ValueError as exc:
+        raise top.error("broker_ports", str(exc)) from None
+
+
+def _allowed_brokers(top: Section, file: str | None) -> tuple[HostPort, ...]:
+    if not top.has("allowed_brokers"):
+        return ()
+    value = top.raw("allowed_brokers")
+    if not isinstance(value, list):
+        raise top.error("allowed_brokers", f"must be a list of HOST:PORT, not {type_word(value)}")
+    allowed: list[HostPort] = []
+    errors: list[ConfigError] = []
+    for index, item in enumerate(value):
+        try:
+            allowed.append(_broker_address(item))
+        except ValueError as exc:
+            line = value.line_of(index) if isinstance(value, LineList) else top.key_line("allowed_brokers")
+            errors.append(ConfigError(str(exc), file=file, line=line, key=f"allowed_brokers[{index}]"))
+    ConfigErrors.raise_if_any(errors)
+    return tuple(allowed)
 
 
 def _broker_address(item: Any) -> HostPort:

@@ -442,16 +442,21 @@ def _document(c: _Collector, data: Any) -> RuleSet:
     for index, item in enumerate(rules_data):
         path = f"rules[{index}]"
         line = _line(rules_data, index)
+        # names are checked for repeats even on rules with other errors: every error at once
+        raw_name = item.get("name") if isinstance(item, dict) else None
+        name = raw_name if isinstance(raw_name, str) else ""
+        repeated = name in seen
+        if repeated:
+            c.error(_line(item, "name") or line, f"{path}.name",
+                    f"duplicate rule name {name!r} (first used by {seen[name]})")
+        elif name.strip():
+            seen[name] = path
         try:
             rule = _rule(c, item, path, line)
         except _Invalid:
             continue
-        if rule.name in seen:
-            c.error(_line(item, "name") or line, f"{path}.name",
-                    f"duplicate rule name {rule.name!r} (first used by {seen[rule.name]})")
-            continue
-        seen[rule.name] = path
-        rules.append(rule)
+        if not repeated:
+            rules.append(rule)
     return RuleSet(tuple(rules), seed, c.file)
 
 
