@@ -2,7 +2,8 @@
 
 Routes (SPEC.md, "Admin API" and "Admin API bodies"):
 
-- ``GET /healthz`` — liveness, never needs the token;
+- ``GET /healthz`` — liveness, never needs the token: ``{"status": "ok"}`` plus what
+  the ``health`` provider adds (the proxy: ``upstream`` reachable | unreachable);
 - ``GET /rules`` — ``{"seed": N, "rules": [{"name", "match", "action", "hits"}]}``,
   normalised with defaults filled in;
 - ``PUT /rules`` — replace every rule with a rules document (200); ``POST /rules``
@@ -56,8 +57,10 @@ class AdminApp:
 
     def __init__(self, engine: RulesEngine, *, token: str | None = None,
                  connections: Callable[[], list[dict[str, Any]]] | None = None,
-                 metrics: Callable[[], str] | None = None) -> None:
+                 metrics: Callable[[], str] | None = None,
+                 health: Callable[[], dict[str, Any]] | None = None) -> None:
         self.engine = engine
+        self.health = health
         self.token = token
         self.connections = connections or list
         self.metrics = metrics
@@ -82,7 +85,7 @@ class AdminApp:
         path: str = scope["path"].rstrip("/") or "/"
         if path == "/healthz":
             self._allow(method, ("GET", "HEAD"))
-            return self._json(200, {"status": "ok"})
+            return self._json(200, {"status": "ok", **(self.health() if self.health is not None else {})})
         self._authorize(scope)
         if path == "/rules":
             self._allow(method, ("GET", "PUT", "POST"))

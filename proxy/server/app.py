@@ -90,6 +90,8 @@ class ProxyServer:
         self._no_connections = trio.Event()
         self._accepting = False
         self._main_socket: socket.socket | None = None
+        self._drain_scope: trio.CancelScope | None = None
+        self._drain_cut = False
 
     @property
     def main_address(self) -> HostPort:
@@ -103,6 +105,13 @@ class ProxyServer:
 
     def request_shutdown(self) -> None:
         self._stop.set()
+
+    def cut_drain(self) -> None:
+        """Shut down without waiting for the drain (a second SIGINT/SIGTERM)."""
+        self._stop.set()
+        self._drain_cut = True
+        if self._drain_scope is not None:
+            self._drain_scope.cancel()
 
     async def run(self, *, task_status: trio.TaskStatus[ProxyServer] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until :meth:`request_shutdown`; ``task_status.started`` once accepting."""
@@ -139,9 +148,10 @@ class ProxyServer:
         log.info("shutting down", open_connections=self.active_connections, drain_seconds=grace)
         for relay in list(self.relays):
             relay.begin_drain()
-        if self.active_connections:
-            with trio.move_on_after(grace):
+        if self.active_connections and not self._drain_cut:
+            with trio.move_on_after(grace) as self._drain_scope:
                 await self._no_connections.wait()
+            self._drain_scope = None
 
     # -- listeners ---------------------------------------------------------------------------
     def _bind(self, host: str, port: int) -> socket.socket:

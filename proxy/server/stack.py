@@ -10,7 +10,9 @@
   the frames ``record`` rules match, while there are such rules);
 - telemetry, which :class:`~proxy.server.app.ProxyServer` builds from ``tracing:``
   (and metrics when ``admin`` serves /metrics);
-- the admin API (``admin:``) on hypercorn, with the connections and metrics providers.
+- the admin API (``admin:``) on hypercorn, with the connections, metrics and health providers;
+- the upstream probe (:mod:`proxy.server.upstream_probe`): a warning when the upstream
+  does not answer (the proxy serves anyway), ``/healthz`` says which.
 
 Everything runs in one nursery; leaving the ``async with`` shuts the proxy down,
 drains it, and finishes the recording.
@@ -35,6 +37,7 @@ from proxy.rules.hook import RulesHook, record_filter
 from proxy.rules.loader import load_rules_file, ruleset_from_data
 from proxy.rules.model import RuleSet
 from proxy.server.app import ProxyServer
+from proxy.server.upstream_probe import UpstreamHealth, probe_upstream
 
 log = structlog.get_logger("pulsar_tap.proxy")
 
@@ -48,6 +51,7 @@ class ProxyStack:
     engine: RulesEngine | None
     recording_path: Path | None = None
     admin_address: str | None = None
+    upstream_health: UpstreamHealth | None = None
 
     @property
     def address(self) -> str:
@@ -121,7 +125,7 @@ async def running_proxy(config: ProxyConfig, *, server: ProxyServer | None = Non
         server = ProxyServer(config, hook=RulesHook(engine) if engine is not None else None)
     elif engine is not None:
         server.hook = RulesHook(engine)
-    stack = ProxyStack(config, server, engine)
+    stack = ProxyStack(config, server, engine, upstream_health=UpstreamHealth(str(config.upstream)))
     async with contextlib.AsyncExitStack() as exits:
         if config.record is not None:
             from proxy.recording.observer import RecordingObserver
@@ -140,12 +144,19 @@ async def running_proxy(config: ProxyConfig, *, server: ProxyServer | None = Non
         services = await exits.enter_async_context(trio.open_nursery())
         async with trio.open_nursery() as proxy_nursery:
             await proxy_nursery.start(server.run)
+            assert stack.upstream_health is not None
+            answered = trio.Event()
+            services.start_soon(probe_upstream, config.upstream, server.upstream_tls_context, stack.upstream_health,
+                                answered)
+            with trio.move_on_after(1.0):  # a refused or failing upstream is said before "ready"
+                await answered.wait()
             if engine is not None and isinstance(config.rules, str):
                 from proxy.rules.reload import watch_rule_file
 
                 services.start_soon(watch_rule_file, config.rules, engine)
             if config.admin is not None and engine is not None:
-                stack.admin_address = await _start_admin(services, server, engine, config, token)
+                stack.admin_address = await _start_admin(services, server, engine, config, token,
+                                                         stack.upstream_health)
             try:
                 yield stack
             finally:
@@ -155,14 +166,14 @@ async def running_proxy(config: ProxyConfig, *, server: ProxyServer | None = Non
 
 
 async def _start_admin(nursery: trio.Nursery, server: ProxyServer, engine: RulesEngine, config: ProxyConfig,
-                       token: str | None) -> str:
+                       token: str | None, health: UpstreamHealth) -> str:
     from proxy.admin.app import AdminApp
     from proxy.admin.serve import serve_admin
 
     assert config.admin is not None
     telemetry = server.telemetry
     app = AdminApp(engine, token=token, connections=lambda: connection_rows(server),
-                   metrics=telemetry.admin_metrics if telemetry is not None else None)
+                   metrics=telemetry.admin_metrics if telemetry is not None else None, health=health.to_json)
     try:
         bound = await nursery.start(serve_admin, app, config.admin.listen.host, config.admin.listen.port)
     except OSError as exc:
