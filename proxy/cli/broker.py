@@ -3,14 +3,16 @@
 N brokers listen on consecutive ports from the ``--listen`` port (or on ephemeral
 ports when it is 0); each prints ``ready: listening on HOST:PORT`` once it accepts
 connections, lowest port first; ``--ready-file`` also writes the addresses as
-JSON.  SIGINT or SIGTERM stop the cluster cleanly with exit status 0.
+JSON.  SIGINT or SIGTERM stop the cluster cleanly with exit status 0 (a second
+signal too, with no traceback).  A busy port is one line naming it (``--listen``
+port, one of the consecutive broker ports, or ``--admin``), exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import signal
+import sys
 from pathlib import Path
 
 NAME = "broker"
@@ -28,6 +30,11 @@ examples:
   pulsar-tap broker --listen 127.0.0.1:6650 --brokers 3 --partitions 4 --admin 127.0.0.1:8080
   pulsar-tap broker --topic orders=4 --topic persistent://acme/ns/audit --ready-file /tmp/ready.json
   pulsar-tap broker --auth-token token.txt --keepalive 10
+"""
+EPILOG = """\
+exit status:
+  0    stopped by SIGINT/SIGTERM
+  2    bad arguments, a busy port (named in the one error line)
 """
 
 DEFAULT_LISTEN = "127.0.0.1:6650"
@@ -139,16 +146,22 @@ def run(args: argparse.Namespace) -> int:
 
     from proxy.broker.cluster import ClusterConfig
     from proxy.broker.embedded import ClusterRunner
-    from proxy.errors import PulsarTapError
+    from proxy.cli.interrupt import on_signals
+    from proxy.cli.ports import check_can_listen
+    from proxy.errors import UsageError
     from proxy.telemetry.logs import configure_logging
 
     config, ports, admin = build_config(args)
     assert isinstance(config, ClusterConfig)
+    for index, port in enumerate(ports):
+        check_can_listen(config.host, port, "--listen" if index == 0 else f"broker {index + 1} of --brokers")
+    if admin is not None:
+        check_can_listen(admin[0], admin[1], "--admin")
     configure_logging("console", args.log_level)
     runner = ClusterRunner(config, ports, admin=admin)
 
     async def main() -> None:
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        with trio.CancelScope() as everything, on_signals(lambda count: everything.cancel()):
             async with trio.open_nursery() as nursery:
                 addresses: list[str] = await nursery.start(runner.run)
                 if args.ready_file:
@@ -157,9 +170,7 @@ def run(args: argparse.Namespace) -> int:
                     print(f"ready: listening on {address}", flush=True)
                 if runner.admin_address is not None:
                     print(f"admin: listening on http://{runner.admin_address}", flush=True)
-                async for _ in signals:
-                    nursery.cancel_scope.cancel()
-                    break
+        print("stopped", file=sys.stderr, flush=True)
 
     try:
         trio.run(main)
@@ -167,10 +178,9 @@ def run(args: argparse.Namespace) -> int:
         os_error = _os_error_in(exc)
         if os_error is None:
             raise
-        raise PulsarTapError(f"cannot listen on {args.listen}: {os_error.strerror or os_error}") from None
+        # a port taken between the check and the bind
+        raise UsageError(f"cannot listen: {os_error.strerror or os_error}") from None
     return 0
-
-
 def _os_error_in(exc: BaseException) -> OSError | None:
     """The OSError (e.g. address in use) inside a possibly nested exception group."""
     if isinstance(exc, OSError):

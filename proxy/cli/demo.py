@@ -30,12 +30,21 @@ example rules of rules/demo.yaml, record everything, and drive producers and
 consumers of the built-in client through it on a 4-partition topic for about ten
 seconds.  Prints live progress, then the messages sent and received, the latency
 of each command through the proxy, the rule hits, and what to try next with the
-recording it leaves in --out.
+recording it leaves in --out.  SIGINT/SIGTERM stop the traffic early: the
+consumers get a moment to receive what was sent (a second signal skips that), the
+recording is finished, and the summary is printed as usual.
 
 examples:
   pulsar-tap demo
   pulsar-tap demo --seconds 30 --rate 2000 --out /tmp/tap-demo
   pulsar-tap demo --sample        # just decode a bundled capture of the official client
+"""
+
+EPILOG = """\
+exit status:
+  0    done, or stopped by SIGINT/SIGTERM (the summary and the recording cover what ran)
+  1    messages were lost (sent but never received)
+  2    bad arguments, rules/demo.yaml not found
 """
 
 SAMPLE_RESOURCE = "sample_client_frames.bin"
@@ -49,8 +58,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rate", type=int, default=500, help="messages per second in total (default 500)")
     parser.add_argument("--size", type=int, default=256, help="message size in bytes (default 256)")
     parser.add_argument("--out", default="pulsar-tap-demo", metavar="DIR",
-                        help="where the recording goes (default ./pulsar-tap-demo)")
-    parser.add_argument("--rules", metavar="FILE", help="rule file (default rules/demo.yaml)")
+                        help="where the recording goes (default ./pulsar-tap-demo; created if missing)")
+    parser.add_argument("--rules", metavar="FILE", help="rule file (default rules/demo.yaml of the checkout)")
     parser.add_argument("--sample", action="store_true", help="only decode the bundled sample of client frames")
 
 
@@ -78,7 +87,32 @@ def _default_rules() -> Path:
     raise UsageError("rules/demo.yaml not found: run the demo from a pulsar-tap checkout, or pass --rules FILE")
 
 
+class _Stop:
+    """What SIGINT/SIGTERM asked of the demo: stop sending (first), stop waiting for the consumers (second)."""
+
+    def __init__(self) -> None:
+        import trio
+
+        self.signals = 0
+        self.sending = trio.Event()
+        self.waiting = trio.CancelScope()
+
+    def __call__(self, count: int) -> None:
+        self.signals = count
+        self.sending.set()
+        if count > 1:
+            self.waiting.cancel()
+
+
 async def _demo(args: argparse.Namespace, rules: Path) -> int:
+    from proxy.cli.interrupt import on_signals
+
+    stop = _Stop()
+    with on_signals(stop):
+        return await _run_demo(args, rules, stop)
+
+
+async def _run_demo(args: argparse.Namespace, rules: Path, stop: _Stop) -> int:
     from proxy.broker.cluster import ClusterConfig
     from proxy.broker.embedded import open_cluster
     from proxy.config.proxy_config import HostPort, LimitsConfig, ProxyConfig, RecordConfig, ServiceUrl
@@ -97,15 +131,17 @@ async def _demo(args: argparse.Namespace, rules: Path) -> int:
         async with running_proxy(config) as stack:
             print(f"demo: brokers {brokers}; proxy pulsar://{stack.address}; "
                   f"rules seed {stack.engine.seed if stack.engine else '-'}")
-            traffic = await _traffic(f"pulsar://{stack.address}", args)
+            traffic = await _traffic(f"pulsar://{stack.address}", args, stop)
             hits = stack.engine.hits() if stack.engine is not None else {}
             recording = stack.recording_path
     assert recording is not None
+    if stop.signals:
+        print("\ndemo: stopped by a signal: the figures and the recording cover what ran until then")
     _summary(traffic, hits, recording, args)
-    return 0 if traffic["lost"] == 0 else 1
+    return 0 if traffic["lost"] == 0 or stop.signals else 1
 
 
-async def _traffic(url: str, args: argparse.Namespace) -> dict[str, Any]:
+async def _traffic(url: str, args: argparse.Namespace, stop: _Stop) -> dict[str, Any]:
     """Produce at ``--rate`` for ``--seconds`` through the proxy while two consumers receive and ack."""
     import time
 
@@ -157,7 +193,7 @@ async def _traffic(url: str, args: argparse.Namespace) -> dict[str, Any]:
                 interval = 1.0 / args.rate
                 index = 0
                 next_report = started
-                while time.monotonic() - started < args.seconds:
+                while time.monotonic() - started < args.seconds and not stop.sending.is_set():
                     senders.start_soon(send_one, index, senders)
                     index += 1
                     now = time.monotonic()
@@ -165,7 +201,7 @@ async def _traffic(url: str, args: argparse.Namespace) -> dict[str, Any]:
                         progress()
                         next_report = now + 0.5
                     await trio.sleep(max(0.0, started + index * interval - now))
-            with trio.move_on_after(15):
+            with stop.waiting, trio.move_on_after(15):
                 while len(set(received) & sent) < len(sent):  # noqa: ASYNC110 - polls counters, no event to wait on
                     await trio.sleep(0.05)
             progress(final=True)

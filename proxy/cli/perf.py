@@ -5,7 +5,9 @@ fast as the pending-message limit allows) and measures publish latency (send to
 receipt).  ``consume`` runs N consumers and measures end-to-end latency from the
 publish time.  ``roundtrip`` does both at once, stamping each payload with its
 send time so end-to-end latency is exact.  Progress goes to stderr once a second;
-the summary goes to stdout, as JSON with ``--json``.
+the summary goes to stdout, as JSON with ``--json``.  SIGINT/SIGTERM stop the run
+and print the summary of what ran (``"interrupted": true`` in the JSON), exit 0; a
+second signal also skips closing the producers and consumers gracefully.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ NAME = "perf"
 HELP = "load generator on the built-in client"
 DESCRIPTION = """\
 Produce and/or consume messages with the built-in Pulsar client and report
-throughput and latency (p50/p99/max).
+throughput and latency (p50/p99/max).  MODE is produce, consume or roundtrip;
+'pulsar-tap perf MODE --help' lists its options.
 
 examples:
   pulsar-tap perf produce --url pulsar://127.0.0.1:6650 --topic perf --messages 100000 --size 1024
@@ -33,55 +36,109 @@ examples:
   pulsar-tap perf roundtrip --url pulsar://127.0.0.1:6650 --topic rt --messages 50000 --json
 """
 
+EPILOG = """\
+exit status:
+  0    done, or stopped by SIGINT/SIGTERM (the summary covers what ran)
+  1    some messages could not be published (the summary counts them, with the first error)
+  2    bad arguments, a broker that cannot be reached
+"""
+_MODES = {
+    "produce": ("publish messages and measure publish latency (send to receipt)", """\
+Publish messages from N producers spread over the topics, at --rate messages per
+second in total (0: as fast as --max-pending allows), and measure publish latency
+(send to receipt).  Stops after --messages (default 10000) or --duration.
+
+examples:
+  pulsar-tap perf produce --url pulsar://127.0.0.1:6650 --topic perf --messages 100000 --size 1024
+  pulsar-tap perf produce --topic a --topic b --producers 4 --rate 20000 --duration 30 --compression LZ4
+"""),
+    "consume": ("consume messages and measure end-to-end latency (from publish time)", """\
+Receive and acknowledge messages with N consumers of one subscription and measure
+end-to-end latency from each message's publish time.  A new subscription starts at
+--initial-position: latest (the default) reads only what is published from now on,
+earliest reads the backlog first; an existing subscription carries on where it is.
+Runs until --messages, --duration, or SIGINT/SIGTERM.
+
+examples:
+  pulsar-tap perf consume --url pulsar://127.0.0.1:6650 --topic perf --subscription s --duration 30
+  pulsar-tap perf consume --topic orders --subscription backlog --initial-position earliest --messages 3000
+  pulsar-tap perf consume --topic perf --subscription s --type Shared --consumers 4 --json
+"""),
+    "roundtrip": ("publish and consume at once, measuring exact end-to-end latency", """\
+Publish and consume at once; each payload carries its send time, so end-to-end
+latency is exact.  The subscription (default perf-roundtrip) starts at earliest
+unless --initial-position latest.  Stops after --messages (default 10000) or
+--duration, once the consumers have received what was published.
+
+examples:
+  pulsar-tap perf roundtrip --url pulsar://127.0.0.1:6650 --topic rt --messages 50000 --json
+  pulsar-tap perf roundtrip --topic rt --rate 1000 --duration 60 --type Shared --consumers 2
+"""),
+}
+
 _STAMP = struct.Struct(">Q")
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default="pulsar://127.0.0.1:6650", help="service URL (default %(default)s)")
-    parser.add_argument("--topic", action="append", required=True,
-                        help="topic to use; repeat for several (producers/consumers are spread over them)")
+    parser.add_argument("--topic", action="append", required=True, metavar="NAME",
+                        help="topic to use, full or short name; repeat for several (producers/consumers are "
+                             "spread over them)")
     limit = parser.add_mutually_exclusive_group()
-    limit.add_argument("--messages", type=int, default=0, help="stop after N messages in total")
-    limit.add_argument("--duration", type=float, default=0.0, help="stop after S seconds")
+    limit.add_argument("--messages", type=int, default=0, metavar="N",
+                       help="stop after N messages in total (default: 10000 for produce and roundtrip, "
+                            "no limit for consume)")
+    limit.add_argument("--duration", type=float, default=0.0, metavar="S",
+                       help="stop after S seconds (default: no limit)")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    parser.add_argument("--token", help="auth token")
+    parser.add_argument("--token", metavar="TOKEN", help="auth token (default: none)")
 
 
 def _add_produce(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rate", type=float, default=0.0, help="messages per second in total (0: unlimited)")
-    parser.add_argument("--size", type=int, default=1024, help="payload bytes (default %(default)s)")
-    parser.add_argument("--producers", type=int, default=1, help="number of producers (default 1)")
+    parser.add_argument("--rate", type=float, default=0.0, metavar="R",
+                        help="messages per second in total (default 0: as fast as --max-pending allows)")
+    parser.add_argument("--size", type=int, default=1024, metavar="BYTES", help="payload bytes (default %(default)s)")
+    parser.add_argument("--producers", type=int, default=1, metavar="N", help="number of producers (default 1)")
     batching = parser.add_mutually_exclusive_group()
     batching.add_argument("--batching", dest="batching", action="store_true", default=True,
                           help="batch messages (default)")
     batching.add_argument("--no-batching", dest="batching", action="store_false", help="send one message per SEND")
     parser.add_argument("--compression", default="NONE", choices=["NONE", "LZ4", "ZLIB", "ZSTD", "SNAPPY"],
-                        type=str.upper)
-    parser.add_argument("--max-pending", type=int, default=1000, help="pending messages per producer")
+                        type=str.upper, help="payload compression (default NONE)")
+    parser.add_argument("--max-pending", type=int, default=1000, metavar="N",
+                        help="messages a producer may have awaiting their receipt; sends wait beyond it "
+                             "(default 1000)")
 
 
-def _add_consume(parser: argparse.ArgumentParser, *, subscription_required: bool) -> None:
-    parser.add_argument("--subscription", required=subscription_required, default="perf-roundtrip",
-                        help="subscription name")
+def _add_consume(parser: argparse.ArgumentParser, *, roundtrip: bool) -> None:
+    parser.add_argument("--subscription", required=not roundtrip, default="perf-roundtrip", metavar="NAME",
+                        help="subscription name" + (" (default perf-roundtrip)" if roundtrip else ""))
     parser.add_argument("--type", dest="sub_type", default="Exclusive",
-                        choices=["Exclusive", "Shared", "Failover", "Key_Shared"])
-    parser.add_argument("--consumers", type=int, default=1, help="number of consumers (default 1)")
-    parser.add_argument("--receiver-queue-size", type=int, default=1000)
+                        choices=["Exclusive", "Shared", "Failover", "Key_Shared"],
+                        help="subscription type (default Exclusive)")
+    parser.add_argument("--initial-position", choices=["earliest", "latest"], type=str.lower,
+                        default="earliest" if roundtrip else "latest",
+                        help="where a new subscription starts: earliest reads the backlog, latest only new "
+                             f"messages (default {'earliest' if roundtrip else 'latest'})")
+    parser.add_argument("--consumers", type=int, default=1, metavar="N", help="number of consumers (default 1)")
+    parser.add_argument("--receiver-queue-size", type=int, default=1000, metavar="N",
+                        help="messages each consumer lets the broker push ahead (FLOW permits, default 1000)")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from proxy.cli import HelpFormatter
+
     modes = parser.add_subparsers(dest="mode", metavar="MODE", required=True, parser_class=type(parser))
-    produce = modes.add_parser("produce", help="publish messages")
-    _add_common(produce)
-    _add_produce(produce)
-    consume = modes.add_parser("consume", help="consume messages")
-    _add_common(consume)
-    _add_consume(consume, subscription_required=True)
-    roundtrip = modes.add_parser("roundtrip", help="publish and consume, measuring end-to-end latency")
-    _add_common(roundtrip)
-    _add_produce(roundtrip)
-    _add_consume(roundtrip, subscription_required=False)
+    parsers = {name: modes.add_parser(name, help=help_text, description=description, epilog=EPILOG,
+                                      formatter_class=HelpFormatter)
+               for name, (help_text, description) in _MODES.items()}
+    for name, sub in parsers.items():
+        _add_common(sub)
+        if name != "consume":
+            _add_produce(sub)
+        if name != "produce":
+            _add_consume(sub, roundtrip=name == "roundtrip")
 
 
 @dataclass
@@ -125,6 +182,8 @@ class _Run:
     produced: _Totals = field(default_factory=_Totals)
     consumed: _Totals = field(default_factory=_Totals)
     done_producing: bool = False
+    #: stopped by SIGINT/SIGTERM
+    interrupted: bool = False
 
 
 def _validate(args: argparse.Namespace) -> None:
@@ -164,44 +223,63 @@ def run(args: argparse.Namespace) -> int:
 async def _main(state: _Run) -> dict[str, Any]:
     import trio
 
+    from proxy.cli.interrupt import on_signals
     from proxy.client import PulsarClient
     from proxy.errors import ClientError, ConnectionFailed
 
     args = state.args
     started = trio.current_time()
-    try:
-        async with PulsarClient(args.url, token=args.token, operation_timeout=30.0) as client:
-            consumers = []
-            if args.mode in ("consume", "roundtrip"):
-                for index in range(args.consumers):
-                    topic = args.topic[index % len(args.topic)]
-                    consumers.append(await client.subscribe(
-                        topic, args.subscription, subscription_type=args.sub_type,
-                        initial_position="Earliest" if args.mode == "roundtrip" else "Latest",
-                        receiver_queue_size=args.receiver_queue_size))
-            producers = []
-            if args.mode in ("produce", "roundtrip"):
-                for index in range(args.producers):
-                    topic = args.topic[index % len(args.topic)]
-                    producers.append(await client.create_producer(
-                        topic, compression=args.compression, batching=args.batching,
-                        max_pending_messages=args.max_pending))
-            started = trio.current_time()
-            async with trio.open_nursery() as nursery:
-                if not args.quiet:
-                    nursery.start_soon(_report, state, started)
-                if args.duration:
-                    nursery.cancel_scope.deadline = started + args.duration
-                async with trio.open_nursery() as workers:
-                    for consumer in consumers:
-                        workers.start_soon(_consume, state, consumer, workers.cancel_scope)
-                    if producers:
-                        workers.start_soon(_produce_all, state, producers, workers.cancel_scope, bool(consumers))
-                nursery.cancel_scope.cancel()
-            elapsed = trio.current_time() - started
-    except ConnectionFailed as exc:
-        raise ClientError(f"cannot reach {args.url}: {exc}") from None
+    stopped_at: float | None = None
+    measuring = trio.CancelScope()
+
+    def on_signal(count: int) -> None:
+        nonlocal stopped_at
+        state.interrupted = True
+        stopped_at = stopped_at or trio.current_time()
+        measuring.cancel()  # the first signal ends the measurement; the client still closes properly
+        if count > 1:
+            everything.cancel()
+
+    with trio.CancelScope() as everything, on_signals(on_signal):
+        try:
+            async with PulsarClient(args.url, token=args.token, operation_timeout=30.0) as client:
+                with measuring:
+                    consumers = []
+                    if args.mode in ("consume", "roundtrip"):
+                        for index in range(args.consumers):
+                            topic = args.topic[index % len(args.topic)]
+                            consumers.append(await client.subscribe(
+                                topic, args.subscription, subscription_type=args.sub_type,
+                                initial_position=args.initial_position.capitalize(),
+                                receiver_queue_size=args.receiver_queue_size))
+                    producers = []
+                    if args.mode in ("produce", "roundtrip"):
+                        for index in range(args.producers):
+                            topic = args.topic[index % len(args.topic)]
+                            producers.append(await client.create_producer(
+                                topic, compression=args.compression, batching=args.batching,
+                                max_pending_messages=args.max_pending))
+                    started = trio.current_time()
+                    async with trio.open_nursery() as nursery:
+                        if not args.quiet:
+                            nursery.start_soon(_report, state, started)
+                        if args.duration:
+                            nursery.cancel_scope.deadline = started + args.duration
+                        async with trio.open_nursery() as workers:
+                            for consumer in consumers:
+                                workers.start_soon(_consume, state, consumer, workers.cancel_scope)
+                            if producers:
+                                workers.start_soon(_produce_all, state, producers, workers.cancel_scope,
+                                                   bool(consumers))
+                        nursery.cancel_scope.cancel()
+                stopped_at = stopped_at or trio.current_time()
+        except ConnectionFailed as exc:
+            if not state.interrupted:
+                raise ClientError(f"cannot reach {args.url}: {exc}") from None
+    elapsed = max(0.0, (stopped_at or trio.current_time()) - started)
     summary: dict[str, Any] = {"mode": args.mode, "url": args.url, "topics": args.topic}
+    if state.interrupted:
+        summary["interrupted"] = True
     if args.mode in ("produce", "roundtrip"):
         summary["produce"] = state.produced.summary(elapsed)
         summary["produce"]["config"] = {"producers": args.producers, "size": args.size, "rate": args.rate,
@@ -210,7 +288,8 @@ async def _main(state: _Run) -> dict[str, Any]:
             summary["produce"]["first_error"] = state.produced.first_error
     if args.mode in ("consume", "roundtrip"):
         summary["consume"] = state.consumed.summary(elapsed)
-        summary["consume"]["config"] = {"consumers": args.consumers, "subscription_type": args.sub_type}
+        summary["consume"]["config"] = {"consumers": args.consumers, "subscription_type": args.sub_type,
+                                        "initial_position": args.initial_position}
     return summary
 
 
@@ -305,6 +384,8 @@ async def _report(state: _Run, started: float) -> None:
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
+    if summary.get("interrupted"):
+        print("stopped by a signal: the figures cover what ran until then")
     for label in ("produce", "consume"):
         part = summary.get(label)
         if part is None:

@@ -180,6 +180,9 @@ def _serve(args: argparse.Namespace) -> int:
         raise UsageError(f"--listen: {exc}") from None
     if args.upstream:
         parse_service_url(args.upstream)
+    from proxy.cli.ports import check_can_listen
+
+    check_can_listen(listen.host, listen.port, "--listen")
     recordings = open_recordings(args.recording)
     book = AnswerBook.from_conversations(build_conversations(recordings.frames()).values())
     _warn(recordings.report)
