@@ -44,6 +44,17 @@ SUBCOMMAND_MODULES = (
 )
 
 
+_EPILOG = """\
+Run 'pulsar-tap COMMAND --help' for a command's options and examples.
+
+exit status (every command; each --help says which apply):
+  0    done, or stopped by SIGINT/SIGTERM with a complete result
+  1    a finding: rules check found errors, replay found differences
+  2    bad input or an error (one line on stderr, never a traceback)
+  130  interrupted by SIGINT/SIGTERM with an incomplete result
+"""
+
+
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Descriptions and epilogs as written (they hold examples); every option's default shown."""
 
@@ -67,7 +78,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
     parser = _Parser(
         prog="pulsar-tap",
         description="A protocol-aware TCP proxy and traffic recorder for Apache Pulsar.",
-        epilog="Run 'pulsar-tap COMMAND --help' for a command's options and examples.",
+        epilog=_EPILOG,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"pulsar-tap {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -84,7 +96,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    with handling_signals():
+    """The console script (``argv`` None: the program's own arguments) or an in-process call (tests)."""
+    with handling_signals(restore=argv is not None):
         try:
             return _main(argv)
         except KeyboardInterrupt:

@@ -73,7 +73,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--seconds, --rate and --size must be positive")
     import trio
 
+    from proxy.rules.loader import load_rules_file
+
     rules = Path(args.rules) if args.rules else _default_rules()
+    load_rules_file(rules)  # a rule file it cannot use is refused before anything starts
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out: {out} is not a directory")
     return trio.run(_demo, args, rules)
 
 

@@ -47,8 +47,16 @@ def _handler(signum: int, frame: FrameType | None) -> None:
 
 
 @contextlib.contextmanager
-def handling_signals() -> Iterator[None]:
-    """SIGINT and SIGTERM raise KeyboardInterrupt once, then are only counted (main thread only)."""
+def handling_signals(*, restore: bool = True) -> Iterator[None]:
+    """SIGINT and SIGTERM raise KeyboardInterrupt once, then are only counted (main thread only).
+
+    ``restore=False`` (the program itself, about to exit) leaves them ignored
+    afterwards: the interpreter resets Python-level handlers to the default while
+    it finalises, so a signal arriving then (10 ms after the first, as ``timeout``
+    may send it) would kill a process that was exiting cleanly; an ignored signal
+    is left ignored.  Otherwise (a caller in the same process, e.g. a test) the
+    previous handlers come back.
+    """
     _received.clear()
     previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
     for signum in SIGNALS:
@@ -56,9 +64,11 @@ def handling_signals() -> Iterator[None]:
     try:
         yield
     finally:
-        # Whatever arrives while the interpreter winds down is counted, not raised.
         for signum, handler in previous.items():
-            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+            if not restore:
+                signal.signal(signum, signal.SIG_IGN)
+            else:
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
 @contextlib.contextmanager
@@ -93,13 +103,5 @@ def signal_name(count: int = 1) -> str:
     return "signal"
 
 
-EPILOG_SERVICE = """\
-exit status:
-  0    stopped by SIGINT/SIGTERM (after draining), or done
-  2    bad arguments, a config it refuses, a port it cannot listen on
-  A second signal during shutdown cuts the shutdown short; it never shows a traceback.
-"""
-
-
-__all__ = ["EPILOG_SERVICE", "EXIT_INTERRUPTED", "SIGNALS", "handling_signals", "on_signals", "received",
+__all__ = ["EXIT_INTERRUPTED", "SIGNALS", "handling_signals", "on_signals", "received",
            "signal_name"]

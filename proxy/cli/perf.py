@@ -112,7 +112,8 @@ def _add_produce(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_consume(parser: argparse.ArgumentParser, *, roundtrip: bool) -> None:
-    parser.add_argument("--subscription", required=not roundtrip, default="perf-roundtrip", metavar="NAME",
+    parser.add_argument("--subscription", required=not roundtrip, default="perf-roundtrip" if roundtrip else None,
+                        metavar="NAME",
                         help="subscription name" + (" (default perf-roundtrip)" if roundtrip else ""))
     parser.add_argument("--type", dest="sub_type", default="Exclusive",
                         choices=["Exclusive", "Shared", "Failover", "Key_Shared"],

@@ -30,7 +30,7 @@ examples:
   pulsar-tap run --listen 127.0.0.1:6650 --upstream pulsar://broker:6650
   pulsar-tap run -c proxy.yaml
   pulsar-tap run -c proxy.yaml --lookup proxy-through --ready-file /tmp/ready.json
-  pulsar-tap run --upstream pulsar://broker:6650 --rules rules/chaos.yaml --record recordings/ \
+  pulsar-tap run --upstream pulsar://broker:6650 --rules rules/slow-broker.yaml --record recordings/ \\
       --admin 127.0.0.1:9650
 """
 EPILOG = """\
@@ -167,15 +167,16 @@ def run(args: argparse.Namespace) -> int:
     from proxy.cli.interrupt import on_signals, signal_name
     from proxy.cli.ports import check_can_listen
     from proxy.errors import UsageError
+
+    config = load(args)
+    if config.admin is not None:  # checked before the heavy imports: a busy port is said at once
+        flag = "--admin" if args.admin else "admin.listen"
+        check_can_listen(config.admin.listen.host, config.admin.listen.port, flag)
     from proxy.server.app import ProxyServer
     from proxy.server.stack import load_ruleset, running_proxy
     from proxy.telemetry.logs import configure_logging
 
-    config = load(args)
     load_ruleset(config)  # a bad rule file is refused before anything listens (exit 2)
-    if config.admin is not None:
-        flag = "--admin" if args.admin else "admin.listen"
-        check_can_listen(config.admin.listen.host, config.admin.listen.port, flag)
     configure_logging(args.log_format, args.log_level)
     import structlog
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Final
@@ -488,7 +488,9 @@ class RecordingFollower:
     reported in :attr:`report`.
     """
 
-    def __init__(self, path: str | Path, *, poll_seconds: float = 0.2) -> None:
+    def __init__(self, path: str | Path, *, poll_seconds: float = 0.2,
+                 on_caught_up: Callable[[], None] | None = None) -> None:
+        self.on_caught_up = on_caught_up
         self.base = Path(path)
         if not self.base.exists():
             raise RecordingError(f"{self.base}: no such file or directory")
@@ -559,7 +561,10 @@ class RecordingFollower:
             while True:
                 batch = self.poll()
                 yield from batch
-                self.caught_up = True
+                if not self.caught_up:
+                    self.caught_up = True
+                    if self.on_caught_up is not None:
+                        self.on_caught_up()
                 if self.finished:
                     return
                 time.sleep(self.poll_seconds)

@@ -276,16 +276,16 @@ def show(path: str, options: ShowOptions, out: TextIO | None = None, err: TextIO
 
 
 def _follow(path: str, options: ShowOptions, out: TextIO, err: TextIO) -> int:
-    follower = RecordingFollower(path)
+    def announce() -> None:
+        what = ", ".join(follower.recording_ids) or f"{path} (waiting for a recording)"
+        err.write(f"following {what}; SIGINT/^C stops\n")
+        err.flush()
+
+    follower = RecordingFollower(path, on_caught_up=announce)
     printer = _Printer(options, out)
     interrupted = False
-    announced = False
     try:
         for entry in build_timeline(follower.frames()):
-            if follower.caught_up and not announced:
-                announced = True
-                err.write(f"following {', '.join(follower.recording_ids) or path} (SIGINT/^C stops)\n")
-                err.flush()
             printer.offer(entry, printing=follower.caught_up or options.since is not None)
             if follower.caught_up:
                 out.flush()

@@ -41,6 +41,6 @@ def test_perf_produce_prints_progress_and_a_summary_at_a_target_rate(cluster: Th
 def test_perf_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["perf", "produce", "--url", "http://nowhere", "--topic", "t"]) == 2
     assert capsys.readouterr().err.strip().count("\n") == 0
-    assert main(["perf", "produce", "--url", "pulsar://127.0.0.1:1", "--topic", "t", "--messages", "1"]) == 1
+    assert main(["perf", "produce", "--url", "pulsar://127.0.0.1:1", "--topic", "t", "--messages", "1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("pulsar-tap perf: error: cannot reach") and err.count("\n") == 1
