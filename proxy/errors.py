@@ -10,6 +10,22 @@ codec catches those at its edge and re-raises one of these.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
+E = TypeVar("E", bound=BaseException)
+
+
+def find_error(exc: BaseException, kind: type[E]) -> E | None:
+    """``exc`` if it is a ``kind``, else the first ``kind`` inside it (Trio wraps errors in nested groups)."""
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = find_error(inner, kind)
+            if found is not None:
+                return found
+    return None
+
 
 class PulsarTapError(Exception):
     """Base of every error pulsar-tap raises deliberately."""

@@ -25,7 +25,7 @@ from types import ModuleType
 
 from proxy import __version__
 from proxy.cli.interrupt import EXIT_INTERRUPTED, handling_signals
-from proxy.errors import ConfigError, PulsarTapError, UsageError
+from proxy.errors import ConfigError, PulsarTapError, UsageError, find_error
 
 #: exit status for bad input and errors
 EXIT_ERROR = 2
@@ -118,7 +118,7 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         status: int = modules[args.command].run(args)
     except (PulsarTapError, BaseExceptionGroup) as exc:
-        error = _project_error(exc)
+        error = find_error(exc, PulsarTapError)
         if error is None:
             raise
         _report(args.command, error)
@@ -132,18 +132,6 @@ def _main(argv: Sequence[str] | None) -> int:
               "(PULSAR_TAP_TRACEBACK=1 shows where)", file=sys.stderr)
         return EXIT_ERROR
     return status
-
-
-def _project_error(exc: BaseException) -> PulsarTapError | None:
-    """The PulsarTapError ``exc`` is, or the first one inside a (nested) exception group."""
-    if isinstance(exc, PulsarTapError):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _project_error(inner)
-            if found is not None:
-                return found
-    return None
 
 
 def _report(command: str, error: PulsarTapError) -> None:

@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     from proxy.broker.embedded import ClusterRunner
     from proxy.cli.interrupt import on_signals
     from proxy.cli.ports import check_can_listen
-    from proxy.errors import UsageError
+    from proxy.errors import UsageError, find_error
     from proxy.telemetry.logs import configure_logging
 
     config, ports, admin = build_config(args)
@@ -175,19 +175,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         trio.run(main)
     except (OSError, BaseExceptionGroup) as exc:
-        os_error = _os_error_in(exc)
+        os_error = find_error(exc, OSError)
         if os_error is None:
             raise
         # a port taken between the check and the bind
         raise UsageError(f"cannot listen: {os_error.strerror or os_error}") from None
     return 0
-def _os_error_in(exc: BaseException) -> OSError | None:
-    """The OSError (e.g. address in use) inside a possibly nested exception group."""
-    if isinstance(exc, OSError):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _os_error_in(inner)
-            if found is not None:
-                return found
-    return None

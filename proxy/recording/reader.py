@@ -136,10 +136,15 @@ class ReadReport:
     def __bool__(self) -> bool:
         return bool(self.skipped or self.empty_segments or self.index_problems)
 
-    def merge(self, other: ReadReport) -> None:
-        self.skipped.extend(other.skipped)
-        self.empty_segments.extend(other.empty_segments)
-        self.index_problems.extend(other.index_problems)
+    @classmethod
+    def merged(cls, reports: Iterable[ReadReport]) -> ReadReport:
+        """One report of several (recordings, or followed recordings)."""
+        report = cls()
+        for other in reports:
+            report.skipped.extend(other.skipped)
+            report.empty_segments.extend(other.empty_segments)
+            report.index_problems.extend(other.index_problems)
+        return report
 
     def problems(self) -> list[str]:
         """One line per problem."""
@@ -384,10 +389,7 @@ class RecordingSet:
     @property
     def report(self) -> ReadReport:
         """What the reader skipped in every recording (complete once :meth:`frames` was read to its end)."""
-        report = ReadReport()
-        for rec in self.recordings:
-            report.merge(rec.report)
-        return report
+        return ReadReport.merged(rec.report for rec in self.recordings)
 
     @property
     def frames_dropped(self) -> int:
@@ -503,10 +505,7 @@ class RecordingFollower:
 
     @property
     def report(self) -> ReadReport:
-        report = ReadReport()
-        for tail in self._tails:
-            report.merge(tail.report)
-        return report
+        return ReadReport.merged(tail.report for tail in self._tails)
 
     @property
     def recording_ids(self) -> list[str]:
