@@ -5,8 +5,15 @@ The format (proto/recording.proto, recordings/FORMAT.md) is written by
 :func:`~proxy.recording.reader.open_recordings`.
 """
 
-from proxy.recording.reader import RecordedFrame, Recording, RecordingSet, open_recordings
+from proxy.recording.reader import (
+    ReadReport,
+    RecordedFrame,
+    Recording,
+    RecordingFollower,
+    RecordingSet,
+    open_recordings,
+)
 from proxy.recording.recorder import RecordConfig, Recorder, RecorderStats
 
-__all__ = ["RecordConfig", "RecordedFrame", "Recorder", "RecorderStats", "Recording", "RecordingSet",
-           "open_recordings"]
+__all__ = ["ReadReport", "RecordConfig", "RecordedFrame", "Recorder", "RecorderStats", "Recording",
+           "RecordingFollower", "RecordingSet", "open_recordings"]

@@ -350,9 +350,8 @@ def _parse(body: bytes) -> rpb.Record | None:
         record.ParseFromString(body)
     except (DecodeError, RuntimeError, ValueError):
         return None
-    if record.WhichOneof("kind") is None or not record.IsInitialized():
-        return None
-    return record
+    # the tag check above means a oneof field is set; its required fields must be too
+    return record if record.IsInitialized() else None
 
 
 @dataclass(slots=True)
