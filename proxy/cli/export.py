@@ -38,11 +38,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from proxy.cli.interrupt import EXIT_INTERRUPTED
+    from proxy.cli.interrupt import EXIT_INTERRUPTED, stop_requests
     from proxy.recording.export import export_pcap
 
     try:
-        summary = export_pcap(args.recording, args.pcap)
+        # a signal asks the writer to stop between two packets; once the file is renamed into place it is complete
+        with stop_requests() as should_stop:
+            summary = export_pcap(args.recording, args.pcap, should_stop=should_stop)
     except KeyboardInterrupt:
         print(f"pulsar-tap export: interrupted: {args.pcap} not written", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -96,6 +96,26 @@ def on_signals(callback: Callable[[int], None]) -> Iterator[None]:
             signal.signal(signum, old if old is not None else signal.SIG_DFL)
 
 
+@contextlib.contextmanager
+def stop_requests() -> Iterator[Callable[[], bool]]:
+    """SIGINT/SIGTERM only ask to stop; the work polls the callable it gets and stops at a point of its choosing.
+
+    For work that must not be cut between two steps (``export`` renaming its
+    finished file into place): a signal after the last check changes nothing.
+    """
+    before = len(_received)
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        _received.append(signum)
+
+    previous = {signum: signal.signal(signum, handler) for signum in SIGNALS}
+    try:
+        yield lambda: len(_received) > before
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old if old is not None else signal.SIG_DFL)
+
+
 def signal_name(count: int = 1) -> str:
     """The name of the ``count``-th signal received (``SIGINT``), for log lines."""
     if 0 < count <= len(_received):
@@ -103,5 +123,5 @@ def signal_name(count: int = 1) -> str:
     return "signal"
 
 
-__all__ = ["EXIT_INTERRUPTED", "SIGNALS", "handling_signals", "on_signals", "received",
-           "signal_name"]
+__all__ = ["EXIT_INTERRUPTED", "SIGNALS", "handling_signals", "on_signals", "received", "signal_name",
+           "stop_requests"]

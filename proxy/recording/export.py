@@ -15,7 +15,7 @@ skipped in a damaged recording is in :attr:`ExportSummary.report`.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -93,8 +93,9 @@ class PcapExport:
                 yield from conv.teardown(max(info.end_ns, info.start_ns + 3000))
 
 
-def write_pcapng(recordings: RecordingSet, out: BinaryIO) -> ExportSummary:
-    """Write the whole capture to ``out``."""
+def write_pcapng(recordings: RecordingSet, out: BinaryIO,
+                 should_stop: Callable[[], bool] | None = None) -> ExportSummary:
+    """Write the whole capture to ``out``; KeyboardInterrupt once ``should_stop()`` says so (checked often)."""
     export = PcapExport(recordings)
     out.write(section_header_block())
     out.write(interface_description_block())
@@ -102,17 +103,20 @@ def write_pcapng(recordings: RecordingSet, out: BinaryIO) -> ExportSummary:
     for ts_ns, packet in export.packets():
         out.write(enhanced_packet_block(ts_ns, packet))
         packets += 1
+        if should_stop is not None and packets % 256 == 0 and should_stop():
+            raise KeyboardInterrupt
     payload = {conn_id: (conv.payload_bytes["to_broker"], conv.payload_bytes["to_client"])
                for conn_id, conv in export.conversations.items()}
     return ExportSummary(len(export.conversations), packets, export.frames, payload, recordings.report)
 
 
-def export_pcap(path: str, out_path: str | Path, flag: str = "--pcap") -> ExportSummary:
-    """Write the recording(s) at ``path`` to ``out_path``: whole, or not at all."""
+def export_pcap(path: str, out_path: str | Path, flag: str = "--pcap",
+                should_stop: Callable[[], bool] | None = None) -> ExportSummary:
+    """Write the recording(s) at ``path`` to ``out_path``: whole, or not at all (``should_stop``: see write_pcapng)."""
     target = check_output_file(out_path, flag)
     recordings = open_recordings(path)
     with atomic_output(target) as out:
-        return write_pcapng(recordings, out)
+        return write_pcapng(recordings, out, should_stop)
 
 
 __all__ = ["ExportSummary", "PcapExport", "export_pcap", "write_pcapng"]
