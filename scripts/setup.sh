@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Installs pulsar-tap with everything it needs into ./.venv (safe to run again).
 #   bash scripts/setup.sh
-# Python packages come pinned from pyproject.toml; system tools (a Java runtime
-# for Spark) come from Debian's packages when missing.
+# Python packages come pinned from pyproject.toml; system tools (a JDK for Spark
+# and the real peers, Maven) come from Debian's packages when missing.  The real
+# peers of the tests (tests/peers/: Apache Pulsar's broker and proxy, the Java and
+# Go clients) are resolved with Maven and the Go toolchain into the git-ignored
+# tests/peers/.resolved/, each part again only when its pinned inputs change.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,8 +36,51 @@ apt_install() {
 }
 
 need=()
-command -v java >/dev/null 2>&1 || need+=(default-jre-headless)   # Spark (pulsar-tap analyze)
+command -v javac >/dev/null 2>&1 || need+=(openjdk-17-jdk-headless)  # Spark, the real broker, the Java client
+command -v mvn >/dev/null 2>&1 || need+=(maven)                       # resolves tests/peers/pom.xml
 command -v haproxy >/dev/null 2>&1 || need+=(haproxy)             # bench/proxy.py baseline
 command -v tshark >/dev/null 2>&1 || need+=(tshark)               # pcap export check
 command -v chromium >/dev/null 2>&1 || need+=(chromium)           # sequence-diagram screenshot check
 if [ ${#need[@]} -gt 0 ]; then apt_install "${need[@]}"; fi
+
+# --- the real peers (tests/peers/) -------------------------------------------------------
+peers=tests/peers
+resolved=$peers/.resolved
+mkdir -p "$resolved"
+
+# build_part NAME INPUT... -- COMMAND...: runs COMMAND unless the inputs' hash is the one
+# stamped by its last successful run (so an unchanged part costs nothing)
+build_part() {
+    local name=$1; shift
+    local inputs=()
+    while [ "$1" != "--" ]; do inputs+=("$1"); shift; done; shift
+    local stamp="$resolved/.$name.stamp" want
+    want=$(cat "${inputs[@]}" | sha256sum | cut -d' ' -f1)
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return 0; fi
+    echo "setup: building the real peers: $name" >&2
+    rm -f "$stamp"
+    "$@"
+    echo "$want" > "$stamp"
+}
+
+resolve_maven_profile() {  # PROFILE DIR: the profile's jars (transitively) into DIR
+    rm -rf "$2.new"
+    mvn -B -q -Dstyle.color=never -f "$peers/pom.xml" -P "$1" dependency:copy-dependencies -DoutputDirectory="$PWD/$2.new" \
+        -Dmdep.useRepositoryLayout=false >&2
+    rm -rf "$2" && mv "$2.new" "$2"
+}
+
+build_java_client() {
+    rm -rf "$resolved/java-client" && mkdir -p "$resolved/java-client"
+    javac -nowarn -d "$resolved/java-client" -cp "$resolved/client-lib/*" "$peers/java-client/PeerClient.java"
+}
+
+build_go_client() {
+    command -v go >/dev/null 2>&1 || { echo "setup: the Go toolchain (1.24 or later) is needed for tests/peers/go-client" >&2; exit 1; }
+    (cd "$peers/go-client" && go build -o ../.resolved/go-client.new .) && mv "$resolved/go-client.new" "$resolved/go-client"
+}
+
+build_part broker "$peers/pom.xml" -- resolve_maven_profile broker "$resolved/broker-lib"
+build_part client "$peers/pom.xml" -- resolve_maven_profile client "$resolved/client-lib"
+build_part java-client "$peers/pom.xml" "$peers/java-client/PeerClient.java" -- build_java_client
+build_part go-client "$peers/go-client/go.mod" "$peers/go-client/go.sum" "$peers/go-client/main.go" -- build_go_client

@@ -1,0 +1,322 @@
+/*
+ * The Java client (org.apache.pulsar:pulsar-client, the shaded artifact applications use)
+ * as a command the tests drive as a subprocess.  It subscribes, produces N messages whose
+ * payloads carry their index, consumes them at the same time, and prints ONE JSON line:
+ * what it sent, which indices the broker acknowledged (per partition, in acknowledgment
+ * order) and which it received (per partition, in arrival order), so a test can check
+ * that every acknowledged message arrived once and in order per partition.
+ *
+ * The Go client (../go-client) and the official Python client (../py_client.py) take the
+ * same options and print the same line; scripts/setup.sh compiles this file.
+ *
+ *   java -cp CLASSES:LIB/* PeerClient --url pulsar://127.0.0.1:6650 --topic T --messages 10000 \
+ *        [--batching | --no-batching] [--compression LZ4] [--subscription S] [--tls-ca CA.pem]
+ *        [--rate MSGS_PER_S] [--timeout S] [--latencies] [--mode roundtrip|consume]
+ */
+
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
+import java.util.TreeMap;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
+import org.apache.pulsar.client.api.ClientBuilder;
+import org.apache.pulsar.client.api.CompressionType;
+import org.apache.pulsar.client.api.Consumer;
+import org.apache.pulsar.client.api.Message;
+import org.apache.pulsar.client.api.MessageId;
+import org.apache.pulsar.client.api.MessageIdAdv;
+import org.apache.pulsar.client.api.Producer;
+import org.apache.pulsar.client.api.PulsarClient;
+import org.apache.pulsar.client.api.SubscriptionInitialPosition;
+import org.apache.pulsar.client.api.SubscriptionType;
+
+public final class PeerClient {
+
+    static final class Options {
+        String url;
+        String topic;
+        int messages = 100;
+        boolean batching = true;
+        String compression = "NONE";
+        String subscription = "peers";
+        String tlsCa;
+        double rate;
+        double timeout = 120;
+        double idle = 10;
+        boolean latencies;
+        String mode = "roundtrip";
+
+        static Options parse(String[] args) {
+            Options o = new Options();
+            for (int i = 0; i < args.length; i++) {
+                String a = args[i];
+                switch (a) {
+                    case "--url": o.url = args[++i]; break;
+                    case "--topic": o.topic = args[++i]; break;
+                    case "--messages": o.messages = Integer.parseInt(args[++i]); break;
+                    case "--batching": o.batching = true; break;
+                    case "--no-batching": o.batching = false; break;
+                    case "--compression": o.compression = args[++i].toUpperCase(); break;
+                    case "--subscription": o.subscription = args[++i]; break;
+                    case "--tls-ca": o.tlsCa = args[++i]; break;
+                    case "--rate": o.rate = Double.parseDouble(args[++i]); break;
+                    case "--timeout": o.timeout = Double.parseDouble(args[++i]); break;
+                    case "--idle": o.idle = Double.parseDouble(args[++i]); break;
+                    case "--latencies": o.latencies = true; break;
+                    case "--mode": o.mode = args[++i]; break;
+                    default: throw new IllegalArgumentException("unknown option " + a);
+                }
+            }
+            if (o.url == null || o.topic == null) {
+                throw new IllegalArgumentException("--url and --topic are required");
+            }
+            if (!o.mode.equals("roundtrip") && !o.mode.equals("consume")) {
+                throw new IllegalArgumentException("--mode is roundtrip or consume");
+            }
+            return o;
+        }
+    }
+
+    private final Options options;
+    private final Map<Integer, List<Integer>> acked = new TreeMap<>();
+    private final Map<Integer, List<Integer>> received = new TreeMap<>();
+    private final double[] latencyMs;
+    private final AtomicInteger sendErrors = new AtomicInteger();
+    private volatile String firstSendError;
+    private final java.util.Set<Integer> seen = new java.util.HashSet<>();
+    private final List<Integer> ackedAll = new ArrayList<>();
+    private int receivedCount;
+    private int sent;
+    private double produceSeconds;
+
+    private PeerClient(Options options) {
+        this.options = options;
+        this.latencyMs = new double[options.latencies ? options.messages : 0];
+    }
+
+    static byte[] payload(int index) {
+        return String.format("%08d|peer-message", index).getBytes(StandardCharsets.UTF_8);
+    }
+
+    static int indexOf(byte[] payload) {
+        String text = new String(payload, StandardCharsets.UTF_8);
+        int bar = text.indexOf('|');
+        return Integer.parseInt(bar < 0 ? text : text.substring(0, bar));
+    }
+
+    static int partitionOf(MessageId id) {
+        return id instanceof MessageIdAdv ? ((MessageIdAdv) id).getPartitionIndex() : -1;
+    }
+
+    private synchronized void recordAck(int index, MessageId id, long sentAtNanos) {
+        acked.computeIfAbsent(partitionOf(id), p -> new ArrayList<>()).add(index);
+        ackedAll.add(index);
+        if (options.latencies) {
+            latencyMs[index] = (System.nanoTime() - sentAtNanos) / 1e6;
+        }
+    }
+
+    private synchronized void recordReceived(int index, MessageId id) {
+        received.computeIfAbsent(partitionOf(id), p -> new ArrayList<>()).add(index);
+        seen.add(index);
+        receivedCount++;
+    }
+
+    private synchronized boolean allAckedReceived(boolean producing) {
+        if (producing) {
+            return false;
+        }
+        if (options.mode.equals("consume")) {
+            return receivedCount >= options.messages;
+        }
+        return seen.size() >= ackedAll.size() && seen.containsAll(ackedAll);
+    }
+
+    private void produce(PulsarClient client) throws Exception {
+        Producer<byte[]> producer = client.newProducer()
+                .topic(options.topic)
+                .enableBatching(options.batching)
+                .compressionType(CompressionType.valueOf(options.compression))
+                .blockIfQueueFull(true)
+                .maxPendingMessages(1000)
+                .sendTimeout(30, TimeUnit.SECONDS)
+                .create();
+        long start = System.nanoTime();
+        List<CompletableFuture<MessageId>> pending = new ArrayList<>();
+        for (int i = 0; i < options.messages; i++) {
+            if (options.rate > 0) {
+                long due = start + (long) (i * 1e9 / options.rate);
+                long wait = due - System.nanoTime();
+                if (wait > 0) {
+                    TimeUnit.NANOSECONDS.sleep(wait);
+                }
+            }
+            final int index = i;
+            final long sentAt = System.nanoTime();
+            pending.add(producer.sendAsync(payload(i)).whenComplete((id, error) -> {
+                if (error != null) {
+                    sendErrors.incrementAndGet();
+                    if (firstSendError == null) {
+                        firstSendError = error.toString();
+                    }
+                } else {
+                    recordAck(index, id, sentAt);
+                }
+            }));
+            sent++;
+        }
+        producer.flush();
+        for (CompletableFuture<MessageId> future : pending) {
+            try {
+                future.get(60, TimeUnit.SECONDS);
+            } catch (Exception ignored) {
+                // counted in sendErrors by the callback
+            }
+        }
+        produceSeconds = (System.nanoTime() - start) / 1e9;
+        producer.close();
+    }
+
+    private void consume(Consumer<byte[]> consumer, Thread producerThread, long deadline) throws Exception {
+        long lastMessage = System.nanoTime();
+        while (System.nanoTime() < deadline) {
+            boolean producing = producerThread != null && producerThread.isAlive();
+            if (allAckedReceived(producing)) {
+                return;
+            }
+            if (!producing && System.nanoTime() - lastMessage > (long) (options.idle * 1e9)) {
+                return;
+            }
+            Message<byte[]> message = consumer.receive(200, TimeUnit.MILLISECONDS);
+            if (message == null) {
+                continue;
+            }
+            lastMessage = System.nanoTime();
+            recordReceived(indexOf(message.getValue()), message.getMessageId());
+            consumer.acknowledgeAsync(message);
+        }
+    }
+
+    private String run() throws Exception {
+        long started = System.nanoTime();
+        long deadline = started + (long) (options.timeout * 1e9);
+        ClientBuilder builder = PulsarClient.builder()
+                .serviceUrl(options.url)
+                .operationTimeout(30, TimeUnit.SECONDS);
+        if (options.tlsCa != null) {
+            builder.tlsTrustCertsFilePath(options.tlsCa).enableTlsHostnameVerification(true);
+        }
+        String error = null;
+        try (PulsarClient client = builder.build()) {
+            Consumer<byte[]> consumer = client.newConsumer()
+                    .topic(options.topic)
+                    .subscriptionName(options.subscription)
+                    .subscriptionType(SubscriptionType.Exclusive)
+                    .subscriptionInitialPosition(SubscriptionInitialPosition.Earliest)
+                    .subscribe();
+            Thread producerThread = null;
+            final Exception[] produceError = new Exception[1];
+            if (options.mode.equals("roundtrip")) {
+                producerThread = new Thread(() -> {
+                    try {
+                        produce(client);
+                    } catch (Exception e) {
+                        produceError[0] = e;
+                    }
+                }, "producer");
+                producerThread.start();
+            }
+            consume(consumer, producerThread, deadline);
+            if (producerThread != null) {
+                producerThread.join(Math.max(1, (deadline - System.nanoTime()) / 1_000_000));
+            }
+            if (produceError[0] != null) {
+                error = "producer: " + produceError[0];
+            }
+            consumer.close();
+        } catch (Exception e) {
+            error = e.toString();
+        }
+        return report(error, (System.nanoTime() - started) / 1e9);
+    }
+
+    private synchronized String report(String error, double elapsed) {
+        StringBuilder json = new StringBuilder("{\"client\":\"java\"");
+        json.append(",\"topic\":").append(quote(options.topic));
+        json.append(",\"mode\":").append(quote(options.mode));
+        json.append(",\"sent\":").append(sent);
+        json.append(",\"send_errors\":").append(sendErrors.get());
+        json.append(",\"first_send_error\":").append(quote(firstSendError));
+        json.append(",\"acked\":");
+        appendPartitions(json, acked);
+        json.append(",\"received\":");
+        appendPartitions(json, received);
+        if (options.latencies) {
+            json.append(",\"latency_ms\":[");
+            for (int i = 0; i < latencyMs.length; i++) {
+                json.append(i == 0 ? "" : ",").append(String.format("%.3f", latencyMs[i]));
+            }
+            json.append(']');
+        }
+        json.append(",\"produce_seconds\":").append(String.format("%.3f", produceSeconds));
+        json.append(",\"elapsed_seconds\":").append(String.format("%.3f", elapsed));
+        json.append(",\"error\":").append(quote(error)).append('}');
+        return json.toString();
+    }
+
+    private static void appendPartitions(StringBuilder json, Map<Integer, List<Integer>> partitions) {
+        json.append('{');
+        boolean first = true;
+        for (Map.Entry<Integer, List<Integer>> entry : partitions.entrySet()) {
+            json.append(first ? "" : ",").append('"').append(entry.getKey()).append("\":[");
+            List<Integer> indices = entry.getValue();
+            for (int i = 0; i < indices.size(); i++) {
+                json.append(i == 0 ? "" : ",").append(indices.get(i));
+            }
+            json.append(']');
+            first = false;
+        }
+        json.append('}');
+    }
+
+    private static String quote(String text) {
+        if (text == null) {
+            return "null";
+        }
+        StringBuilder out = new StringBuilder("\"");
+        for (char c : text.toCharArray()) {
+            if (c == '"' || c == '\\') {
+                out.append('\\').append(c);
+            } else if (c < 0x20) {
+                out.append(String.format("\\u%04x", (int) c));
+            } else {
+                out.append(c);
+            }
+        }
+        return out.append('"').toString();
+    }
+
+    public static void main(String[] args) {
+        Options options;
+        try {
+            options = Options.parse(args);
+        } catch (RuntimeException e) {
+            System.err.println("PeerClient: " + e.getMessage());
+            System.exit(2);
+            return;
+        }
+        String line;
+        try {
+            line = new PeerClient(options).run();
+        } catch (Exception e) {
+            line = "{\"client\":\"java\",\"error\":" + quote(e.toString()) + "}";
+        }
+        System.out.println(line);
+        System.out.flush();
+        // the client's own threads must not keep the process alive
+        System.exit(0);
+    }
+}

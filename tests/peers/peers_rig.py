@@ -1,0 +1,337 @@
+"""What the real-peer tests share: the upstreams, the proxy in front of them, who dials whom, and the checks.
+
+- :class:`Upstream` is a broker the tests drive the same way whichever it is: the real
+  Apache Pulsar standalone (:mod:`real_pulsar`) or the embedded broker run as
+  ``pulsar-tap broker`` in a subprocess (:func:`start_embedded`), each with its service
+  URL, its admin REST URL, its process id and every address it serves.
+- :func:`start_proxy` runs the pulsar-tap proxy as ``pulsar-tap run`` assembles it
+  (``running_proxy``: rules, recorder, TLS) in a thread of the test process.
+- :class:`DialWatcher` samples the kernel's TCP table while a client runs and tells, for
+  every connection to the broker, which process holds it (the client, the proxy or the
+  broker itself), and where the client dialled: so a test can say "the broker saw only
+  the proxy" and "the client never dialled the broker" from the outside.
+- :func:`delivery_problems` checks a client's report: every acknowledged message received
+  once, in order per partition; :func:`leaked_addresses` reads a recording with
+  ``pulsar-tap show --json`` and lists every frame to a client that names a broker address.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import itertools
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from real_pulsar import ClientRun, PeerFailed, Standalone, TlsFiles, http_json, spawn, stop_process
+
+from proxy.config.proxy_config import HostPort, LimitsConfig, ProxyConfig, RecordConfig, ServiceUrl, TlsConfig
+from proxy.server.threaded import ThreadedStack
+
+TENANT_NS = "public/default"
+
+
+@dataclasses.dataclass
+class Upstream:
+    """A broker the tests drive: the real standalone or the embedded broker."""
+
+    name: str
+    service_url: str
+    admin_url: str
+    pid: int
+    #: every HOST:PORT the broker serves (binary, TLS, HTTP): none may reach a client through the proxy
+    addresses: list[str]
+    #: the ports of its binary protocol (plaintext and TLS, every broker of the cluster)
+    broker_ports: set[int]
+    service_url_tls: str | None = None
+    tls: TlsFiles | None = None
+    #: how many brokers serve topics (lookups on the others answer Redirect)
+    brokers: int = 1
+
+    def admin(self, method: str, path: str, body: Any = None) -> Any:
+        return http_json(method, self.admin_url + path, body)
+
+    def create_partitioned(self, topic: str, partitions: int) -> str:
+        """Create ``persistent://public/default/TOPIC`` with ``partitions`` partitions; its full name."""
+        self.admin("PUT", f"/admin/v2/persistent/{TENANT_NS}/{topic}/partitions", partitions)
+        return f"persistent://{TENANT_NS}/{topic}"
+
+    def unload(self, topic: str) -> None:
+        self.admin("PUT", f"/admin/v2/persistent/{TENANT_NS}/{topic}/unload")
+
+    def owner(self, topic: str) -> str:
+        """The broker URL owning ``persistent://public/default/TOPIC`` (HTTP lookup)."""
+        return str(self.admin("GET", f"/lookup/v2/topic/persistent/{TENANT_NS}/{topic}")["brokerUrl"])
+
+    def redirected_topic(self, prefix: str, partitions: int, tries: int = 50) -> str:
+        """Create a partitioned topic a lookup on the service URL answers with Redirect (some partition is
+        owned by another broker) wherever the cluster has more than one broker; its full name."""
+        for attempt in range(tries):
+            name = f"{prefix}-{attempt}"
+            full = self.create_partitioned(name, partitions)
+            owners = {self.owner(f"{name}-partition-{i}") for i in range(partitions)}
+            if self.brokers == 1 or owners - {self.service_url}:
+                return full
+        raise AssertionError(f"no topic {prefix}-N owned away from {self.service_url} in {tries} tries")
+
+
+def real_upstream(broker: Standalone) -> Upstream:
+    ports = {broker.broker_port, *([broker.tls_port] if broker.tls_port else [])}
+    return Upstream("real", broker.service_url, broker.admin_url, broker.pid, broker.addresses, ports,
+                    broker.service_url_tls if broker.tls_port else None, broker.tls)
+
+
+class EmbeddedBroker:
+    """``pulsar-tap broker`` in a subprocess: its own process, as users run it."""
+
+    def __init__(self, workdir: Path, brokers: int) -> None:
+        ready = workdir / "ready.json"
+        log_file = workdir / "broker.log"
+        command = [sys.executable, "-m", "proxy", "broker", "--listen", "127.0.0.1:0", "--brokers", str(brokers),
+                   "--admin", "127.0.0.1:0", "--ready-file", str(ready), "--log-level", "warning"]
+        self.process = spawn(command, log_file, workdir)
+        deadline = time.monotonic() + 60
+        while not (ready.exists() and ready.stat().st_size):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                stop_process(self.process, 1)
+                raise PeerFailed(f"pulsar-tap broker did not start: {log_file.read_text(errors='replace')[-2000:]}")
+            time.sleep(0.05)
+        self.ready = json.loads(ready.read_text())
+
+    def upstream(self) -> Upstream:
+        listen = [str(address) for address in self.ready["listen"]]
+        admin = str(self.ready["admin"])
+        ports = {int(address.rsplit(":", 1)[1]) for address in listen}
+        return Upstream("embedded", f"pulsar://{listen[0]}", f"http://{admin}", self.process.pid, [*listen, admin],
+                        ports, brokers=len(listen))
+
+    def stop(self) -> None:
+        stop_process(self.process, 5)
+
+
+@contextlib.contextmanager
+def embedded_running(brokers: int = 2) -> Iterator[Upstream]:
+    workdir = Path(tempfile.mkdtemp(prefix="pulsar-tap-broker-"))
+    broker = EmbeddedBroker(workdir, brokers)
+    try:
+        yield broker.upstream()
+    finally:
+        broker.stop()
+
+
+# --- the proxy -----------------------------------------------------------------------------------
+
+def proxy_config(upstream_url: str, *, lookup: str, record_dir: Path | None = None, rules: Any = None,
+                 tls: TlsFiles | None = None) -> ProxyConfig:
+    """The config ``pulsar-tap run --upstream URL --lookup MODE [--record DIR] [--rules ...] [--tls-...]`` builds."""
+    tls_config = TlsConfig(cert=tls.cert, key=tls.key, upstream_ca=tls.ca) if tls else TlsConfig()
+    return ProxyConfig(upstream=ServiceUrl.parse(upstream_url), listen=HostPort("127.0.0.1", 0), lookup=lookup,
+                       advertise="127.0.0.1", tls=tls_config, limits=LimitsConfig(drain_seconds=0.5),
+                       record=RecordConfig(dir=str(record_dir)) if record_dir else None, rules=rules)
+
+
+@contextlib.contextmanager
+def proxy_running(upstream_url: str, **options: Any) -> Iterator[ThreadedStack]:
+    stack = ThreadedStack(proxy_config(upstream_url, **options)).start()
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+# --- who dials whom ------------------------------------------------------------------------------
+
+def _socket_inodes(pid: int) -> set[int]:
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes.add(int(link[8:-1]))
+    return inodes
+
+
+def _established_tcp() -> Iterator[tuple[int, int, int]]:
+    """(local port, remote port, inode) of every established TCP connection (IPv4 and IPv6 tables)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as lines:
+            next(lines)
+            for line in lines:
+                fields = line.split()
+                # ESTABLISHED, and still held by a process (a socket its process closed has inode 0)
+                if fields[3] != "01" or fields[9] == "0":
+                    continue
+                local_port = int(fields[1].rsplit(":", 1)[1], 16)
+                remote_port = int(fields[2].rsplit(":", 1)[1], 16)
+                yield local_port, remote_port, int(fields[9])
+
+
+@dataclasses.dataclass
+class Dials:
+    """What :class:`DialWatcher` saw: holders of connections to the broker, and where the client dialled."""
+
+    broker_peers: set[str] = dataclasses.field(default_factory=set)
+    client_remote_ports: set[int] = dataclasses.field(default_factory=set)
+    samples: int = 0
+
+
+class DialWatcher:
+    """Samples the TCP table every ``period`` seconds in a thread while a client runs.
+
+    Connections to a broker port are attributed to ``client``, ``proxy`` (this test
+    process: the proxy runs in a thread of it), ``broker`` (the broker dialling itself)
+    or ``other``.
+    """
+
+    def __init__(self, broker_ports: Iterable[int], broker_pid: int, period: float = 0.05) -> None:
+        self.broker_ports = set(broker_ports)
+        self.broker_pid = broker_pid
+        self.period = period
+        self.client_pid: int | None = None
+        self.dials = Dials()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dial-watcher", daemon=True)
+
+    def __enter__(self) -> DialWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _owners(self) -> dict[str, set[int]]:
+        client_pid = self.client_pid  # set by another thread once the client started
+        return {"proxy": _socket_inodes(os.getpid()), "broker": _socket_inodes(self.broker_pid),
+                "client": _socket_inodes(client_pid) if client_pid is not None else set()}
+
+    def sample(self) -> None:
+        connections = list(_established_tcp())
+        owners = self._owners()
+        unknown = {inode for _, remote, inode in connections if remote in self.broker_ports} - set().union(
+            *owners.values())
+        if unknown:
+            # opened or closed between the two reads: a connection still there gets a second look
+            still_open = {inode for _, _, inode in _established_tcp()}
+            connections = [c for c in connections if c[2] not in unknown or c[2] in still_open]
+            owners = self._owners()
+        for _local, remote, inode in connections:
+            if inode in owners["client"]:
+                self.dials.client_remote_ports.add(remote)
+            if remote in self.broker_ports:
+                holder = next((name for name, inodes in owners.items() if inode in inodes), "other")
+                self.dials.broker_peers.add(holder)
+        self.dials.samples += 1
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.period)
+
+
+# --- checks ------------------------------------------------------------------------------------------
+
+def delivery_problems(run: ClientRun, messages: int, partitions: int | None = None) -> list[str]:
+    """What is wrong with a roundtrip report: [] when every message was acknowledged and then received
+    exactly once, in order within its partition, on the partition it was acknowledged on."""
+    report = run.report
+    problems: list[str] = []
+    if report.get("error"):
+        problems.append(f"client error: {report['error']}")
+    if report.get("send_errors"):
+        problems.append(f"{report['send_errors']} send errors, first: {report.get('first_send_error')}")
+    acked_on = {i: p for p, indices in run.acked.items() for i in indices}
+    if len(acked_on) != messages:
+        problems.append(f"{len(acked_on)} of {messages} messages acknowledged")
+    if partitions is not None and set(run.acked) != {str(p) for p in range(partitions)}:
+        problems.append(f"acknowledged on partitions {sorted(run.acked)}, expected 0..{partitions - 1}")
+    received_on: dict[int, str] = {}
+    for partition, indices in run.received.items():
+        duplicates = len(indices) - len(set(indices))
+        if duplicates:
+            problems.append(f"partition {partition}: {duplicates} duplicates")
+        inversions = sum(1 for a, b in itertools.pairwise(indices) if b <= a)
+        if inversions:
+            problems.append(f"partition {partition}: {inversions} ordering inversions")
+        received_on.update((i, partition) for i in indices)
+    lost = sorted(set(acked_on) - set(received_on))
+    if lost:
+        problems.append(f"{len(lost)} acknowledged messages never received, e.g. {lost[:5]}")
+    moved = [i for i, p in acked_on.items() if i in received_on and received_on[i] != p]
+    if moved:
+        problems.append(f"{len(moved)} messages received on another partition than acknowledged, e.g. {moved[:5]}")
+    strangers = sorted(set(received_on) - set(range(messages)))
+    if strangers:
+        problems.append(f"received indices never sent: {strangers[:5]}")
+    return problems
+
+
+def show_json(recording: Path) -> list[dict[str, Any]]:
+    """``pulsar-tap show REC --json``, run in-process (the command's own code), as parsed lines."""
+    from proxy.recording.show import ShowOptions, show
+
+    out, err = io.StringIO(), io.StringIO()
+    status = show(str(recording), ShowOptions(json=True), out=out, err=err)
+    if status != 0:
+        raise AssertionError(f"pulsar-tap show {recording} --json: exit {status}: {err.getvalue()}")
+    return [json.loads(line) for line in out.getvalue().splitlines() if line]
+
+
+def _answer_key(frame: dict[str, Any]) -> tuple[Any, ...]:
+    fields = frame.get("fields", {})
+    return (frame["conn"], frame["command"], fields.get("request_id"), fields.get("producer_id"),
+            fields.get("consumer_id"))
+
+
+def frames_delivered_to_clients(frames: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The frames clients actually got: a broker frame the proxy changed is recorded as received and again
+    (as delivered) with origin ``proxy``; the received one did not reach the client."""
+    to_client = [frame for frame in frames if frame["direction"] == "to_client"]
+    replaced = {_answer_key(frame) for frame in to_client if frame["origin"] == "proxy"}
+    return [frame for frame in to_client if frame["origin"] == "proxy" or _answer_key(frame) not in replaced]
+
+
+def leaked_addresses(frames: Sequence[dict[str, Any]], addresses: Iterable[str]) -> list[str]:
+    """Every frame delivered to a client that names one of ``addresses`` (HOST:PORT), as 'COMMAND: address'."""
+    wanted = list(addresses)
+    leaks = []
+    for frame in frames_delivered_to_clients(frames):
+        text = json.dumps(frame.get("fields", {}))
+        leaks += [f"{frame['command']} (conn {frame['conn']}): {address}" for address in wanted if address in text]
+    return leaks
+
+
+def run_with_watcher(upstream: Upstream, start: Any) -> tuple[ClientRun, Dials]:
+    """Start a client (``start()`` returns a ClientProcess) under a :class:`DialWatcher`; its report and the dials."""
+    with DialWatcher(upstream.broker_ports, upstream.pid) as watcher:
+        client = start()
+        watcher.client_pid = client.pid
+        try:
+            run = client.result()
+        finally:
+            client.kill()
+    return run, watcher.dials
+
+
+def wait_for(predicate: Any, timeout: float, what: str, period: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(period)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+__all__ = ["DialWatcher", "Dials", "EmbeddedBroker", "Upstream", "delivery_problems", "embedded_running",
+           "leaked_addresses", "proxy_config", "proxy_running", "real_upstream", "run_with_watcher",
+           "show_json", "wait_for"]
