@@ -240,36 +240,61 @@ class DialWatcher:
 
 # --- checks ------------------------------------------------------------------------------------------
 
-def delivery_problems(run: ClientRun, messages: int, partitions: int | None = None) -> list[str]:
-    """What is wrong with a roundtrip report: [] when every message was acknowledged and then received
-    exactly once, in order within its partition, on the partition it was acknowledged on."""
+def _pairs(indices: dict[str, list[int]], ids: dict[str, list[str]]) -> dict[str, list[tuple[int, str]]]:
+    return {p: list(zip(values, ids[p], strict=True)) for p, values in indices.items()}
+
+
+def delivery_problems(run: ClientRun, messages: int, partitions: int | None = None, *,
+                      redelivery: bool = False) -> list[str]:
+    """What is wrong with a roundtrip report; [] when every message was acknowledged and then received, in order
+    within its partition, as the very message the broker acknowledged (same partition and message id).
+
+    A message persisted twice (two message ids for one index) is a duplicate; the same message delivered
+    again (same id: a consumer's unacknowledged messages after its connection was cut, as Pulsar redelivers
+    them) is allowed only with ``redelivery``.  Order is checked on first deliveries.
+    """
     report = run.report
     problems: list[str] = []
     if report.get("error"):
         problems.append(f"client error: {report['error']}")
     if report.get("send_errors"):
         problems.append(f"{report['send_errors']} send errors, first: {report.get('first_send_error')}")
-    acked_on = {i: p for p, indices in run.acked.items() for i in indices}
-    if len(acked_on) != messages:
-        problems.append(f"{len(acked_on)} of {messages} messages acknowledged")
+    acked = {i: (p, mid) for p, pairs in _pairs(run.acked, report.get("acked_ids") or {}).items()
+             for i, mid in pairs}
+    if len(acked) != messages:
+        problems.append(f"{len(acked)} of {messages} messages acknowledged")
     if partitions is not None and set(run.acked) != {str(p) for p in range(partitions)}:
         problems.append(f"acknowledged on partitions {sorted(run.acked)}, expected 0..{partitions - 1}")
-    received_on: dict[int, str] = {}
-    for partition, indices in run.received.items():
-        duplicates = len(indices) - len(set(indices))
-        if duplicates:
-            problems.append(f"partition {partition}: {duplicates} duplicates")
-        inversions = sum(1 for a, b in itertools.pairwise(indices) if b <= a)
+    received: dict[int, tuple[str, str]] = {}
+    ids_of: dict[int, set[str]] = {}
+    for partition, pairs in _pairs(run.received, report.get("received_ids") or {}).items():
+        firsts: list[int] = []
+        seen: set[int] = set()
+        for i, mid in pairs:
+            if i not in seen:
+                seen.add(i)
+                firsts.append(i)
+            ids_of.setdefault(i, set()).add(mid)
+            received.setdefault(i, (partition, mid))
+        redelivered = len(pairs) - len(firsts)
+        if redelivered and not redelivery:
+            problems.append(f"partition {partition}: {redelivered} messages delivered twice")
+        inversions = sum(1 for a, b in itertools.pairwise(firsts) if b <= a)
         if inversions:
             problems.append(f"partition {partition}: {inversions} ordering inversions")
-        received_on.update((i, partition) for i in indices)
-    lost = sorted(set(acked_on) - set(received_on))
+    persisted_twice = sorted(i for i, ids in ids_of.items() if len(ids) > 1)
+    if persisted_twice:
+        problems.append(f"{len(persisted_twice)} messages stored twice (two message ids), e.g. {persisted_twice[:5]}")
+    lost = sorted(set(acked) - set(received))
     if lost:
         problems.append(f"{len(lost)} acknowledged messages never received, e.g. {lost[:5]}")
-    moved = [i for i, p in acked_on.items() if i in received_on and received_on[i] != p]
+    # an id of -1:-1 acknowledges a resend the broker's deduplication dropped: it names no stored message
+    moved = [i for i, (p, mid) in acked.items()
+             if i in received and received[i] != (p, mid) and not mid.startswith("-1:-1:")]
     if moved:
-        problems.append(f"{len(moved)} messages received on another partition than acknowledged, e.g. {moved[:5]}")
-    strangers = sorted(set(received_on) - set(range(messages)))
+        problems.append(f"{len(moved)} messages received under another partition or id than acknowledged, "
+                        f"e.g. {[(i, acked[i], received[i]) for i in moved[:3]]}")
+    strangers = sorted(set(received) - set(range(messages)))
     if strangers:
         problems.append(f"received indices never sent: {strangers[:5]}")
     return problems
@@ -310,12 +335,15 @@ def leaked_addresses(frames: Sequence[dict[str, Any]], addresses: Iterable[str])
     return leaks
 
 
-def run_with_watcher(upstream: Upstream, start: Any) -> tuple[ClientRun, Dials]:
-    """Start a client (``start()`` returns a ClientProcess) under a :class:`DialWatcher`; its report and the dials."""
+def run_with_watcher(upstream: Upstream, start: Any, during: Any = None) -> tuple[ClientRun, Dials]:
+    """Start a client (``start()`` returns a ClientProcess) under a :class:`DialWatcher`, call ``during(client)``
+    if given while it runs; the client's report and the dials."""
     with DialWatcher(upstream.broker_ports, upstream.pid) as watcher:
         client = start()
         watcher.client_pid = client.pid
         try:
+            if during is not None:
+                during(client)
             run = client.result()
         finally:
             client.kill()

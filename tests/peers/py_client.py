@@ -32,14 +32,21 @@ def index_of(data: bytes) -> int:
     return int(data.split(b"|", 1)[0])
 
 
+def id_text(message_id: Any) -> str:
+    """LEDGER:ENTRY:BATCH_INDEX, the same text the Java and Go clients report."""
+    return f"{message_id.ledger_id()}:{message_id.entry_id()}:{message_id.batch_index()}"
+
+
 class Tally:
     """What was acknowledged and received, per partition, in order; shared by the producer and consumer threads."""
 
     def __init__(self, messages: int, latencies: bool) -> None:
         self.lock = threading.Lock()
         self.acked: dict[int, list[int]] = {}
+        self.acked_ids: dict[int, list[str]] = {}
         self.acked_all: list[int] = []
         self.received: dict[int, list[int]] = {}
+        self.received_ids: dict[int, list[str]] = {}
         self.seen: set[int] = set()
         self.latency_ms: list[float] | None = [0.0] * messages if latencies else None
         self.send_errors = 0
@@ -54,13 +61,15 @@ class Tally:
                 self.first_send_error = self.first_send_error or str(result)
                 return
             self.acked.setdefault(message_id.partition(), []).append(index)
+            self.acked_ids.setdefault(message_id.partition(), []).append(id_text(message_id))
             self.acked_all.append(index)
             if self.latency_ms is not None:
                 self.latency_ms[index] = (time.monotonic() - sent_at) * 1000
 
-    def on_message(self, index: int, partition: int) -> None:
+    def on_message(self, index: int, message_id: Any) -> None:
         with self.lock:
-            self.received.setdefault(partition, []).append(index)
+            self.received.setdefault(message_id.partition(), []).append(index)
+            self.received_ids.setdefault(message_id.partition(), []).append(id_text(message_id))
             self.seen.add(index)
 
     def all_acked_received(self, mode: str, messages: int) -> bool:
@@ -132,7 +141,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             except pulsar.Timeout:
                 continue
             last_message = time.monotonic()
-            tally.on_message(index_of(message.data()), message.message_id().partition())
+            tally.on_message(index_of(message.data()), message.message_id())
             consumer.acknowledge(message)
         if args.mode == "roundtrip":
             producer_thread.join(max(0.0, deadline - time.monotonic()))
@@ -146,7 +155,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with tally.lock:
         report.update(sent=tally.sent, send_errors=tally.send_errors, first_send_error=tally.first_send_error,
                       acked={str(p): v for p, v in sorted(tally.acked.items())},
-                      received={str(p): v for p, v in sorted(tally.received.items())})
+                      acked_ids={str(p): v for p, v in sorted(tally.acked_ids.items())},
+                      received={str(p): v for p, v in sorted(tally.received.items())},
+                      received_ids={str(p): v for p, v in sorted(tally.received_ids.items())})
         if tally.latency_ms is not None:
             report["latency_ms"] = [round(v, 3) for v in tally.latency_ms]
         report.update(produce_seconds=round(tally.produce_seconds, 3),

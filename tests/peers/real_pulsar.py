@@ -343,7 +343,7 @@ def start_pulsar_proxy(broker_service_url: str, *, log_level: int, workdir: Path
 
 def client_command(client: str, url: str, topic: str, *, messages: int, batching: bool = True,
                    compression: str = "NONE", subscription: str = "peers", tls_ca: str | None = None,
-                   rate: float = 0.0, timeout: float = 120.0, idle: float = 10.0, latencies: bool = False,
+                   rate: float = 0.0, timeout: float = 120.0, idle: float = 5.0, latencies: bool = False,
                    mode: str = "roundtrip") -> list[str]:
     """The command line of one client program; all three take the same options."""
     options = ["--url", url, "--topic", topic, "--messages", str(messages),

@@ -17,7 +17,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,25 +42,29 @@ type options struct {
 }
 
 type report struct {
-	Client         string           `json:"client"`
-	Topic          string           `json:"topic"`
-	Mode           string           `json:"mode"`
-	Sent           int              `json:"sent"`
-	SendErrors     int              `json:"send_errors"`
-	FirstSendError *string          `json:"first_send_error"`
-	Acked          map[string][]int `json:"acked"`
-	Received       map[string][]int `json:"received"`
-	LatencyMs      []float64        `json:"latency_ms,omitempty"`
-	ProduceSeconds float64          `json:"produce_seconds"`
-	ElapsedSeconds float64          `json:"elapsed_seconds"`
-	Error          *string          `json:"error"`
+	Client         string              `json:"client"`
+	Topic          string              `json:"topic"`
+	Mode           string              `json:"mode"`
+	Sent           int                 `json:"sent"`
+	SendErrors     int                 `json:"send_errors"`
+	FirstSendError *string             `json:"first_send_error"`
+	Acked          map[string][]int    `json:"acked"`
+	AckedIDs       map[string][]string `json:"acked_ids"`
+	Received       map[string][]int    `json:"received"`
+	ReceivedIDs    map[string][]string `json:"received_ids"`
+	LatencyMs      []float64           `json:"latency_ms,omitempty"`
+	ProduceSeconds float64             `json:"produce_seconds"`
+	ElapsedSeconds float64             `json:"elapsed_seconds"`
+	Error          *string             `json:"error"`
 }
 
 type tally struct {
 	mu       sync.Mutex
 	acked    map[int32][]int
+	ackedIDs map[int32][]string
 	ackedAll []int
 	received map[int32][]int
+	recvIDs  map[int32][]string
 	seen     map[int]bool
 	latency  []float64
 	errors   int
@@ -78,6 +81,11 @@ func indexOf(data []byte) (int, error) {
 		text = text[:bar]
 	}
 	return strconv.Atoi(text)
+}
+
+// idText is LEDGER:ENTRY:BATCH_INDEX, the same text the Java and Python clients report.
+func idText(id pulsar.MessageID) string {
+	return fmt.Sprintf("%d:%d:%d", id.LedgerID(), id.EntryID(), id.BatchIdx())
 }
 
 func compressionOf(name string) (pulsar.CompressionType, error) {
@@ -150,6 +158,7 @@ func produce(ctx context.Context, client pulsar.Client, o *options, t *tally, se
 				}
 				p := id.PartitionIdx()
 				t.acked[p] = append(t.acked[p], index)
+				t.ackedIDs[p] = append(t.ackedIDs[p], idText(id))
 				t.ackedAll = append(t.ackedAll, index)
 				if o.latencies {
 					t.latency[index] = float64(time.Since(sentAt).Microseconds()) / 1000
@@ -169,7 +178,8 @@ func run(o *options) report {
 	deadline := started.Add(o.timeout)
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
-	t := &tally{acked: map[int32][]int{}, received: map[int32][]int{}, seen: map[int]bool{}}
+	t := &tally{acked: map[int32][]int{}, ackedIDs: map[int32][]string{}, received: map[int32][]int{},
+		recvIDs: map[int32][]string{}, seen: map[int]bool{}}
 	if o.latencies {
 		t.latency = make([]float64, o.messages)
 	}
@@ -249,6 +259,7 @@ func run(o *options) report {
 		p := message.ID().PartitionIdx()
 		t.mu.Lock()
 		t.received[p] = append(t.received[p], index)
+		t.recvIDs[p] = append(t.recvIDs[p], idText(message.ID()))
 		t.seen[index] = true
 		t.mu.Unlock()
 		if err := consumer.Ack(message); err != nil {
@@ -268,22 +279,19 @@ func run(o *options) report {
 		out.FirstSendError = &t.firstErr
 	}
 	out.Acked = byPartition(t.acked)
+	out.AckedIDs = byPartition(t.ackedIDs)
 	out.Received = byPartition(t.received)
+	out.ReceivedIDs = byPartition(t.recvIDs)
 	out.LatencyMs = t.latency
 	out.ProduceSeconds = produceSeconds
 	out.ElapsedSeconds = time.Since(started).Seconds()
 	return out
 }
 
-func byPartition(indices map[int32][]int) map[string][]int {
-	out := map[string][]int{}
-	keys := make([]int, 0, len(indices))
-	for p := range indices {
-		keys = append(keys, int(p))
-	}
-	sort.Ints(keys)
-	for _, p := range keys {
-		out[strconv.Itoa(p)] = indices[int32(p)]
+func byPartition[T any](values map[int32][]T) map[string][]T {
+	out := map[string][]T{}
+	for p, list := range values {
+		out[strconv.Itoa(int(p))] = list
 	}
 	return out
 }

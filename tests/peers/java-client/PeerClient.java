@@ -82,7 +82,9 @@ public final class PeerClient {
 
     private final Options options;
     private final Map<Integer, List<Integer>> acked = new TreeMap<>();
+    private final Map<Integer, List<String>> ackedIds = new TreeMap<>();
     private final Map<Integer, List<Integer>> received = new TreeMap<>();
+    private final Map<Integer, List<String>> receivedIds = new TreeMap<>();
     private final double[] latencyMs;
     private final AtomicInteger sendErrors = new AtomicInteger();
     private volatile String firstSendError;
@@ -111,8 +113,18 @@ public final class PeerClient {
         return id instanceof MessageIdAdv ? ((MessageIdAdv) id).getPartitionIndex() : -1;
     }
 
+    /** LEDGER:ENTRY:BATCH_INDEX, the same text the Go and Python clients report. */
+    static String idText(MessageId id) {
+        if (!(id instanceof MessageIdAdv)) {
+            return id.toString();
+        }
+        MessageIdAdv adv = (MessageIdAdv) id;
+        return adv.getLedgerId() + ":" + adv.getEntryId() + ":" + adv.getBatchIndex();
+    }
+
     private synchronized void recordAck(int index, MessageId id, long sentAtNanos) {
         acked.computeIfAbsent(partitionOf(id), p -> new ArrayList<>()).add(index);
+        ackedIds.computeIfAbsent(partitionOf(id), p -> new ArrayList<>()).add(idText(id));
         ackedAll.add(index);
         if (options.latencies) {
             latencyMs[index] = (System.nanoTime() - sentAtNanos) / 1e6;
@@ -121,6 +133,7 @@ public final class PeerClient {
 
     private synchronized void recordReceived(int index, MessageId id) {
         received.computeIfAbsent(partitionOf(id), p -> new ArrayList<>()).add(index);
+        receivedIds.computeIfAbsent(partitionOf(id), p -> new ArrayList<>()).add(idText(id));
         seen.add(index);
         receivedCount++;
     }
@@ -210,7 +223,11 @@ public final class PeerClient {
             builder.tlsTrustCertsFilePath(options.tlsCa).enableTlsHostnameVerification(true);
         }
         String error = null;
-        try (PulsarClient client = builder.build()) {
+        // The client is not closed: its producer and consumer are (the broker sees them go), and
+        // main() exits right after the report, which spares the event loops' 2 s graceful shutdown.
+        PulsarClient client = null;
+        try {
+            client = builder.build();
             Consumer<byte[]> consumer = client.newConsumer()
                     .topic(options.topic)
                     .subscriptionName(options.subscription)
@@ -220,9 +237,10 @@ public final class PeerClient {
             Thread producerThread = null;
             final Exception[] produceError = new Exception[1];
             if (options.mode.equals("roundtrip")) {
+                final PulsarClient producing = client;
                 producerThread = new Thread(() -> {
                     try {
-                        produce(client);
+                        produce(producing);
                     } catch (Exception e) {
                         produceError[0] = e;
                     }
@@ -252,8 +270,12 @@ public final class PeerClient {
         json.append(",\"first_send_error\":").append(quote(firstSendError));
         json.append(",\"acked\":");
         appendPartitions(json, acked);
+        json.append(",\"acked_ids\":");
+        appendPartitions(json, ackedIds);
         json.append(",\"received\":");
         appendPartitions(json, received);
+        json.append(",\"received_ids\":");
+        appendPartitions(json, receivedIds);
         if (options.latencies) {
             json.append(",\"latency_ms\":[");
             for (int i = 0; i < latencyMs.length; i++) {
@@ -267,14 +289,15 @@ public final class PeerClient {
         return json.toString();
     }
 
-    private static void appendPartitions(StringBuilder json, Map<Integer, List<Integer>> partitions) {
+    private static <T> void appendPartitions(StringBuilder json, Map<Integer, List<T>> partitions) {
         json.append('{');
         boolean first = true;
-        for (Map.Entry<Integer, List<Integer>> entry : partitions.entrySet()) {
+        for (Map.Entry<Integer, List<T>> entry : partitions.entrySet()) {
             json.append(first ? "" : ",").append('"').append(entry.getKey()).append("\":[");
-            List<Integer> indices = entry.getValue();
-            for (int i = 0; i < indices.size(); i++) {
-                json.append(i == 0 ? "" : ",").append(indices.get(i));
+            List<T> values = entry.getValue();
+            for (int i = 0; i < values.size(); i++) {
+                T value = values.get(i);
+                json.append(i == 0 ? "" : ",").append(value instanceof String ? quote((String) value) : value);
             }
             json.append(']');
             first = false;
