@@ -518,13 +518,12 @@ class BrokerConnection:
     def _on_get_or_create_schema(self, frame: Frame) -> None:
         cmd: api.CommandGetOrCreateSchema = frame.command.getOrCreateSchema
         try:
-            topic = self.cluster.get_topic(cmd.topic)
+            version = self.cluster.get_topic(cmd.topic).add_schema(cmd.schema)
         except BrokerError as exc:
             self._reply(api.CommandGetOrCreateSchemaResponse(
                 request_id=cmd.request_id, error_code=server_error(exc.server_error),
                 error_message=exc.message))
             return
-        version = topic.add_schema(cmd.schema)
         self._reply(api.CommandGetOrCreateSchemaResponse(request_id=cmd.request_id,
                                                          schema_version=_version_bytes(version)))
 

@@ -16,8 +16,9 @@ Pulsar semantics this module reproduces (``Consumer``, ``PersistentDispatcher*``
   gets entries older than the read position at its arrival until everything before
   that position is acknowledged (Pulsar's "recently joined consumers").
 - **Redelivery** (REDELIVER_UNACKNOWLEDGED_MESSAGES, a consumer leaving with
-  unacknowledged messages) puts entries back into the replay set and counts
-  ``redelivery_count`` per entry.
+  unacknowledged messages) puts entries back into the replay set and, for Shared and
+  Key_Shared, counts ``redelivery_count`` per entry; Exclusive and Failover report 0, as
+  Pulsar's single-active-consumer dispatchers track no redeliveries.
 
 Nothing here does I/O: messages and notifications go to a :class:`ConsumerSink`,
 implemented by the per-connection broker session.
@@ -182,9 +183,7 @@ class Subscription:
                 consumer.sink.send_active_consumer_change(consumer, is_active)
 
     def _rewind(self) -> None:
-        for entry_id in range(self.cursor.mark_delete + 1, self.cursor.read_position):
-            if not self.cursor.is_acked(entry_id):
-                self.redelivery_counts[entry_id] = self.redelivery_counts.get(entry_id, 0) + 1
+        # (no redelivery_count: Pulsar's single-active-consumer dispatchers count none)
         for consumer in self.consumers:
             for entry_id in consumer.pending:
                 self._owner.pop(entry_id, None)

@@ -270,7 +270,19 @@ class Topic:
         return None
 
     def add_schema(self, schema: api.Schema) -> int:
-        """Store a schema (or find an identical one) and return its version."""
+        """Store a schema (or find an identical one) and return its version.
+
+        A schema of another type than the topic's latest is refused with IncompatibleSchema, as
+        Pulsar's default compatibility check refuses it (FULL: no type change).  Within one type,
+        every definition is accepted: the Avro/JSON evolution rules are not checked.
+        """
+        if self.schemas and self.schemas[-1].schema.type != schema.type:
+            def name(value: int) -> str:
+                return str(api.Schema.Type.Name(value)).upper()
+
+            raise BrokerError("IncompatibleSchema", f"Incompatible schema: exists schema type "
+                                                    f"{name(self.schemas[-1].schema.type)}, new schema type "
+                                                    f"{name(schema.type)}")
         for stored in self.schemas:
             if (stored.schema.type == schema.type and stored.schema.schema_data == schema.schema_data
                     and list(stored.schema.properties) == list(schema.properties)):

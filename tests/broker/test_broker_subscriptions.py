@@ -98,6 +98,19 @@ def test_key_shared_keeps_per_key_order_across_consumers(client: pulsar.Client) 
     assert len(set(owner_of_key.values())) > 1, "keys should be spread over consumers"
 
 
+def test_exclusive_redelivery_reports_no_redelivery_count_as_pulsar_does(client: pulsar.Client) -> None:
+    """Pulsar's single-active-consumer dispatchers track no redeliveries: a nacked message on an
+    Exclusive subscription comes back with redelivery_count 0 (seen with the real broker, FIDELITY.md)."""
+    consumer = client.subscribe("nack-exclusive", "n", negative_ack_redelivery_delay_ms=100)
+    producer = client.create_producer("nack-exclusive", batching_enabled=False)
+    producer.send(b"retry-me")
+    consumer.negative_acknowledge(consumer.receive(TIMEOUT_MS))
+    again = consumer.receive(TIMEOUT_MS)
+    assert again.data() == b"retry-me"
+    assert again.redelivery_count() == 0
+    consumer.acknowledge(again)
+
+
 def test_negative_ack_redelivers_after_the_delay_with_redelivery_count(client: pulsar.Client) -> None:
     consumer = client.subscribe("nack", "n", consumer_type=pulsar.ConsumerType.Shared,
                                 negative_ack_redelivery_delay_ms=300)

@@ -132,6 +132,22 @@ def test_schema_is_stored_versioned_and_checked_by_consumers(broker: ThreadedClu
         client.close()
 
 
+def test_a_producer_with_a_schema_of_another_type_is_refused_as_incompatible(broker: ThreadedCluster) -> None:
+    """As the real broker answers (FIDELITY.md): a JSON topic refuses a STRING producer."""
+
+    class Order(pulsar.schema.Record):
+        item = pulsar.schema.String()
+
+    client = pulsar.Client(broker.service_url, operation_timeout_seconds=5)
+    try:
+        client.create_producer("typed-json", schema=pulsar.schema.JsonSchema(Order)).send(Order(item="book"))
+        with pytest.raises(pulsar.PulsarException, match="IncompatibleSchema"):
+            client.create_producer("typed-json", schema=pulsar.schema.StringSchema())
+        client.create_producer("typed-json").close()  # no schema (bytes) is still accepted
+    finally:
+        client.close()
+
+
 def test_token_authentication_accepts_the_token_and_refuses_others(broker_cluster) -> None:  # type: ignore[no-untyped-def]
     cluster: ThreadedCluster = broker_cluster(auth_token="secret-token")
     good = pulsar.Client(cluster.service_url, authentication=pulsar.AuthenticationToken("secret-token"),

@@ -224,17 +224,23 @@ async def test_schemas_are_stored_and_versioned_and_stats_and_ack_responses_answ
     async with running(ClusterConfig()) as runner, wire(runner) as client:
         topic = "persistent://public/default/schemas"
         await client.connect()
+        json_v0 = api.Schema(name="s", schema_data=b'{"type": "record", "fields": []}', type=api.Schema.Json)
+        json_v1 = api.Schema(name="s", schema_data=b'{"type": "record"}', type=api.Schema.Json)
         string_schema = api.Schema(name="s", schema_data=b"", type=api.Schema.String)
-        json_schema = api.Schema(name="s", schema_data=b'{"type": "record"}', type=api.Schema.Json)
-        await client.send(api.CommandGetOrCreateSchema(request_id=1, topic=topic, schema=string_schema))
+        await client.send(api.CommandGetOrCreateSchema(request_id=1, topic=topic, schema=json_v0))
         first = (await client.expect("GET_OR_CREATE_SCHEMA_RESPONSE")).command.getOrCreateSchemaResponse
-        await client.send(api.CommandGetOrCreateSchema(request_id=2, topic=topic, schema=json_schema))
+        await client.send(api.CommandGetOrCreateSchema(request_id=2, topic=topic, schema=json_v1))
         second = (await client.expect("GET_OR_CREATE_SCHEMA_RESPONSE")).command.getOrCreateSchemaResponse
         assert int.from_bytes(first.schema_version, "big") == 0
         assert int.from_bytes(second.schema_version, "big") == 1
+        # another type is refused, as Pulsar's compatibility check refuses it
+        await client.send(api.CommandGetOrCreateSchema(request_id=10, topic=topic, schema=string_schema))
+        refused = (await client.expect("GET_OR_CREATE_SCHEMA_RESPONSE")).command.getOrCreateSchemaResponse
+        assert refused.error_code == api.ServerError.IncompatibleSchema
+        assert "exists schema type JSON, new schema type STRING" in refused.error_message
         await client.send(api.CommandGetSchema(request_id=3, topic=topic, schema_version=first.schema_version))
         got = (await client.expect("GET_SCHEMA_RESPONSE")).command.getSchemaResponse
-        assert got.schema.type == api.Schema.String
+        assert got.schema.type == api.Schema.Json
         await client.send(api.CommandGetSchema(request_id=4, topic="persistent://public/default/none"))
         missing = (await client.expect("GET_SCHEMA_RESPONSE")).command.getSchemaResponse
         assert missing.error_code == api.ServerError.TopicNotFound

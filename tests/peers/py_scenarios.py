@@ -1,0 +1,198 @@
+"""A tour of the broker's behaviour with the official Python client, for the fidelity report (FIDELITY.md).
+
+Each step drives one feature whose answer a client can tell apart (a refused second
+exclusive consumer, a producer name already in use, an incompatible schema, a namespace
+that does not exist, redelivery after a negative ack, ...) and notes its outcome.  The
+same script runs through a recording pulsar-tap proxy against the real broker and
+against the embedded broker; the tests compare the outcomes step by step and replay the
+real broker's recording into a fresh embedded broker (``pulsar-tap replay``).
+
+    python tests/peers/py_scenarios.py --url pulsar://127.0.0.1:6650 --prefix fid-1
+
+prints ONE JSON line: ``{"steps": {"step name": "outcome", ...}}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pulsar
+from pulsar.schema import JsonSchema, Record, String, StringSchema
+
+OPERATION_TIMEOUT_S = 10
+
+
+class Order(Record):
+    item = String()
+
+
+def outcome(step: Callable[[], Any]) -> str:
+    """``ok`` / ``ok:DETAIL`` or ``error:EXCEPTION_NAME`` (the client's own classification of the answer)."""
+    try:
+        detail = step()
+    except Exception as exc:  # the classification is the point: every client-visible error is an outcome
+        return f"error:{type(exc).__name__}"
+    return "ok" if detail is None else f"ok:{detail}"
+
+
+def receive_all(consumer: pulsar.Consumer, count: int, timeout_ms: int = 5000, ack: bool = True) -> list[bytes]:
+    received = []
+    while len(received) < count:
+        try:
+            message = consumer.receive(timeout_millis=timeout_ms)
+        except pulsar.Timeout:
+            break
+        received.append(message.data())
+        if ack:
+            consumer.acknowledge(message)
+    return received
+
+
+def run(client: pulsar.Client, prefix: str) -> dict[str, str]:
+    topic = f"persistent://public/default/{prefix}-tour"
+    steps: dict[str, str] = {}
+    holder: dict[str, Any] = {}
+
+    def produce_and_consume() -> str:
+        consumer = client.subscribe(topic, "exclusive", initial_position=pulsar.InitialPosition.Earliest)
+        holder["consumer"] = consumer
+        producer = client.create_producer(topic, producer_name=f"{prefix}-named", batching_enabled=False)
+        holder["producer"] = producer
+        for i in range(20):
+            producer.send(f"m{i}".encode())
+        return f"{len(receive_all(consumer, 20))} received"
+
+    steps["produce 20, consume 20 (Exclusive)"] = outcome(produce_and_consume)
+    steps["second consumer on the Exclusive subscription"] = outcome(
+        lambda: client.subscribe(topic, "exclusive").close())
+    steps["second producer with the same name"] = outcome(
+        lambda: client.create_producer(topic, producer_name=f"{prefix}-named").close())
+
+    def reader_from_earliest() -> str:
+        reader = client.create_reader(topic, pulsar.MessageId.earliest)
+        got = [reader.read_next(timeout_millis=5000).data() for _ in range(5)]
+        reader.close()
+        return ",".join(g.decode() for g in got)
+
+    steps["reader from earliest reads the first 5"] = outcome(reader_from_earliest)
+
+    def last_message_id() -> str:
+        return "known" if holder["consumer"].get_last_message_id() is not None else "none"
+
+    steps["last message id"] = outcome(last_message_id)
+
+    def unsubscribe() -> None:
+        holder["consumer"].unsubscribe()
+
+    steps["unsubscribe"] = outcome(unsubscribe)
+
+    def shared_pair() -> str:
+        shared = f"{topic}-shared"
+        a = client.subscribe(shared, "shared", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=5)
+        b = client.subscribe(shared, "shared", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=5)
+        producer = client.create_producer(shared, batching_enabled=False)
+        for i in range(20):
+            producer.send(f"s{i}".encode())
+        got = receive_all(a, 20, timeout_ms=500) + receive_all(b, 20, timeout_ms=500)
+        got += receive_all(a, 20 - len(got), timeout_ms=1000)
+        for closing in (producer, a, b):
+            closing.close()
+        return f"{len(set(got))} distinct of 20"
+
+    steps["two Shared consumers share 20"] = outcome(shared_pair)
+
+    def negative_ack() -> str:
+        nacked = f"{topic}-nack"
+        consumer = client.subscribe(nacked, "nack", negative_ack_redelivery_delay_ms=200,
+                                    initial_position=pulsar.InitialPosition.Earliest)
+        producer = client.create_producer(nacked)
+        producer.send(b"again")
+        first = consumer.receive(timeout_millis=5000)
+        consumer.negative_acknowledge(first)
+        second = consumer.receive(timeout_millis=5000)
+        consumer.acknowledge(second)
+        count = second.redelivery_count()
+        producer.close()
+        consumer.close()
+        return f"redelivered, redelivery_count={count}"
+
+    steps["negative ack is redelivered"] = outcome(negative_ack)
+
+    def key_shared() -> str:
+        keyed = f"{topic}-keyed"
+        a = client.subscribe(keyed, "keyed", consumer_type=pulsar.ConsumerType.KeyShared)
+        b = client.subscribe(keyed, "keyed", consumer_type=pulsar.ConsumerType.KeyShared)
+        producer = client.create_producer(keyed, batching_enabled=False)
+        for i in range(20):
+            producer.send(f"k{i}".encode(), partition_key=f"key-{i % 4}")
+        got = receive_all(a, 20, timeout_ms=500) + receive_all(b, 20, timeout_ms=500)
+        for closing in (producer, a, b):
+            closing.close()
+        return f"{len(set(got))} distinct of 20"
+
+    steps["two Key_Shared consumers share 20"] = outcome(key_shared)
+
+    def schema_then_incompatible() -> str:
+        typed = f"{topic}-schema"
+        producer = client.create_producer(typed, schema=JsonSchema(Order))
+        producer.send(Order(item="book"))
+        producer.close()
+        holder["schema_topic"] = typed
+        return "json schema accepted"
+
+    steps["JSON schema producer"] = outcome(schema_then_incompatible)
+    steps["producer with an incompatible schema"] = outcome(
+        lambda: client.create_producer(holder["schema_topic"], schema=StringSchema()).close())
+    steps["producer in a namespace that does not exist"] = outcome(
+        lambda: client.create_producer(f"persistent://public/{prefix}-no-such-ns/t").close())
+    steps["partitions of a partitioned topic"] = outcome(
+        lambda: len(client.get_topic_partitions(f"persistent://public/default/{prefix}-p3")))
+
+    def batched_zstd() -> str:
+        batched = f"{topic}-zstd"
+        consumer = client.subscribe(batched, "zstd", initial_position=pulsar.InitialPosition.Earliest)
+        producer = client.create_producer(batched, compression_type=pulsar.CompressionType.ZSTD,
+                                          batching_enabled=True, batching_max_messages=10)
+        for i in range(30):
+            producer.send_async(f"z{i}".encode(), None)
+        producer.flush()
+        got = receive_all(consumer, 30)
+        producer.close()
+        consumer.close()
+        return f"{len(got)} received"
+
+    steps["batched ZSTD 30"] = outcome(batched_zstd)
+    steps["close the named producer"] = outcome(lambda: holder["producer"].close())
+    return steps
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="py_scenarios", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--prefix", required=True, help="topic names start with this (a partitioned topic "
+                                                         "PREFIX-p3 of 3 partitions must exist)")
+    args = parser.parse_args(argv)
+    logger = logging.getLogger("pulsar")
+    logger.setLevel(logging.ERROR)
+    client = pulsar.Client(args.url, operation_timeout_seconds=OPERATION_TIMEOUT_S, logger=logger)
+    started = time.monotonic()
+    try:
+        steps = run(client, args.prefix)
+    finally:
+        client.close()
+    print(json.dumps({"steps": steps, "elapsed_seconds": round(time.monotonic() - started, 3)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    status = main()
+    sys.stderr.flush()
+    os._exit(status)  # as py_client.py: the C++ core's threads may abort a normal exit
