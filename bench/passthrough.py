@@ -1,6 +1,6 @@
-"""Benchmark of the proxy's fast path: direct vs haproxy vs pulsar-tap, in one run.
+"""Benchmark of the proxy's fast path: direct vs haproxy vs Apache Pulsar's proxy vs pulsar-tap, in one run.
 
-Measures, through each of the three paths to the same stand-in broker:
+Measures, through each path to the same stand-in broker:
 
 - passthrough throughput, one way: SEND frames of 100 B, 1 KiB, 16 KiB and 512 KiB
   (whole-frame sizes) written in 1 MiB writes; MiB/s and frames/s, timed from the
@@ -9,13 +9,18 @@ Measures, through each of the three paths to the same stand-in broker:
 - concurrency: 200 connections each doing sequential round trips; round trips/s.
 
 haproxy runs ``mode tcp`` with one thread (Debian's package; skipped with a note if
-missing); pulsar-tap runs with no rules, no recording and telemetry off.  The
-stand-in broker and the load client are plain ``selectors`` loops in their own
-processes, identical for all three paths, so the ratios compare the proxies.
+missing); Apache Pulsar's own proxy (``ProxyServiceStarter`` 4.0.8 of tests/peers/,
+installed by scripts/setup.sh; skipped with a note if missing) runs twice, at
+``proxyLogLevel`` 0 (zero-copy splice) and 2 (it parses every frame), its clients
+naming the broker in CONNECT's ``proxy_to_broker_url`` as Pulsar's clients do through
+it, after a warm-up for its JIT; pulsar-tap runs with no rules, no recording and
+telemetry off.  The stand-in broker and the load client are plain ``selectors`` loops
+in their own processes, identical for every path, so the ratios compare the proxies.
 
     .venv/bin/python bench/passthrough.py              # the full run (about a minute)
     .venv/bin/python bench/passthrough.py --quick      # shorter phases
     .venv/bin/python bench/passthrough.py --profile /tmp/tap.prof   # pulsar-tap under cProfile
+    .venv/bin/python bench/passthrough.py --no-pulsar-proxy         # without the two JVM arms
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.frame import encode_command, encode_payload_command, frame_from_bytes
 
+PULSAR_PROXY_0 = "pulsar-proxy0"  # proxyLogLevel 0
+PULSAR_PROXY_2 = "pulsar-proxy2"  # proxyLogLevel 2
 SIZES = [("100 B", 100), ("1 KiB", 1024), ("16 KiB", 16 * 1024), ("512 KiB", 512 * 1024)]
 WRITE_SIZE = 1024 * 1024
 CONCURRENT_CONNECTIONS = 200
@@ -50,10 +57,18 @@ CONCURRENT_CONNECTIONS = 200
 CONNECTED = encode_command(api.CommandConnected(server_version="bench", protocol_version=21,
                                                 max_message_size=5 * 1024 * 1024))
 RECEIPT = encode_command(api.CommandSendReceipt(producer_id=1, sequence_id=1))
+#: ends a throughput stream: the sink reports what it received once the stream ends with it.  (A
+#: half-close would do, but Apache Pulsar's proxy closes both sides on a client's FIN and drops
+#: what it still had to write to the broker.)
+END_OF_STREAM = encode_command(api.CommandPing())
 
 
-def connect_frame(mode: str) -> bytes:
-    return encode_command(api.CommandConnect(client_version=f"bench-{mode}", protocol_version=21))
+def connect_frame(mode: str, proxy_to: str | None = None) -> bytes:
+    """CONNECT; through Pulsar's proxy it names the broker (``proxy_to_broker_url``), as clients do there."""
+    command = api.CommandConnect(client_version=f"bench-{mode}", protocol_version=21)
+    if proxy_to is not None:
+        command.proxy_to_broker_url = proxy_to
+    return encode_command(command)
 
 
 def send_frame(total: int) -> bytes:
@@ -76,6 +91,8 @@ class _Peer:
     received: int = 0
     first_ns: int = 0
     last_ns: int = 0
+    tail: bytes = b""
+    reported: bool = False
 
 
 def _frames_in(buf: bytearray) -> int:
@@ -114,7 +131,7 @@ def broker_main(listen: socket.socket, reports: Any) -> None:
                 data = b""
             now = time.monotonic_ns()
             if not data:
-                if peer.mode == "sink":
+                if peer.mode == "sink" and not peer.reported:
                     reports.put((peer.received, peer.first_ns, peer.last_ns))
                 selector.unregister(peer.sock)
                 peer.sock.close()
@@ -124,6 +141,10 @@ def broker_main(listen: socket.socket, reports: Any) -> None:
                     peer.first_ns = now
                 peer.received += len(data)
                 peer.last_ns = now
+                peer.tail = (peer.tail + data)[-len(END_OF_STREAM):]
+                if peer.tail == END_OF_STREAM and not peer.reported:
+                    peer.reported = True
+                    reports.put((peer.received - len(END_OF_STREAM), peer.first_ns, peer.last_ns))
                 continue
             peer.buf += data
             if peer.mode is None:
@@ -140,7 +161,11 @@ def broker_main(listen: socket.socket, reports: Any) -> None:
                     peer.received = len(peer.buf)
                     peer.first_ns = now if peer.buf else 0
                     peer.last_ns = now
+                    peer.tail = bytes(peer.buf[-len(END_OF_STREAM):])
                     peer.buf.clear()
+                    if peer.tail == END_OF_STREAM:
+                        peer.reported = True
+                        reports.put((peer.received - len(END_OF_STREAM), peer.first_ns, peer.last_ns))
                     continue
             count = _frames_in(peer.buf)
             if count:
@@ -150,16 +175,34 @@ def broker_main(listen: socket.socket, reports: Any) -> None:
 
 
 # -- the load client -------------------------------------------------------------------------
+#: port -> the broker a connection to that port must name in CONNECT (Pulsar's proxy)
+PROXY_TO: dict[int, str] = {}
+
+
+def _read_frame(sock: socket.socket) -> bytes:
+    head = b""
+    while len(head) < 4:
+        chunk = sock.recv(4 - len(head))
+        if not chunk:
+            raise ConnectionError("closed during the handshake")
+        head += chunk
+    body = b""
+    size = int.from_bytes(head, "big")
+    while len(body) < size:
+        chunk = sock.recv(size - len(body))
+        if not chunk:
+            raise ConnectionError("closed during the handshake")
+        body += chunk
+    return head + body
+
+
 def open_session(port: int, mode: str) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.sendall(connect_frame(mode))
-    got = b""
-    while len(got) < len(CONNECTED):
-        chunk = sock.recv(len(CONNECTED) - len(got))
-        if not chunk:
-            raise ConnectionError("closed during the handshake")
-        got += chunk
+    sock.sendall(connect_frame(mode, PROXY_TO.get(port)))
+    # CONNECTED (Pulsar's proxy writes its own, of another length than the stand-in's)
+    if frame_from_bytes(_read_frame(sock)).command.type != api.BaseCommand.CONNECTED:
+        raise ConnectionError("the handshake was not answered with CONNECTED")
     return sock
 
 
@@ -175,7 +218,7 @@ def throughput(port: int, reports: Any, frame_size: int, duration: float) -> tup
     while time.monotonic_ns() < deadline:
         sock.sendall(block)
         sent_frames += per_write
-    sock.shutdown(socket.SHUT_WR)
+    sock.sendall(END_OF_STREAM)
     received, _, last_ns = reports.get(timeout=60)
     sock.close()
     expected = sent_frames * frame_size
@@ -283,6 +326,32 @@ backend broker
 
 
 @contextlib.contextmanager
+def pulsar_proxy(target: int, workdir: Path, log_level: int) -> Iterator[tuple[int, int] | None]:
+    """Apache Pulsar's proxy (tests/peers/) in front of the stand-in broker; None when it is not installed."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "peers"))
+    import real_pulsar
+
+    try:
+        proxy = real_pulsar.start_pulsar_proxy(f"pulsar://127.0.0.1:{target}", log_level=log_level,
+                                               workdir=workdir / f"pulsar-proxy-{log_level}")
+    except real_pulsar.PeersMissing:
+        yield None
+        return
+    PROXY_TO[proxy.port] = f"127.0.0.1:{target}"
+    try:
+        yield proxy.port, proxy.pid
+    finally:
+        proxy.stop()
+
+
+def warm_up(port: int, reports: Any) -> None:
+    """A JVM's JIT compiles the hot paths in the first seconds: run each phase briefly first."""
+    throughput(port, reports, 1024, 1.0)
+    latency(port, 2000)
+    concurrency(port, CONCURRENT_CONNECTIONS, 1.0)
+
+
+@contextlib.contextmanager
 def pulsar_tap(target: int, workdir: Path, profile: str | None) -> Iterator[tuple[int, int]]:
     ready = workdir / "ready.json"
     command = [sys.executable]
@@ -361,19 +430,25 @@ def targets(direct: dict[str, float], haproxy_r: dict[str, float] | None,
     return checks
 
 
+RATIOS = (("tap/haproxy", "haproxy"), ("tap/pproxy0", PULSAR_PROXY_0), ("tap/pproxy2", PULSAR_PROXY_2),
+          ("pproxy0/hap", None), ("tap/direct", "direct"))
+
+
 def print_table(columns: dict[str, dict[str, float] | None]) -> None:
+    """One row per measure, one column per path, then the ratios (n/a where a path was not run)."""
     names = list(columns)
     keys = list(next(c for c in columns.values() if c is not None))
-    print(f"{'measure':<20}" + "".join(f"{n:>14}" for n in names) + f"{'tap/haproxy':>13}{'tap/direct':>12}")
+    print(f"{'measure':<20}" + "".join(f"{n:>15}" for n in names) + "".join(f"{r:>13}" for r, _ in RATIOS))
     for key in keys:
         row = f"{key:<20}"
         for name in names:
             column = columns[name]
-            row += f"{column[key]:>14,.1f}" if column is not None else f"{'n/a':>14}"
-        tap, hap, direct = columns["pulsar-tap"], columns.get("haproxy"), columns["direct"]
-        assert tap is not None and direct is not None
-        row += f"{tap[key] / hap[key]:>12.2f}x" if hap and hap[key] else f"{'n/a':>13}"
-        row += f"{tap[key] / direct[key]:>11.2f}x" if direct[key] else f"{'n/a':>12}"
+            row += f"{column[key]:>15,.1f}" if column is not None else f"{'n/a':>15}"
+        for _label, base in RATIOS:
+            top = columns.get(PULSAR_PROXY_0 if base is None else "pulsar-tap")
+            bottom = columns.get("haproxy" if base is None else base)
+            ok = top is not None and bottom is not None and bottom[key]
+            row += f"{top[key] / bottom[key]:>12.2f}x" if ok else f"{'n/a':>13}"  # type: ignore[index]
         print(row)
 
 
@@ -385,6 +460,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", metavar="FILE", help="run pulsar-tap under cProfile, write stats to FILE")
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
     parser.add_argument("--only", choices=("throughput", "latency", "concurrency"), help="run one phase")
+    parser.add_argument("--no-pulsar-proxy", action="store_true",
+                        help="leave out Apache Pulsar's proxy (its two arms start a JVM each)")
     args = parser.parse_args(argv)
     if args.quick:
         args.duration, args.rounds = 0.7, 2000
@@ -413,6 +490,18 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     columns["haproxy"] = measure(running[0], reports, args, running[1])
                     print("haproxy done", flush=True)
+            for name, level in ((PULSAR_PROXY_0, 0), (PULSAR_PROXY_2, 2)):
+                columns[name] = None
+                if args.no_pulsar_proxy:
+                    continue
+                with pulsar_proxy(target, workdir, level) as running:
+                    if running is None:
+                        print("Apache Pulsar's proxy is not installed (bash scripts/setup.sh): "
+                              "its columns are left out")
+                        break
+                    warm_up(running[0], reports)
+                    columns[name] = measure(running[0], reports, args, running[1])
+                    print(f"{name} done", flush=True)
             with pulsar_tap(target, workdir, args.profile) as (port, pid):
                 columns["pulsar-tap"] = measure(port, reports, args, pid)
                 print("pulsar-tap done", flush=True)

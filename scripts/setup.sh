@@ -65,8 +65,9 @@ build_part() {
 
 resolve_maven_profile() {  # PROFILE DIR: the profile's jars (transitively) into DIR
     rm -rf "$2.new"
-    mvn -B -q -Dstyle.color=never -f "$peers/pom.xml" -P "$1" dependency:copy-dependencies -DoutputDirectory="$PWD/$2.new" \
-        -Dmdep.useRepositoryLayout=false >&2
+    # (Maven's quiet mode still prints colour resets: only real messages pass)
+    mvn -B -q -f "$peers/pom.xml" -P "$1" dependency:copy-dependencies -DoutputDirectory="$PWD/$2.new" \
+        2>&1 | sed -e 's/\x1b\[[0-9;]*m//g' | grep -v '^$' >&2 || [ "${PIPESTATUS[0]}" = 0 ]
     rm -rf "$2" && mv "$2.new" "$2"
 }
 
