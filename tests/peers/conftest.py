@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from peers_rig import Upstream, embedded_running, real_upstream
+from peers_rig import Upstream, embedded_running, upstream_of
 from real_pulsar import Standalone, make_tls_files, start_standalone
 
 
@@ -43,8 +43,9 @@ def real_pulsar(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.C
 
 
 @pytest.fixture(scope="session")
-def real_upstream_(real_pulsar: Standalone) -> Upstream:
-    return real_upstream(real_pulsar)
+def real_upstream(real_pulsar: Standalone) -> Upstream:
+    """The real standalone as an :class:`peers_rig.Upstream`."""
+    return upstream_of(real_pulsar)
 
 
 @pytest.fixture(scope="session")
@@ -58,6 +59,6 @@ def embedded_pulsar() -> Iterator[Upstream]:
 def upstream(request: pytest.FixtureRequest) -> Upstream:
     """The upstream a parametrized test names: ``real`` or ``embedded`` (``indirect=["upstream"]``)."""
     name = request.param
-    fixture = {"real": "real_upstream_", "embedded": "embedded_pulsar"}[name]
+    fixture = {"real": "real_upstream", "embedded": "embedded_pulsar"}[name]
     value: Upstream = request.getfixturevalue(fixture)
     return value

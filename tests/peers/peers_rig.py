@@ -83,7 +83,7 @@ class Upstream:
         raise AssertionError(f"no topic {prefix}-N owned away from {self.service_url} in {tries} tries")
 
 
-def real_upstream(broker: Standalone) -> Upstream:
+def upstream_of(broker: Standalone) -> Upstream:
     ports = {broker.broker_port, *([broker.tls_port] if broker.tls_port else [])}
     return Upstream("real", broker.service_url, broker.admin_url, broker.pid, broker.addresses, ports,
                     broker.service_url_tls if broker.tls_port else None, broker.tls)
@@ -360,6 +360,19 @@ def wait_for(predicate: Any, timeout: float, what: str, period: float = 0.1) -> 
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-__all__ = ["DialWatcher", "Dials", "EmbeddedBroker", "Upstream", "delivery_problems", "embedded_running",
-           "leaked_addresses", "proxy_config", "proxy_running", "real_upstream", "run_with_watcher",
-           "show_json", "wait_for"]
+__all__ = [
+    "DialWatcher",
+    "Dials",
+    "EmbeddedBroker",
+    "Upstream",
+    "delivery_problems",
+    "embedded_running",
+    "frames_delivered_to_clients",
+    "leaked_addresses",
+    "proxy_config",
+    "proxy_running",
+    "run_with_watcher",
+    "show_json",
+    "upstream_of",
+    "wait_for",
+]

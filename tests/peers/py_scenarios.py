@@ -93,20 +93,21 @@ def run(client: pulsar.Client, prefix: str) -> dict[str, str]:
 
     steps["unsubscribe"] = outcome(unsubscribe)
 
-    def shared_pair() -> str:
-        shared = f"{topic}-shared"
-        a = client.subscribe(shared, "shared", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=5)
-        b = client.subscribe(shared, "shared", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=5)
+    def pair_shares(label: str, consumer_type: Any, keyed: bool) -> str:
+        """Two consumers of one subscription of ``consumer_type`` receive 20 messages between them."""
+        shared = f"{topic}-{label}"
+        a = client.subscribe(shared, label, consumer_type=consumer_type, receiver_queue_size=5)
+        b = client.subscribe(shared, label, consumer_type=consumer_type, receiver_queue_size=5)
         producer = client.create_producer(shared, batching_enabled=False)
         for i in range(20):
-            producer.send(f"s{i}".encode())
+            producer.send(f"{label}{i}".encode(), partition_key=f"key-{i % 4}" if keyed else None)
         got = receive_all(a, 20, timeout_ms=500) + receive_all(b, 20, timeout_ms=500)
         got += receive_all(a, 20 - len(got), timeout_ms=1000)
         for closing in (producer, a, b):
             closing.close()
         return f"{len(set(got))} distinct of 20"
 
-    steps["two Shared consumers share 20"] = outcome(shared_pair)
+    steps["two Shared consumers share 20"] = outcome(lambda: pair_shares("shared", pulsar.ConsumerType.Shared, False))
 
     def negative_ack() -> str:
         nacked = f"{topic}-nack"
@@ -125,19 +126,8 @@ def run(client: pulsar.Client, prefix: str) -> dict[str, str]:
 
     steps["negative ack is redelivered"] = outcome(negative_ack)
 
-    def key_shared() -> str:
-        keyed = f"{topic}-keyed"
-        a = client.subscribe(keyed, "keyed", consumer_type=pulsar.ConsumerType.KeyShared)
-        b = client.subscribe(keyed, "keyed", consumer_type=pulsar.ConsumerType.KeyShared)
-        producer = client.create_producer(keyed, batching_enabled=False)
-        for i in range(20):
-            producer.send(f"k{i}".encode(), partition_key=f"key-{i % 4}")
-        got = receive_all(a, 20, timeout_ms=500) + receive_all(b, 20, timeout_ms=500)
-        for closing in (producer, a, b):
-            closing.close()
-        return f"{len(set(got))} distinct of 20"
-
-    steps["two Key_Shared consumers share 20"] = outcome(key_shared)
+    steps["two Key_Shared consumers share 20"] = outcome(
+        lambda: pair_shares("keyed", pulsar.ConsumerType.KeyShared, True))
 
     def schema_then_incompatible() -> str:
         typed = f"{topic}-schema"

@@ -59,7 +59,8 @@ FAST_START = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
 #: JVM options of every Pulsar process, after Pulsar's own bin/pulsar (module opens for
 #: Netty and BookKeeper, Pulsar's metadata drivers for BookKeeper).
 JVM_OPTIONS = (
-    "-Xss512k", "-XX:MaxDirectMemorySize=512m", "-Djava.net.preferIPv4Stack=true", "-Dio.netty.tryReflectionSetAccessible=true",
+    "-Xss512k", "-XX:MaxDirectMemorySize=512m", "-Djava.net.preferIPv4Stack=true",
+    "-Dio.netty.tryReflectionSetAccessible=true",
     "-Dlog4j2.is.webapp=false", "-Dlog4j.shutdownHookEnabled=false", "-Djute.maxbuffer=10485760",
     f"-Dlog4j.configurationFile={PEERS / 'log4j2.xml'}",
     "--add-opens", "java.base/java.io=ALL-UNNAMED", "--add-opens", "java.base/java.util.zip=ALL-UNNAMED",

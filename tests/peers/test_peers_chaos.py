@@ -46,8 +46,8 @@ DEDUP_NS = "public/chaos-dedup"
 
 
 @pytest.fixture(scope="module")
-def dedup_namespace(real_upstream_: Upstream) -> str:
-    upstream = real_upstream_
+def dedup_namespace(real_upstream: Upstream) -> str:
+    upstream = real_upstream
     upstream.admin("PUT", f"/admin/v2/namespaces/{DEDUP_NS}")
     upstream.admin("POST", f"/admin/v2/namespaces/{DEDUP_NS}/deduplication", True)
     wait_for(lambda: upstream.admin("GET", f"/admin/v2/namespaces/{DEDUP_NS}/deduplication") is True, 30,
@@ -84,9 +84,9 @@ class ChaosRun:
 
 
 @pytest.fixture
-def chaos(real_upstream_: Upstream, tmp_path: Path) -> Any:
+def chaos(real_upstream: Upstream, tmp_path: Path) -> Any:
     def make(rules: list[dict[str, Any]], **options: Any) -> ChaosRun:
-        return ChaosRun(real_upstream_, tmp_path, rules, **options)
+        return ChaosRun(real_upstream, tmp_path, rules, **options)
 
     return make
 
@@ -201,11 +201,11 @@ def _started_producing(running: Any, upstream: Upstream, topic: str) -> None:
 @pytest.mark.parametrize("lookup", ["rewrite", "proxy-through"])
 @pytest.mark.parametrize("client", CHAOS_CLIENTS)
 def test_real_unload_while_producing_relooks_up_through_the_proxy(client: str, lookup: str,
-                                                                   real_upstream_: Upstream, dedup_namespace: str,
+                                                                   real_upstream: Upstream, dedup_namespace: str,
                                                                    tmp_path: Path) -> None:
     """On a deduplicating namespace: without it Pulsar itself may store a message twice on an unload (the
     client resends what it had in flight), with or without a proxy."""
-    upstream = real_upstream_
+    upstream = real_upstream
     topic = _topic("unload", dedup_namespace)
     record_dir = tmp_path / "recordings"
     messages = 1200

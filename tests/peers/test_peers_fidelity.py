@@ -76,9 +76,9 @@ class Recordings:
 
 
 @pytest.fixture(scope="module")
-def recordings(real_upstream_: Upstream, embedded_pulsar: Upstream,
+def recordings(real_upstream: Upstream, embedded_pulsar: Upstream,
                tmp_path_factory: pytest.TempPathFactory) -> Recordings:
-    return Recordings(real_upstream_, embedded_pulsar, tmp_path_factory.mktemp("fidelity"))
+    return Recordings(real_upstream, embedded_pulsar, tmp_path_factory.mktemp("fidelity"))
 
 
 def test_the_tour_answers_as_the_real_broker_but_for_the_listed_differences(recordings: Recordings) -> None:

@@ -89,9 +89,9 @@ def test_every_acknowledged_message_arrives_once_in_order(client: str, upstream:
 
 
 @pytest.mark.parametrize("client", CLIENTS)
-def test_tls_on_both_sides_with_the_real_broker(client: str, real_upstream_: Upstream, tmp_path: Path) -> None:
+def test_tls_on_both_sides_with_the_real_broker(client: str, real_upstream: Upstream, tmp_path: Path) -> None:
     """Client -> proxy over TLS (hostname verified), proxy -> the real broker's TLS port (CA verified)."""
-    upstream = real_upstream_
+    upstream = real_upstream
     assert upstream.service_url_tls is not None and upstream.tls is not None
     topic = _topic(upstream, f"tls-{client}")
     record_dir = tmp_path / "recordings"
