@@ -34,6 +34,7 @@ from typing import Any
 from real_pulsar import ClientRun, PeerFailed, Standalone, TlsFiles, http_json, spawn, stop_process
 
 from proxy.config.proxy_config import HostPort, LimitsConfig, ProxyConfig, RecordConfig, ServiceUrl, TlsConfig
+from proxy.server.stack import ProxyStack
 from proxy.server.threaded import ThreadedStack
 
 TENANT_NS = "public/default"
@@ -139,12 +140,19 @@ def proxy_config(upstream_url: str, *, lookup: str, record_dir: Path | None = No
 
 
 @contextlib.contextmanager
-def proxy_running(upstream_url: str, **options: Any) -> Iterator[ThreadedStack]:
-    stack = ThreadedStack(proxy_config(upstream_url, **options)).start()
+def proxy_running(upstream_url: str, **options: Any) -> Iterator[ProxyStack]:
+    """The proxy stack for the duration of a ``with`` block: ``.address``, ``.server``, ``.engine``."""
+    threaded = ThreadedStack(proxy_config(upstream_url, **options)).start()
     try:
-        yield stack
+        assert threaded.stack is not None
+        yield threaded.stack
     finally:
-        stack.stop()
+        threaded.stop()
+
+
+def service_url(stack: ProxyStack) -> str:
+    scheme = "pulsar+ssl" if stack.config.tls.serves_tls else "pulsar"
+    return f"{scheme}://{stack.address}"
 
 
 # --- who dials whom ------------------------------------------------------------------------------
@@ -158,6 +166,36 @@ def _socket_inodes(pid: int) -> set[int]:
                 if link.startswith("socket:["):
                     inodes.add(int(link[8:-1]))
     return inodes
+
+
+def _owner_of(inode: int) -> int | None:
+    """The process holding a socket (a scan of every process: only to explain a surprise)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if inode in _socket_inodes(int(pid)):
+            return int(pid)
+    return None
+
+
+def _describe(pid: int | None) -> str:
+    if pid is None:
+        return "no process holds it any more"
+    with contextlib.suppress(OSError):
+        return f"pid {pid}: " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
+    return f"pid {pid}"
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    """Whether ``pid`` is ``ancestor`` or one of its descendants (a process this test started)."""
+    for _ in range(64):
+        if pid == ancestor:
+            return True
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            return False
+        if pid <= 1:
+            return False
+    return False
 
 
 def _established_tcp() -> Iterator[tuple[int, int, int]]:
@@ -182,14 +220,17 @@ class Dials:
     broker_peers: set[str] = dataclasses.field(default_factory=set)
     client_remote_ports: set[int] = dataclasses.field(default_factory=set)
     samples: int = 0
+    #: what an ``other`` peer was: "local port -> broker port: owner pid and command line"
+    others: list[str] = dataclasses.field(default_factory=list)
 
 
 class DialWatcher:
     """Samples the TCP table every ``period`` seconds in a thread while a client runs.
 
     Connections to a broker port are attributed to ``client``, ``proxy`` (this test
-    process: the proxy runs in a thread of it), ``broker`` (the broker dialling itself)
-    or ``other``.
+    process: the proxy runs in a thread of it), ``broker`` (the broker dialling itself),
+    ``other`` (another process this test started) or ``foreign`` (a process the test did
+    not start: the machine is shared).
     """
 
     def __init__(self, broker_ports: Iterable[int], broker_pid: int, period: float = 0.05) -> None:
@@ -224,11 +265,18 @@ class DialWatcher:
             still_open = {inode for _, _, inode in _established_tcp()}
             connections = [c for c in connections if c[2] not in unknown or c[2] in still_open]
             owners = self._owners()
-        for _local, remote, inode in connections:
+        for local, remote, inode in connections:
             if inode in owners["client"]:
                 self.dials.client_remote_ports.add(remote)
             if remote in self.broker_ports:
-                holder = next((name for name, inodes in owners.items() if inode in inodes), "other")
+                holder = next((name for name, inodes in owners.items() if inode in inodes), None)
+                if holder is None:
+                    # a process of this test run ("other": a failure), or of someone else's on this
+                    # shared machine dialling a port it once knew ("foreign": not the proxy's doing)
+                    pid = _owner_of(inode)
+                    holder = "other" if pid is not None and _descends_from(pid, os.getpid()) else "foreign"
+                    if len(self.dials.others) < 5:
+                        self.dials.others.append(f"{holder} {local} -> {remote}: {_describe(pid)}")
                 self.dials.broker_peers.add(holder)
         self.dials.samples += 1
 
@@ -372,6 +420,7 @@ __all__ = [
     "proxy_config",
     "proxy_running",
     "run_with_watcher",
+    "service_url",
     "show_json",
     "upstream_of",
     "wait_for",

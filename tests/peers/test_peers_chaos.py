@@ -35,6 +35,7 @@ from peers_rig import (
     frames_delivered_to_clients,
     proxy_running,
     run_with_watcher,
+    service_url,
     show_json,
     wait_for,
 )
@@ -72,9 +73,9 @@ class ChaosRun:
     def run(self, client: str, topic: str, **options: Any) -> tuple[ClientRun, Any]:
         with proxy_running(self.upstream.service_url, lookup=self.lookup, record_dir=self.record_dir,
                            rules={"seed": 1, "rules": self.rules}) as proxy:
-            run, dials = run_with_watcher(self.upstream, lambda: start_client(client, proxy.service_url, topic,
+            run, dials = run_with_watcher(self.upstream, lambda: start_client(client, service_url(proxy), topic,
                                                                                 **options))
-            engine = proxy.running.engine
+            engine = proxy.engine
             assert engine is not None
             self.hits = engine.hits()
         return run, dials
@@ -215,7 +216,7 @@ def test_real_unload_while_producing_relooks_up_through_the_proxy(client: str, l
 
     with proxy_running(upstream.service_url, lookup=lookup, record_dir=record_dir) as proxy:
         run, dials = run_with_watcher(upstream, lambda: start_client(
-            client, proxy.service_url, topic, messages=messages, batching=False, rate=400, timeout=120),
+            client, service_url(proxy), topic, messages=messages, batching=False, rate=400, timeout=120),
             during=unload_while_producing)
     # the broker closed the consumer too: it redelivers what was not acknowledged yet
     assert delivery_problems(run, messages, redelivery=True) == []

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from peers_rig import Upstream, delivery_problems, embedded_running, proxy_running
+from peers_rig import Upstream, delivery_problems, embedded_running, proxy_running, service_url
 from real_pulsar import CLIENTS, PEERS, ClientRun, run_client, spawn, stop_process
 
 MESSAGES = 300
@@ -44,7 +44,7 @@ KNOWN_REPLAY_DIFFS = {
 def _record(upstream: Upstream, record_dir: Path, command: Any) -> Any:
     """Run ``command(service_url)`` through a recording proxy in front of ``upstream``; (result, recording)."""
     with proxy_running(upstream.service_url, lookup="rewrite", record_dir=record_dir) as proxy:
-        result = command(proxy.service_url)
+        result = command(service_url(proxy))
     return result, next(path for path in record_dir.iterdir() if path.is_dir())
 
 
