@@ -20,11 +20,14 @@ from real_pulsar import Standalone, make_tls_files, start_standalone
 
 
 def _report(config: pytest.Config, line: str) -> None:
+    """A line in the test run's own output (not captured): what the real broker costs, in every CI log."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(line)
-    else:
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None or capture is None:
         print(line, file=sys.stderr)
+        return
+    with capture.global_and_fixture_disabled():
+        reporter.write_line(line)
 
 
 @pytest.fixture(scope="session")
