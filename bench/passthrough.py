@@ -21,6 +21,9 @@ in their own processes, identical for every path, so the ratios compare the prox
     .venv/bin/python bench/passthrough.py --quick      # shorter phases
     .venv/bin/python bench/passthrough.py --profile /tmp/tap.prof   # pulsar-tap under cProfile
     .venv/bin/python bench/passthrough.py --no-pulsar-proxy         # without the two JVM arms
+    .venv/bin/python bench/passthrough.py --baseline /tmp/main      # also the pulsar-tap of another
+        checkout (e.g. ``git archive main | tar -x -C /tmp/main``), measured just before this one:
+        a before/after from the same run, as the ``tap/baseline`` column
 """
 
 from __future__ import annotations
@@ -352,7 +355,8 @@ def warm_up(port: int, reports: Any) -> None:
 
 
 @contextlib.contextmanager
-def pulsar_tap(target: int, workdir: Path, profile: str | None) -> Iterator[tuple[int, int]]:
+def pulsar_tap(target: int, workdir: Path, profile: str | None,
+               tree: Path | None = None) -> Iterator[tuple[int, int]]:
     ready = workdir / "ready.json"
     command = [sys.executable]
     if profile:
@@ -360,7 +364,7 @@ def pulsar_tap(target: int, workdir: Path, profile: str | None) -> Iterator[tupl
     command += ["-m", "proxy", "run", "--listen", "127.0.0.1:0", "--upstream", f"pulsar://127.0.0.1:{target}",
                 "--ready-file", str(ready), "--log-level", "warning", "--keepalive-seconds", "3600",
                 "--drain-seconds", "0"]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(tree or Path(__file__).resolve().parents[1])}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     try:
         assert process.stdout is not None
@@ -438,7 +442,9 @@ def print_table(columns: dict[str, dict[str, float] | None]) -> None:
     """One row per measure, one column per path, then the ratios (n/a where a path was not run)."""
     names = list(columns)
     keys = list(next(c for c in columns.values() if c is not None))
-    print(f"{'measure':<20}" + "".join(f"{n:>15}" for n in names) + "".join(f"{r:>13}" for r, _ in RATIOS))
+    baseline = columns.get("baseline")
+    print(f"{'measure':<20}" + "".join(f"{n:>15}" for n in names) + "".join(f"{r:>13}" for r, _ in RATIOS)
+          + (f"{'tap/baseline':>14}" if baseline else ""))
     for key in keys:
         row = f"{key:<20}"
         for name in names:
@@ -449,6 +455,10 @@ def print_table(columns: dict[str, dict[str, float] | None]) -> None:
             bottom = columns.get("haproxy" if base is None else base)
             ok = top is not None and bottom is not None and bottom[key]
             row += f"{top[key] / bottom[key]:>12.2f}x" if ok else f"{'n/a':>13}"  # type: ignore[index]
+        if baseline:
+            tap = columns["pulsar-tap"]
+            assert tap is not None
+            row += f"{tap[key] / baseline[key]:>13.2f}x" if baseline[key] else f"{'n/a':>14}"
         print(row)
 
 
@@ -459,6 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="0.7 s phases, 2000 round trips")
     parser.add_argument("--profile", metavar="FILE", help="run pulsar-tap under cProfile, write stats to FILE")
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
+    parser.add_argument("--baseline", metavar="DIR", type=Path,
+                        help="also measure the pulsar-tap of this checkout (its proxy/ package), just before")
     parser.add_argument("--only", choices=("throughput", "latency", "concurrency"), help="run one phase")
     parser.add_argument("--no-pulsar-proxy", action="store_true",
                         help="leave out Apache Pulsar's proxy (its two arms start a JVM each)")
@@ -502,6 +514,12 @@ def main(argv: list[str] | None = None) -> int:
                     warm_up(running[0], reports)
                     columns[name] = measure(running[0], reports, args, running[1])
                     print(f"{name} done", flush=True)
+            if args.baseline is not None:
+                if not (args.baseline / "proxy" / "__init__.py").is_file():
+                    parser.error(f"--baseline {args.baseline}: no proxy/ package there")
+                with pulsar_tap(target, workdir, None, args.baseline) as (port, pid):
+                    columns["baseline"] = measure(port, reports, args, pid)
+                    print("baseline done", flush=True)
             with pulsar_tap(target, workdir, args.profile) as (port, pid):
                 columns["pulsar-tap"] = measure(port, reports, args, pid)
                 print("pulsar-tap done", flush=True)

@@ -22,27 +22,35 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import crc32c as _crc32c
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, EncodeError, Message
 
 from proxy.errors import (
-    BadMagic,
     ChecksumMismatch,
     CommandDecodeError,
     CommandEncodeError,
-    FrameTooLarge,
     MalformedFrame,
     MetadataDecodeError,
     ProtocolError,
-    UnknownCommand,
 )
 from proxy.pb import PulsarApi_pb2 as api
-from proxy.protocol.commands import PAYLOAD_TYPES, SUB_FIELDS, TYPE_NAMES, sub_command, type_name, wrap
+from proxy.protocol.commands import SUB_FIELDS, sub_command, type_name, wrap
+from proxy.protocol.validation import (
+    MAGIC_BROKER_ENTRY_METADATA,
+    MAGIC_CHECKSUM,
+    CommandCheck,
+    FrameHead,
+    check_command,
+    check_frame,
+    check_payload,
+    closed_mid_frame,
+    frame_size_of,
+    peek_command,
+)
 
-MAGIC_CHECKSUM: Final = 0x0E01
-MAGIC_BROKER_ENTRY_METADATA: Final = 0x0E02
 #: Pulsar's default maxMessageSize (5 MiB).
 DEFAULT_MAX_MESSAGE_SIZE: Final = 5 * 1024 * 1024
 #: Room for the command and metadata around a maximal payload (Commands.MESSAGE_SIZE_FRAME_PADDING).
@@ -56,7 +64,6 @@ _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _HEADER = struct.Struct(">II")
 _HEADER_SIZE: Final = 8
-_PAYLOAD_TYPES: Final = frozenset(int(t) for t in PAYLOAD_TYPES)
 
 
 def crc32c(data: bytes | bytearray | memoryview) -> int:
@@ -120,14 +127,20 @@ class PayloadSection:
 
 
 class Frame:
-    """One whole frame: its exact bytes, its command type, and lazy decoders."""
+    """One whole frame: its exact bytes, its command type, and lazy decoders.
 
-    __slots__ = ("raw", "type", "cmd_size", "_command", "_payload")
+    ``checked`` says the command passed :func:`~proxy.protocol.validation.check_command`
+    (every frame read from the wire); a frame read leniently from an old recording may
+    hold strings that are not UTF-8, which :attr:`command` then shows escaped.
+    """
 
-    def __init__(self, raw: bytes, type_: int, cmd_size: int) -> None:
+    __slots__ = ("raw", "type", "cmd_size", "checked", "_command", "_payload")
+
+    def __init__(self, raw: bytes, type_: int, cmd_size: int, checked: bool = True) -> None:
         self.raw = raw
         self.type = type_
         self.cmd_size = cmd_size
+        self.checked = checked
         self._command: api.BaseCommand | None = None
         self._payload: PayloadSection | None = None
 
@@ -147,7 +160,8 @@ class Frame:
     def command(self) -> api.BaseCommand:
         """The decoded BaseCommand (decoded once, on first use)."""
         if self._command is None:
-            self._command = decode_command(self.raw[_HEADER_SIZE:_HEADER_SIZE + self.cmd_size])
+            self._command = decode_command(self.raw[_HEADER_SIZE:_HEADER_SIZE + self.cmd_size],
+                                           escape_bad_utf8=not self.checked)
         return self._command
 
     @property
@@ -168,7 +182,12 @@ class Frame:
 
 
 def decode_message(cls: type[M], data: bytes, what: str) -> M:
-    """Decode protobuf bytes into ``cls``; every failure becomes a MetadataDecodeError."""
+    """Decode protobuf bytes into ``cls``; every failure becomes a MetadataDecodeError.
+
+    Strings that are not UTF-8 (the wire checks commands, not message metadata) come
+    back with the bad bytes escaped (``\\xff``), so no reader ever meets raw bytes
+    where the schema promises text.
+    """
     msg = cls()
     try:
         msg.ParseFromString(data)
@@ -177,11 +196,17 @@ def decode_message(cls: type[M], data: bytes, what: str) -> M:
     if not msg.IsInitialized():
         missing = ", ".join(msg.FindInitializationErrors())  # type: ignore[attr-defined]
         raise MetadataDecodeError(f"{what} lacks required fields: {missing}")
+    if _holds_strings(msg.DESCRIPTOR):
+        escape_bad_utf8(msg)
     return msg
 
 
-def decode_command(data: bytes) -> api.BaseCommand:
-    """Decode a BaseCommand; every failure becomes a ProtocolError."""
+def decode_command(data: bytes, *, escape_bad_utf8: bool = True) -> api.BaseCommand:
+    """Decode a BaseCommand; every failure becomes a ProtocolError.
+
+    ``escape_bad_utf8`` (for commands that did not pass the wire's checks, e.g. from
+    an old recording): strings that are not UTF-8 are kept with their bad bytes escaped.
+    """
     cmd = api.BaseCommand()
     try:
         cmd.ParseFromString(data)
@@ -192,68 +217,94 @@ def decode_command(data: bytes) -> api.BaseCommand:
     if not cmd.IsInitialized():
         missing = ", ".join(cmd.FindInitializationErrors())
         raise CommandDecodeError(f"{type_name(cmd.type)} lacks required fields: {missing}")
+    if escape_bad_utf8 and cmd.type in _TYPES_WITH_STRINGS:
+        _escape_bad_utf8(cmd)
     return cmd
 
 
-def peek_type(raw: bytes | bytearray, start: int, end: int) -> int:
-    """The BaseCommand type of the command in ``raw[start:end]``, reading as little as possible.
+_STRINGS: dict[str, bool] = {}
 
-    Every Pulsar implementation writes field 1 (``type``) first, as tag 0x08 and a
-    one-byte varint; anything else falls back to a full decode.
+
+def _holds_strings(descriptor: Descriptor | Any) -> bool:
+    """Can a message of this type hold a string, at any depth?"""
+    known = _STRINGS.get(descriptor.full_name)
+    if known is None:
+        _STRINGS[descriptor.full_name] = False  # recursion guard
+        known = any(field.type == FieldDescriptor.TYPE_STRING
+                    or (field.message_type is not None and _holds_strings(field.message_type))
+                    for field in descriptor.fields)
+        _STRINGS[descriptor.full_name] = known
+    return known
+
+
+_TYPES_WITH_STRINGS: Final = frozenset(
+    number for number, name in SUB_FIELDS.items()
+    if _holds_strings(api.BaseCommand.DESCRIPTOR.fields_by_name[name].message_type))
+
+
+def escape_text(value: bytes) -> str:
+    """Bytes that should have been UTF-8, as text with the bad bytes escaped (``x\\xff``)."""
+    return value.decode("utf-8", "backslashreplace")
+
+
+def escape_bad_utf8(msg: Message) -> None:
+    """Replace, in place and at any depth, string values that are not UTF-8 by their escaped text."""
+    _escape_bad_utf8(msg)
+
+
+def _escape_bad_utf8(msg: Message) -> None:
+    for field, value in msg.ListFields():
+        if field.type == FieldDescriptor.TYPE_STRING:
+            if field.is_repeated:
+                for index, item in enumerate(value):
+                    if isinstance(item, bytes):
+                        value[index] = escape_text(item)
+            elif isinstance(value, bytes):
+                setattr(msg, field.name, escape_text(value))
+        elif field.message_type is not None and _holds_strings(field.message_type):
+            for sub in (value if field.is_repeated else (value,)):
+                _escape_bad_utf8(sub)
+
+
+def peek_type(raw: bytes | bytearray, start: int, end: int) -> int:
+    """The BaseCommand type of the command in ``raw[start:end]``, as lenient readers see it.
+
+    Reads the first type field (tag 0x08, one-byte varint) and decodes the command only
+    when it does not open so; the wire's checks are :func:`check_command`.
     """
-    if end - start >= 2 and raw[start] == 0x08 and raw[start + 1] < 0x80:
-        value = raw[start + 1]
-    else:
-        value = decode_command(bytes(raw[start:end])).type
-    if value not in TYPE_NAMES:
-        raise UnknownCommand(value)
-    return value
+    return peek_command(raw, start, end)
 
 
 def parse_payload_section(raw: bytes, pos: int) -> PayloadSection:
-    """Parse the sections after the command of a payload frame, validating every size."""
-    end = len(raw)
-    bem_raw: bytes | None = None
-    if end - pos < 2:
-        raise MalformedFrame("truncated payload section")
-    magic = _U16.unpack_from(raw, pos)[0]
-    if magic == MAGIC_BROKER_ENTRY_METADATA:
-        if end - pos < 6:
-            raise MalformedFrame("truncated broker entry metadata size")
-        bem_size = _U32.unpack_from(raw, pos + 2)[0]
-        bem_start = pos + 6
-        if bem_size > end - bem_start:
-            raise MalformedFrame("broker entry metadata runs past the end of the frame")
-        bem_raw = raw[bem_start:bem_start + bem_size]
-        pos = bem_start + bem_size
-        if end - pos < 2:
-            raise MalformedFrame("truncated payload section after broker entry metadata")
-        magic = _U16.unpack_from(raw, pos)[0]
-    if magic != MAGIC_CHECKSUM:
-        raise BadMagic(f"bad magic {magic:#06x} in payload section (expected 0x0e01)")
-    if end - pos < 10:
-        raise MalformedFrame("truncated checksum or metadata size")
-    checksum = _U32.unpack_from(raw, pos + 2)[0]
-    checksum_start = pos + 6
-    metadata_size = _U32.unpack_from(raw, checksum_start)[0]
-    metadata_start = checksum_start + 4
-    if metadata_size > end - metadata_start:
-        raise MalformedFrame("message metadata runs past the end of the frame")
-    return PayloadSection(raw, bem_raw, checksum, checksum_start, metadata_start,
-                          metadata_start + metadata_size)
+    """Parse the sections after the command of a whole payload frame, validating every size."""
+    layout = check_payload(raw, pos, len(raw), len(raw))
+    assert not isinstance(layout, int)  # the whole frame is here: nothing left to wait for
+    bem_raw = raw[layout.bem_start:layout.bem_end] if layout.bem_start >= 0 else None
+    checksum = _U32.unpack_from(raw, layout.checksum_at)[0]
+    return PayloadSection(raw, bem_raw, checksum, layout.checksum_at + 4, layout.metadata_start,
+                          layout.metadata_end)
 
 
 class FrameDecoder:
     """Incremental decoder: ``feed`` it bytes split anywhere, take whole frames out.
 
     ``max_frame_bytes`` bounds a whole frame including its size prefix; call
-    :meth:`set_max_message_size` when CONNECTED announces the broker's limit.
+    :meth:`set_max_message_size` when CONNECTED announces the broker's limit.  Each
+    frame is checked by :func:`~proxy.protocol.validation.check_frame` as its bytes
+    arrive; ``strict=False`` (recordings made before commands were checked) checks
+    the framing and the type only.
     """
 
-    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, *, strict: bool = True) -> None:
         self.max_frame_bytes = max_frame_bytes
+        self.strict = strict
+        self._command_check: CommandCheck = check_command if strict else peek_command
         self._buf = bytearray()
         self._pos = 0
+        #: the current frame, once its checks have passed
+        self._head: FrameHead | None = None
+        #: bytes of the current frame needed before the next check can run
+        self._need = 4
         self._error: ProtocolError | None = None
 
     def set_max_message_size(self, max_message_size: int) -> None:
@@ -286,37 +337,24 @@ class FrameDecoder:
     def _next_frame(self) -> Frame | None:
         buf, pos = self._buf, self._pos
         available = len(buf) - pos
-        if available < 4:
-            return None
-        total_size = _U32.unpack_from(buf, pos)[0]
-        frame_size = total_size + 4
-        if frame_size > self.max_frame_bytes:
-            raise FrameTooLarge(frame_size, self.max_frame_bytes)
-        if total_size < 4:
-            raise MalformedFrame(f"total size {total_size} leaves no room for the command size")
-        if available < 8:
-            return None
-        cmd_size = _U32.unpack_from(buf, pos + 4)[0]
-        if cmd_size > total_size - 4:
-            raise MalformedFrame(f"command size {cmd_size} exceeds total size {total_size}")
-        if cmd_size == 0:
-            raise MalformedFrame("empty command")
+        head = self._head
+        if head is None:
+            if available < self._need:
+                return None
+            checked = check_frame(buf, pos, len(buf), self.max_frame_bytes, self._command_check)
+            if isinstance(checked, int):
+                self._need = checked - pos
+                return None
+            head = self._head = checked
+        frame_size = head.frame_size
         if available < frame_size:
             return None
         with memoryview(buf) as view:  # one copy, not a bytearray slice and then bytes()
             raw = bytes(view[pos:pos + frame_size])
         self._pos = pos + frame_size
-        frame_type = peek_type(raw, _HEADER_SIZE, _HEADER_SIZE + cmd_size)
-        if frame_size > _HEADER_SIZE + cmd_size:
-            if frame_type not in _PAYLOAD_TYPES:
-                raise MalformedFrame(f"{type_name(frame_type)} carries {frame_size - 8 - cmd_size} "
-                                     "unexpected bytes after its command")
-            frame = Frame(raw, frame_type, cmd_size)
-            frame._payload = parse_payload_section(raw, _HEADER_SIZE + cmd_size)
-            return frame
-        if frame_type in _PAYLOAD_TYPES:
-            raise MalformedFrame(f"{type_name(frame_type)} has no payload section")
-        return Frame(raw, frame_type, cmd_size)
+        self._head = None
+        self._need = 4
+        return Frame(raw, head.type, head.cmd_size, self.strict)
 
     def frames(self) -> Iterator[Frame]:
         """Every whole frame buffered so far."""
@@ -331,7 +369,7 @@ class FrameDecoder:
     def close(self) -> None:
         """The peer closed the stream: leftover bytes mean it stopped mid-frame."""
         if self._error is None and self.buffered:
-            self._error = MalformedFrame(f"connection closed mid-frame ({self.buffered} bytes pending)")
+            self._error = closed_mid_frame(self.buffered, frame_size_of(self._buf, self._pos, len(self._buf)))
             raise self._error
 
 
@@ -379,9 +417,9 @@ def reencode(frame: Frame) -> bytes:
                                   broker_entry_metadata=section.broker_entry_metadata_raw)
 
 
-def frame_from_bytes(data: bytes, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Frame:
-    """Decode exactly one whole frame from ``data``."""
-    decoder = FrameDecoder(max_frame_bytes)
+def frame_from_bytes(data: bytes, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, *, strict: bool = True) -> Frame:
+    """Decode exactly one whole frame from ``data`` (``strict``: see :class:`FrameDecoder`)."""
+    decoder = FrameDecoder(max_frame_bytes, strict=strict)
     decoder.feed(data)
     frame = decoder.next_frame()
     if frame is None or decoder.buffered:
@@ -392,6 +430,6 @@ def frame_from_bytes(data: bytes, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES", "DEFAULT_MAX_MESSAGE_SIZE", "FRAME_PADDING", "MAGIC_BROKER_ENTRY_METADATA",
     "MAGIC_CHECKSUM", "SUB_FIELDS", "Frame", "FrameDecoder", "PayloadSection", "crc32c", "decode_command",
-    "encode_command", "encode_payload_command", "frame_from_bytes", "parse_payload_section", "peek_type",
-    "reencode",
+    "encode_command", "encode_payload_command", "escape_bad_utf8", "escape_text", "frame_from_bytes",
+    "parse_payload_section", "peek_type", "reencode",
 ]

@@ -62,10 +62,13 @@ class FrameFacts:
         return self._sub
 
     def _field(self, name: str) -> str | None:
+        """The command's own single text field ``name`` (a list of topics names no one topic)."""
         sub = self.sub
-        if name in sub.DESCRIPTOR.fields_by_name and sub.HasField(name):
-            return str(getattr(sub, name))
-        return None
+        field = sub.DESCRIPTOR.fields_by_name.get(name)
+        if field is None or field.is_repeated or not sub.HasField(name):
+            return None
+        value = getattr(sub, name)
+        return value if isinstance(value, str) else None
 
     @property
     def topic(self) -> str | None:

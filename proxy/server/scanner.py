@@ -1,19 +1,27 @@
-"""The relay's fast path: find frame boundaries in a byte stream without decoding commands.
+"""The relay's fast path: find and check frame boundaries without building Frames.
 
 Pulsar framing (``[TOTAL_SIZE u32][CMD_SIZE u32][BaseCommand]...``, see
-``proxy.protocol.frame``) lets the proxy find every frame from its 8-byte header
-and read the command type from the next two bytes (tag 0x08, one-byte varint).
-:class:`FrameScanner` does only that for frames nobody asked to see: it validates
-the sizes, the type and (for SEND/MESSAGE) the payload magic, and passes the bytes
-through as slices of the received buffer, so a run of unchanged frames leaves as
-one write, and a large frame streams through without being buffered whole.
-Frames whose type is *wanted* (the proxy's own: CONNECT, LOOKUP_RESPONSE, ...;
-plus whatever a rule or an observer needs) are buffered whole and returned as
-:class:`~proxy.protocol.frame.Frame` objects.  Memory per direction is bounded by
-the largest wanted frame (the frame limit) plus one receive buffer.
+``proxy.protocol.frame``) lets the proxy find every frame from its 8-byte header.
+:class:`FrameScanner` checks each frame exactly as :class:`~proxy.protocol.frame.FrameDecoder`
+does (both run :func:`~proxy.protocol.validation.check_frame`: sizes, the command,
+the payload section up to its metadata size) and reaches the same verdict for any
+input split anywhere, but it passes frames nobody asked to see through as slices of
+the received buffer, so a run of unchanged frames leaves as one write, and a large
+frame streams through once its head is checked.  Frames whose type is *wanted* (the
+proxy's own: CONNECT, LOOKUP_RESPONSE, ...; plus whatever a rule or an observer
+needs) are buffered whole and returned as :class:`~proxy.protocol.frame.Frame`
+objects.  Memory per direction is bounded by the largest wanted frame (the frame
+limit) plus one receive buffer.
 
-It raises the same errors as :class:`~proxy.protocol.frame.FrameDecoder`
-(FrameTooLarge, MalformedFrame, BadMagic, UnknownCommand) and is unusable after.
+The common case costs a few comparisons per frame: a command in canonical form
+(``08 TYPE`` then exactly the sub-command field, as every Pulsar client and broker
+writes it) with a plain payload section is recognised from the header's bytes, and
+its sub-command field is put aside; all the fields of one ``feed`` are parsed
+together (:class:`~proxy.protocol.validation.CommandBatch`) before anything is
+handed out.  Anything else goes through :func:`check_frame` itself.
+
+It raises the same errors as FrameDecoder (FrameTooLarge, MalformedFrame, BadMagic,
+UnknownCommand, CommandDecodeError) and is unusable after.
 """
 
 from __future__ import annotations
@@ -23,31 +31,56 @@ import struct
 from collections.abc import Iterable
 from typing import Final
 
-from proxy.errors import BadMagic, FrameTooLarge, MalformedFrame, ProtocolError, UnknownCommand
-from proxy.protocol.commands import PAYLOAD_TYPES, TYPE_NAMES, type_name
-from proxy.protocol.frame import (
-    DEFAULT_MAX_FRAME_BYTES,
-    FRAME_PADDING,
-    MAGIC_BROKER_ENTRY_METADATA,
+from proxy.errors import ProtocolError
+from proxy.protocol.commands import PAYLOAD_TYPES, TYPE_NAMES
+from proxy.protocol.frame import DEFAULT_MAX_FRAME_BYTES, FRAME_PADDING, Frame
+from proxy.protocol.validation import (
     MAGIC_CHECKSUM,
-    Frame,
-    parse_payload_section,
-    peek_type,
+    SUB_TAGS,
+    CommandBatch,
+    FrameHead,
+    check_frame,
+    closed_mid_frame,
+    frame_size_of,
 )
 
 #: What the scanner hands out: bytes to pass through unchanged, or a whole wanted Frame.
 Piece = bytes | memoryview | Frame
 
-_HEADER = struct.Struct(">II")
-#: size prefix, command size, and the two bytes holding the command type
-_HEAD_BYTES: Final = 10
+#: size prefix, command size, the command's first four bytes, the fifth
+_HEAD = struct.Struct(">IIIB")
+_HEAD_BYTES: Final = _HEAD.size
+#: magic, checksum, metadata size
+_SECTION = struct.Struct(">HII")
 
-# Per type byte, how the fast path treats a frame (one list lookup per frame).
-_INVALID: Final = 0       # not a type any protocol version defines
-_PLAIN: Final = 1         # a command without payload, passed through
-_PAYLOAD: Final = 2       # SEND / MESSAGE, passed through after checking the magic
-_WANTED: Final = 3        # buffered whole and returned as a Frame
-_GOOD_MAGIC: Final = frozenset({MAGIC_CHECKSUM, MAGIC_BROKER_ENTRY_METADATA})
+# Per type, how a frame is treated (bits).
+_PAYLOAD: Final = 1       # SEND / MESSAGE: a payload section follows the command
+_WANTED: Final = 2        # buffered whole and returned as a Frame
+
+
+@functools.lru_cache(maxsize=256)
+def _fast_tables(wanted: frozenset[int], want_all: bool) -> tuple[dict[int, int], dict[int, int], list[int]]:
+    """How the fast path recognises a canonical command and what it does with it.
+
+    A canonical command opens ``08 TYPE TAG LENGTH`` (as a big-endian u32 ``word``).
+    For a one-byte TAG (types up to 15), LENGTH is ``cmd_size - 4``, so ``word -
+    cmd_size`` is the same for every such command of a type: the first table maps it
+    to the type's kind bits.  For a two-byte TAG, the word is fixed and LENGTH is the
+    fifth byte: the second table maps the word.  The third is the kind per type
+    (shared by every scanner with these wants).
+    """
+    by_type = [0] * 256
+    short: dict[int, int] = {}
+    long: dict[int, int] = {}
+    for value in TYPE_NAMES:
+        kind = (_PAYLOAD if value in PAYLOAD_TYPES else 0) | (_WANTED if want_all or value in wanted else 0)
+        by_type[value] = kind
+        tag = SUB_TAGS[value]
+        if len(tag) == 1:
+            short[((0x08 << 24) | (value << 16) | (tag[0] << 8)) - 4] = kind
+        else:
+            long[(0x08 << 24) | (value << 16) | (tag[0] << 8) | tag[1]] = kind
+    return short, long, by_type
 
 
 class FrameScanner:
@@ -56,9 +89,19 @@ class FrameScanner:
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
                  wanted: Iterable[int] = (), *, want_all: bool = False) -> None:
         self.max_frame_bytes = max_frame_bytes
+        #: a frame whose checks have not all passed yet, or a wanted frame not yet whole
         self._carry = bytearray()
+        #: the carried frame, once its checks have passed
+        self._head: FrameHead | None = None
+        #: bytes the carry must hold before the next check can run
+        self._need = 4
+        #: bytes of a passed-through frame still to come, and that frame's size
         self._skip = 0
+        self._skip_frame = 0
+        self._checks = CommandBatch()
         self._error: ProtocolError | None = None
+        self._short: dict[int, int] = {}
+        self._long: dict[int, int] = {}
         self._classes: list[int] = []
         self.wanted: frozenset[int] = frozenset()
         self.want_all = False
@@ -70,7 +113,7 @@ class FrameScanner:
         """Choose which command types come out as Frames (takes effect at the next frame)."""
         self.wanted = frozenset(wanted)
         self.want_all = want_all
-        self._classes = _class_table(self.wanted, want_all)
+        self._short, self._long, self._classes = _fast_tables(self.wanted, want_all)
 
     def set_max_message_size(self, max_message_size: int) -> None:
         """Adopt the broker's ``max_message_size`` from CONNECTED (plus framing room)."""
@@ -106,137 +149,132 @@ class FrameScanner:
                     pos = self._complete_carry(data, pos, out)
             if pos < end:
                 self._scan(data, pos, out)
+            self._checks.verify()
         except ProtocolError as exc:
-            self._error = exc
-            raise
+            error = exc
+            try:
+                self._checks.verify()  # a command put aside before the failing frame fails first
+            except ProtocolError as earlier:
+                error = earlier
+            self._checks.clear()
+            self._error = error
+            raise error from None
         return out
 
     def close(self) -> None:
         """The peer closed: raise MalformedFrame if it stopped in the middle of a frame."""
-        if self._error is None and not self.at_frame_boundary:
-            pending = len(self._carry) + self._skip
-            self._error = MalformedFrame(f"connection closed mid-frame ({pending} bytes missing or pending)")
-            raise self._error
-
-    def _needed(self, head: bytearray) -> int:
-        """How many bytes of a carried frame the scanner must hold before deciding about it."""
-        if len(head) < _HEAD_BYTES:
-            return _HEAD_BYTES
-        total: int
-        cmd_size: int
-        total, cmd_size = _HEADER.unpack_from(head, 0)
-        frame_size = total + 4
-        if frame_size > self.max_frame_bytes or cmd_size < 2 or cmd_size > total - 4:
-            return _HEAD_BYTES  # let _scan raise with the header at hand
-        kind = self._classes[head[9]] if head[8] == 0x08 else _WANTED
-        if kind == _WANTED:
-            return frame_size
-        if kind == _PAYLOAD:
-            return min(frame_size, 8 + cmd_size + 2)
-        return _HEAD_BYTES
+        if self._error is not None or self.at_frame_boundary:
+            return
+        if self._carry:
+            self._error = closed_mid_frame(len(self._carry), frame_size_of(self._carry, 0, len(self._carry)))
+        else:
+            self._error = closed_mid_frame(self._skip_frame - self._skip, self._skip_frame)
+        raise self._error
 
     def _complete_carry(self, data: bytes | memoryview, pos: int, out: list[Piece]) -> int:
+        """Grow the carried frame until its checks pass (and, if it is wanted, until it is whole)."""
         carry = self._carry
         end = len(data)
-        while True:
-            need = self._needed(carry)
-            if len(carry) >= need:
-                break
-            take = min(need - len(carry), end - pos)
+        head = self._head
+        while head is None:
+            take = min(self._need - len(carry), end - pos)
             carry += data[pos:pos + take]
             pos += take
-            if len(carry) < need:
+            if len(carry) < self._need:
                 return pos
-        held = bytes(carry)
+            checked = check_frame(carry, 0, len(carry), self.max_frame_bytes)
+            if isinstance(checked, int):
+                self._need = checked  # always more than the carry holds: every check makes progress
+                continue
+            head = self._head = checked
+        size = head.frame_size
+        if self._classes[head.type] & _WANTED:
+            take = min(size - len(carry), end - pos)
+            carry += data[pos:pos + take]
+            pos += take
+            if len(carry) < size:
+                return pos
+            out.append(Frame(bytes(carry), head.type, head.cmd_size))
+        else:
+            out.append(bytes(carry))
+            self._skip = size - len(carry)
+            self._skip_frame = size
         carry.clear()
-        self._scan(held, 0, out)
+        self._head = None
+        self._need = 4
+        self.frames_scanned += 1
         return pos
 
     def _scan(self, data: bytes | memoryview, pos: int, out: list[Piece]) -> None:
         end = len(data)
         run_start = pos
+        short_kind = self._short.get
+        long_kind = self._long.get
         classes = self._classes
         limit = self.max_frame_bytes
-        unpack = _HEADER.unpack_from
+        unpack_head = _HEAD.unpack_from
+        unpack_section = _SECTION.unpack_from
+        put_aside = self._checks.pending.append
         scanned = 0
-        while end - pos >= _HEAD_BYTES:
-            total, cmd_size = unpack(data, pos)
-            frame_end = pos + total + 4
-            if total + 4 > limit or cmd_size < 2 or cmd_size > total - 4:
-                self._bad_header(total, cmd_size)
-            # A command that does not open with its type field needs a full decode.
-            kind = classes[data[pos + 9]] if data[pos + 8] == 0x08 else _WANTED
-            if kind == _PLAIN:
-                if total != cmd_size + 4:
-                    raise MalformedFrame(f"{type_name(data[pos + 9])} carries {total - 4 - cmd_size} "
-                                         "unexpected bytes after its command")
-            elif kind == _PAYLOAD:
-                magic_at = pos + 8 + cmd_size
-                if total == cmd_size + 4:
-                    raise MalformedFrame(f"{type_name(data[pos + 9])} has no payload section")
-                if end < magic_at + 2:
+        while pos < end:
+            # The fast path: a canonical command (its sub-command field is parsed with the
+            # batch) and a plain payload section, recognised from a few header bytes.
+            kind = -1
+            if end - pos >= _HEAD_BYTES:
+                total, cmd_size, word, fifth = unpack_head(data, pos)
+                if 3 < cmd_size < 132:
+                    kind = short_kind(word - cmd_size, -1)
+                if kind < 0 and fifth + 5 == cmd_size and fifth < 128:
+                    kind = long_kind(word, -1)
+                if kind >= 0:
+                    frame_end = pos + 4 + total
+                    cmd_end = pos + 8 + cmd_size
+                    if total + 4 > limit or cmd_end > frame_end:
+                        kind = -1
+                    elif kind & _PAYLOAD:
+                        # (read past a frame too short to hold them, they fail the size check)
+                        if end - cmd_end < 10:
+                            kind = -1
+                        else:
+                            magic, _, metadata_size = unpack_section(data, cmd_end)
+                            if magic != MAGIC_CHECKSUM or metadata_size > frame_end - cmd_end - 10:
+                                kind = -1
+                    elif frame_end != cmd_end or frame_end > end:
+                        kind = -1
+                    if kind >= 0:
+                        put_aside(data[pos + 10:cmd_end])
+            checked = None
+            if kind < 0:
+                checked = check_frame(data, pos, end, limit)
+                if isinstance(checked, int):
+                    self._carry += data[pos:]
+                    self._need = checked - pos
                     break
-                magic = (data[magic_at] << 8) | data[magic_at + 1]
-                if magic not in _GOOD_MAGIC:
-                    raise BadMagic(f"bad magic {magic:#06x} in payload section (expected 0x0e01)")
-            elif kind == _WANTED:
+                type_, cmd_size = checked.type, checked.cmd_size
+                frame_end = pos + checked.frame_size
+                kind = classes[type_]
+            if kind & _WANTED:
+                if checked is None:
+                    type_ = (word >> 16) & 0x7F
                 if frame_end > end:
+                    # checked, but not whole yet: carried until it is
+                    self._head = FrameHead(frame_end - pos, cmd_size, type_, None)
+                    self._carry += data[pos:]
                     break
                 if run_start < pos:
                     out.append(memoryview(data)[run_start:pos])
-                out.append(_build_frame(bytes(data[pos:frame_end]), cmd_size))
+                out.append(Frame(bytes(data[pos:frame_end]), type_, cmd_size))
                 scanned += 1
                 pos = run_start = frame_end
                 continue
-            else:
-                raise UnknownCommand(data[pos + 9])
             scanned += 1
             if frame_end > end:
                 # Passed through as it arrives: the rest of this frame needs no look.
                 self._skip = frame_end - end
+                self._skip_frame = frame_end - pos
                 pos = end
                 break
             pos = frame_end
         self.frames_scanned += scanned
         if run_start < pos:
             out.append(data if run_start == 0 and pos == end else memoryview(data)[run_start:pos])
-        if pos < end:
-            self._carry += data[pos:]
-
-    def _bad_header(self, total: int, cmd_size: int) -> None:
-        if total + 4 > self.max_frame_bytes:
-            raise FrameTooLarge(total + 4, self.max_frame_bytes)
-        if total < 4:
-            raise MalformedFrame(f"total size {total} leaves no room for the command size")
-        if cmd_size > total - 4:
-            raise MalformedFrame(f"command size {cmd_size} exceeds total size {total}")
-        raise MalformedFrame(f"command of {cmd_size} bytes cannot hold a type")
-
-
-@functools.lru_cache(maxsize=256)
-def _class_table(wanted: frozenset[int], want_all: bool) -> list[int]:
-    """Per type byte, how the fast path treats a frame (shared by every scanner with these wants)."""
-    classes = [_INVALID] * 256
-    for value in range(256):
-        if value >= 0x80:
-            classes[value] = _WANTED  # a multi-byte varint: only a full decode can tell
-        elif value in TYPE_NAMES:
-            if want_all or value in wanted:
-                classes[value] = _WANTED
-            else:
-                classes[value] = _PAYLOAD if value in PAYLOAD_TYPES else _PLAIN
-    return classes
-
-
-def _build_frame(raw: bytes, cmd_size: int) -> Frame:
-    """A Frame for one whole frame's bytes, validated as FrameDecoder validates it."""
-    frame_type = peek_type(raw, 8, 8 + cmd_size)
-    frame = Frame(raw, frame_type, cmd_size)
-    if len(raw) > 8 + cmd_size:
-        if frame_type not in PAYLOAD_TYPES:
-            raise MalformedFrame(f"{type_name(frame_type)} carries {len(raw) - 8 - cmd_size} "
-                                 "unexpected bytes after its command")
-        frame._payload = parse_payload_section(raw, 8 + cmd_size)
-    elif frame_type in PAYLOAD_TYPES:
-        raise MalformedFrame(f"{type_name(frame_type)} has no payload section")
-    return frame

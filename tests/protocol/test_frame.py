@@ -161,13 +161,17 @@ def test_closing_mid_frame_is_reported() -> None:
 
 
 def test_missing_required_fields_are_decode_errors() -> None:
+    """On the wire the frame is refused as it is read; read leniently (recordings), when decoded."""
     raw = encode_command(api.BaseCommand(type=api.BaseCommand.PRODUCER, producer=api.CommandProducer(
         topic="t", producer_id=1, request_id=2)))
     # strip the required request_id by hand-building the command
     cmd = api.BaseCommand(type=api.BaseCommand.PRODUCER)
     cmd.producer.topic = "t"
     body = cmd.SerializePartialToString()
-    frame = frame_from_bytes(struct.pack(">II", len(body) + 4, len(body)) + body)
+    data = struct.pack(">II", len(body) + 4, len(body)) + body
+    with pytest.raises(CommandDecodeError, match="PRODUCER lacks required fields: producer_id, request_id"):
+        frame_from_bytes(data)
+    frame = frame_from_bytes(data, strict=False)
     with pytest.raises(CommandDecodeError):
         _ = frame.command
     assert frame_from_bytes(raw).command.producer.request_id == 2

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.errors import BadMagic, FrameTooLarge, MalformedFrame, UnknownCommand
+from proxy.errors import BadMagic, FrameTooLarge, MalformedFrame, ProtocolError, UnknownCommand
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.frame import Frame, encode_command, encode_payload_command
 from proxy.server.scanner import FrameScanner
@@ -154,3 +154,141 @@ def test_a_peer_closing_mid_frame_is_reported() -> None:
     scanner.feed(send_frame(1000)[:500])
     with pytest.raises(MalformedFrame):
         scanner.close()
+
+
+# -- hostile input (issue #12): the scanner's verdicts are FrameDecoder's --------------------------
+def _fuzz_module():  # type: ignore[no-untyped-def]
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "fuzz.py"
+    spec = importlib.util.spec_from_file_location("pulsar_tap_fuzz", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+fuzz = _fuzz_module()
+
+
+class _Deadline:
+    """Fail (instead of hanging the suite) when the code under test loops."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __enter__(self) -> None:
+        import signal
+
+        def expire(signum: int, frame: object) -> None:
+            raise TimeoutError(f"still running after {self.seconds}s")
+
+        self.previous = signal.signal(signal.SIGALRM, expire)
+        signal.setitimer(signal.ITIMER_REAL, self.seconds)
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, self.previous)
+
+
+def test_a_one_byte_payload_section_split_across_writes_is_refused_not_looped_on() -> None:
+    """Issue #12, item 1: this 17-byte SEND, split after 12 bytes and followed by any byte, hung the proxy."""
+    frame = bytes.fromhex("0000000d0000000808063204080110010e")
+    scanner = FrameScanner()
+    with _Deadline(5):
+        assert scanner.feed(frame[:12]) == []
+        with pytest.raises(MalformedFrame, match="truncated payload section"):
+            scanner.feed(frame[12:] + b"\x00")
+
+
+@pytest.mark.parametrize("data", [b"\x00\x00\x00\x00", b"\x00\x00\x00\x03"], ids=["zero", "three"])
+def test_a_total_size_too_small_for_a_command_is_refused_from_its_four_bytes(data: bytes) -> None:
+    """Issue #12, item 7: nothing more needs to arrive to know the frame is wrong."""
+    with pytest.raises(MalformedFrame, match="leaves no room for a command"):
+        FrameScanner().feed(data)
+
+
+@pytest.mark.parametrize("cmd_size", [0, 1])
+def test_a_command_size_too_small_for_a_type_is_refused_from_its_eight_bytes(cmd_size: int) -> None:
+    data = (16).to_bytes(4, "big") + cmd_size.to_bytes(4, "big")
+    with pytest.raises(MalformedFrame, match=f"command of {cmd_size} bytes cannot hold a type"):
+        FrameScanner().feed(data)
+
+
+def _frame(command: bytes, payload_section: bytes = b"") -> bytes:
+    return (len(command) + len(payload_section) + 4).to_bytes(4, "big") + len(command).to_bytes(4, "big") \
+        + command + payload_section
+
+
+UNDECODABLE = {
+    # issue #12, item 6: a FLOW whose sub-command claims 127 bytes of a 20-byte command
+    "flow-overrun": (bytes.fromhex("0000001800000014080b5a7f") + bytes(16), "undecodable command"),
+    "flow-missing-permits": (_frame(bytes.fromhex("080b5a020801")), "FLOW lacks required fields: messagePermits"),
+    "send-cut-varint": (_frame(bytes.fromhex("0806320208ff"), b"\x0e\x01" + bytes(8)), "undecodable SEND"),
+    "type-without-sub-command": (_frame(b"\x08\x0b"), "FLOW lacks its sub-command"),
+    "lookup-bad-utf8": (encode_command(api.CommandLookupTopic(topic="persistent://public/default/xyz", request_id=1))
+                        .replace(b"xyz", b"x\xff\xfe"), "undecodable LOOKUP"),
+}
+
+
+@pytest.mark.parametrize("name", list(UNDECODABLE))
+@pytest.mark.parametrize("want_all", [False, True], ids=["fast-path", "wanted"])
+def test_an_undecodable_command_is_refused_on_the_fast_path_too(name: str, want_all: bool) -> None:
+    """Nothing of it passes through; the error says what is wrong, as FrameDecoder says it."""
+    data, message = UNDECODABLE[name]
+    scanner = FrameScanner(want_all=want_all)
+    with pytest.raises(ProtocolError, match=message):
+        scanner.feed(PING + data)
+    assert fuzz.decoder_verdict([PING + data], 1 << 20)[1] == fuzz.scanner_verdict([PING + data], frozenset(),
+                                                                                      want_all, 1 << 20)[2]
+
+
+def test_a_bad_command_is_reported_before_a_bad_header_that_follows_it() -> None:
+    """Commands checked together per read are still judged in frame order."""
+    data, _ = UNDECODABLE["flow-missing-permits"]
+    with pytest.raises(ProtocolError, match="FLOW lacks required fields"):
+        FrameScanner().feed(FLOW + data + b"\x00\x00\x00\x00")
+
+
+def test_every_corpus_frame_cut_anywhere_gets_the_decoders_verdict() -> None:
+    """The split-frame family: official-client frames, alone or with a trailing byte, cut once anywhere."""
+    count = 0
+    with _Deadline(120):
+        for frame in fuzz.corpus():
+            for data in (frame, frame + b"\x00"):
+                for cut in range(1, len(data)):
+                    for flags in (0, 4):
+                        fuzz.check_frames(data, [cut], flags)
+                        count += 1
+    assert count > 10_000
+
+
+@st.composite
+def mutated_streams(draw: st.DrawFn) -> tuple[bytes, list[int], int]:
+    frames = fuzz.corpus()
+    picked = draw(st.lists(st.sampled_from(frames), min_size=1, max_size=4))
+    data = bytearray(b"".join(picked))
+    for _ in range(draw(st.integers(0, 4))):
+        at = draw(st.integers(0, len(data) - 1))
+        how = draw(st.sampled_from(["set", "insert", "delete", "truncate"]))
+        if how == "set":
+            data[at] = draw(st.integers(0, 255))
+        elif how == "insert":
+            data[at:at] = draw(st.binary(min_size=1, max_size=8))
+        elif how == "delete" and len(data) > 1:
+            del data[at]
+        elif how == "truncate":
+            del data[max(at, 1):]
+    cuts = draw(st.lists(st.integers(0, len(data)), max_size=6))
+    return bytes(data), cuts, draw(st.integers(0, 7))
+
+
+@given(mutated_streams())
+@settings(max_examples=400, deadline=None)
+def test_mutated_official_client_streams_get_the_decoders_verdict(stream: tuple[bytes, list[int], int]) -> None:
+    data, cuts, flags = stream
+    with _Deadline(10):
+        fuzz.check_frames(data, cuts, flags)
