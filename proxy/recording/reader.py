@@ -81,9 +81,13 @@ class RecordedFrame:
 
     @property
     def frame(self) -> Frame:
-        """The decoded frame; raises a ProtocolError if the recorded bytes are not a valid frame."""
+        """The decoded frame; raises a ProtocolError if the recorded bytes are not a valid frame.
+
+        Read leniently: a recording may predate the wire's command checks, so a string
+        that is not UTF-8 is shown escaped rather than refused.
+        """
         if self._frame is None:
-            self._frame = frame_from_bytes(self.raw, max_frame_bytes=max(self.size, 8))
+            self._frame = frame_from_bytes(self.raw, max_frame_bytes=max(self.size, 8), strict=False)
         return self._frame
 
 
