@@ -13,7 +13,6 @@ JSON body) has no lines, and its errors name only the key.
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import ipaddress
 import json
 import re
@@ -179,7 +178,10 @@ def _pattern(section: _Section, name: str) -> TextPattern | None:
     if isinstance(value, str):
         if value.count("[") != value.count("]"):
             raise section.fail(name, f"bad glob {value!r}: unbalanced brackets")
-        return TextPattern(value, False, re.compile(fnmatch.translate(value)))
+        try:
+            return TextPattern.of_glob(value)
+        except ValueError as exc:
+            raise section.fail(name, f"bad glob {value!r}: {exc}") from None
     if isinstance(value, dict):
         inner = _Section(section.c, value, section.key(name))
         inner.check_keys(("regex",))
@@ -187,10 +189,10 @@ def _pattern(section: _Section, name: str) -> TextPattern | None:
         if not isinstance(regex, str):
             raise inner.fail("regex", "must be a string (a regular expression)")
         try:
-            compiled = re.compile(regex)
-        except re.error as exc:
-            raise inner.fail("regex", f"bad regular expression {regex!r}: {exc}") from None
-        return TextPattern(regex, True, compiled)
+            return TextPattern.of_regex(regex)
+        except ValueError as exc:
+            raise inner.fail("regex", f"bad regular expression {regex!r}: {exc} (patterns run on RE2, in linear "
+                                      "time: no backreferences, lookaround or possessive repeats)") from None
     raise section.fail(name, f"must be a glob string or {{regex: ...}}, not {_type_word(value)}")
 
 

@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
 
+import re2
+
 from proxy.protocol.commands import type_name
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -25,13 +27,83 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 DIRECTIONS: Final = ("to_client", "to_broker", "any")
 
 
+def _re2_options() -> Any:
+    options = re2.Options()
+    options.log_errors = False  # the loader reports the error itself, on one line
+    return options
+
+
+_RE2_OPTIONS: Final = _re2_options()
+
+
+def compile_linear(pattern: str) -> Any:
+    """Compile for RE2, whose matching time is linear in the text (no catastrophic backtracking).
+
+    Raises ValueError saying why RE2 cannot run the pattern (backreferences, lookaround
+    and possessive or atomic groups have no linear-time meaning; nor has a pattern too
+    large for its memory budget).
+    """
+    try:
+        return re2.compile(pattern, _RE2_OPTIONS)
+    except re2.error as exc:
+        reason = exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(exc.args[0], bytes) \
+            else str(exc)
+        raise ValueError(reason) from None
+
+
+def glob_to_regex(glob: str) -> str:
+    """A glob (``*``, ``?``, ``[abc]``, ``[!abc]``, as fnmatch reads them) as an RE2 pattern."""
+    out: list[str] = []
+    i, n = 0, len(glob)
+    while i < n:
+        char = glob[i]
+        i += 1
+        if char == "*":
+            if not out or out[-1] != ".*":
+                out.append(".*")
+        elif char == "?":
+            out.append(".")
+        elif char == "[":
+            j = i + 1 if i < n and glob[i] == "!" else i
+            if j < n and glob[j] == "]":
+                j += 1
+            while j < n and glob[j] != "]":
+                j += 1
+            if j >= n:
+                out.append(re.escape("["))
+                continue
+            body = glob[i:j].replace("\\", "\\\\")
+            i = j + 1
+            if body.startswith("!"):
+                body = "^" + body[1:]
+            elif body.startswith("^"):
+                body = "\\" + body
+            out.append(f"[{body}]")
+        else:
+            out.append(re.escape(char))
+    return "(?s)" + "".join(out)
+
+
 @dataclass(frozen=True, slots=True)
 class TextPattern:
-    """A glob (``orders-*``) or a regular expression, matched against the whole text."""
+    """A glob (``orders-*``) or a regular expression, matched against the whole text.
+
+    Both run on RE2 (SPEC: rule patterns run on a linear-time regex engine), so no
+    topic name a client sends can make a rule take longer than the name is long.
+    """
 
     pattern: str
     regex: bool = False
-    compiled: re.Pattern[str] = field(compare=False, repr=False, default=re.compile(""))
+    compiled: Any = field(compare=False, repr=False, default=None)
+
+    @classmethod
+    def of_glob(cls, glob: str) -> TextPattern:
+        return cls(glob, False, compile_linear(glob_to_regex(glob)))
+
+    @classmethod
+    def of_regex(cls, regex: str) -> TextPattern:
+        """Raises ValueError when RE2 cannot run ``regex``."""
+        return cls(regex, True, compile_linear(regex))
 
     def matches(self, text: str | None) -> bool:
         return text is not None and self.compiled.fullmatch(text) is not None

@@ -81,8 +81,8 @@ rules:
         "chaos.yaml:2: colour: unknown key (expected one of: seed, rules)",
         "chaos.yaml:6: rules[0].match.command[1]: unknown command type 'NOPE'",
         "chaos.yaml:7: rules[0].match.direction: must be one of to_client, to_broker, any, not 'sideways'",
-        "chaos.yaml:8: rules[0].match.topic.regex: bad regular expression '((': "
-        "missing ), unterminated subpattern at position 1",
+        "chaos.yaml:8: rules[0].match.topic.regex: bad regular expression '((': missing ): (( (patterns run on "
+        "RE2, in linear time: no backreferences, lookaround or possessive repeats)",
         "chaos.yaml:9: rules[0].match.client: bad CIDR '10.0.0.300/8'",
         "chaos.yaml:10: rules[0].match.probability: must be between 0 and 1, not 1.5",
         "chaos.yaml:11: rules[0].match.times: must be >= 1, not 0",
