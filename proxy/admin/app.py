@@ -27,10 +27,11 @@ from collections.abc import Callable
 from typing import Any, Final
 from urllib.parse import unquote
 
+import structlog
 import yaml
 
 from proxy.asgi import Receive, Scope, Send, answered_outside_http
-from proxy.config.yaml_lines import LineList, LineMap, load_text
+from proxy.config.yaml_lines import LineList, LineMap, check_bounds, load_text
 from proxy.errors import ConfigError
 from proxy.rules.engine import RulesEngine
 from proxy.rules.loader import RuleFileError, rule_from_data, ruleset_from_data
@@ -38,6 +39,8 @@ from proxy.rules.loader import RuleFileError, rule_from_data, ruleset_from_data
 #: the largest request body accepted (a rules document is small)
 MAX_BODY_BYTES: Final = 1024 * 1024
 PROMETHEUS_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+
+log = structlog.get_logger("pulsar_tap.admin")
 
 
 class _HttpError(Exception):
@@ -75,6 +78,13 @@ class AdminApp:
             if exc.status == 401:
                 headers.append((b"www-authenticate", b'Bearer realm="pulsar-tap"'))
             body = json.dumps({"error": exc.message, **exc.extra}).encode()
+            if exc.status == 400:
+                log.warning("admin request refused", method=scope.get("method"), path=scope.get("path"),
+                            reason=exc.message[:500])
+        except Exception as exc:  # a bug must answer, and say so in the log, not leave an empty 500
+            log.exception("admin request failed", method=scope.get("method"), path=scope.get("path"))
+            status, headers = 500, [(b"content-type", b"application/json")]
+            body = json.dumps({"error": f"internal error: {type(exc).__name__}"}).encode()
         await send({"type": "http.response.start", "status": status,
                     "headers": [*headers, (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
@@ -188,9 +198,16 @@ class AdminApp:
             raise _HttpError(400, "empty body: send a rule (POST) or a rules document (PUT) as JSON or YAML")
         if "json" in content_type:
             try:
-                return json.loads(text)
+                document = json.loads(text)
             except json.JSONDecodeError as exc:
                 raise _HttpError(400, f"body: json: {exc}") from None
+            except RecursionError:
+                raise _HttpError(400, "body: json: nested too deeply") from None
+            try:
+                check_bounds(document, "body")
+            except ConfigError as exc:
+                raise _HttpError(400, exc.format()) from None
+            return document
         try:
             return load_text(text, "body")  # YAML is a superset of JSON: either works
         except (ConfigError, yaml.YAMLError) as exc:

@@ -6,17 +6,28 @@ that also carry the 1-based line of the container, of each key, and of each item
 Only YAML's safe tags are constructed (a ``yaml.SafeLoader`` subclass).  A YAML
 syntax error becomes a ConfigError with KEY ``yaml``; an unreadable file one that
 callers can report as ``FILE: cannot read: REASON``.
+
+A document is bounded before anything is built from it: at most :data:`MAX_DEPTH`
+levels of nesting and :data:`MAX_VALUES` values once aliases are expanded (a
+300-byte "billion laughs" document of nested aliases would otherwise expand to
+billions of values in the first error message or rewrite that walks it).
+:func:`check_bounds` applies the same limits to data parsed elsewhere (JSON bodies).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import yaml
 from yaml.nodes import MappingNode, Node, SequenceNode
 
 from proxy.errors import ConfigError
+
+#: deepest nesting of mappings and sequences a configuration or rules document may have
+MAX_DEPTH: Final = 32
+#: most values (scalars, mappings, sequences) a document may hold with its aliases expanded
+MAX_VALUES: Final = 100_000
 
 
 class LineMap(dict[Any, Any]):
@@ -55,7 +66,29 @@ class CannotRead(ConfigError):
 
 
 class LineLoader(yaml.SafeLoader):
-    """SafeLoader building LineMap / LineList and rejecting duplicate keys."""
+    """SafeLoader building LineMap / LineList, rejecting duplicate keys and unbounded documents."""
+
+    _depth = 0
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+                raise ConfigError(f"nested more than {MAX_DEPTH} levels deep", file=self.name,
+                                  line=mark.line + 1, key="yaml")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def get_single_node(self) -> Node | None:
+        node = super().get_single_node()
+        if node is not None:
+            expanded = _expanded_size(node)
+            if expanded > MAX_VALUES:  # counted up to the bound, never expanded
+                raise ConfigError(f"expands to more than {MAX_VALUES:,} values with its aliases",
+                                  file=self.name, line=node.start_mark.line + 1, key="yaml")
+        return node
 
     def construct_line_map(self, node: MappingNode) -> LineMap:
         result = LineMap()
@@ -82,6 +115,46 @@ class LineLoader(yaml.SafeLoader):
             result.append(self.construct_object(item, deep=True))
             result.item_lines.append(item.start_mark.line + 1)
         return result
+
+
+def _expanded_size(root: Node) -> int:
+    """Values in the document with every alias expanded, counted without expanding (memo per node)."""
+    sizes: dict[int, int] = {}
+    stack: list[tuple[Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in sizes:
+            continue
+        if isinstance(node, SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, MappingNode):
+            children = [child for pair in node.value for child in pair]
+        else:
+            sizes[id(node)] = 1
+            continue
+        if children_done:
+            sizes[id(node)] = min(1 + sum(sizes[id(child)] for child in children), MAX_VALUES + 1)
+        else:
+            stack.append((node, True))
+            stack.extend((child, False) for child in children if id(child) not in sizes)
+    return sizes[id(root)]
+
+
+def check_bounds(data: Any, file: str | None = None) -> None:
+    """The same bounds for data parsed without this loader (a JSON body): depth and value count."""
+    count = 0
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        count += 1
+        if depth > MAX_DEPTH:
+            raise ConfigError(f"nested more than {MAX_DEPTH} levels deep", file=file, key="json")
+        if count > MAX_VALUES:
+            raise ConfigError(f"holds more than {MAX_VALUES:,} values", file=file, key="json")
+        if isinstance(value, dict):
+            stack.extend((item, depth + 1) for pair in value.items() for item in pair)
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1) for item in value)
 
 
 def _construct_map(loader: LineLoader, node: Node) -> LineMap:
@@ -111,6 +184,8 @@ def load_text(text: str, file: str = "<string>") -> Any:
         raise ConfigError(problem, file=file, line=line, key="yaml") from None
     except yaml.YAMLError as exc:
         raise ConfigError(str(exc), file=file, key="yaml") from None
+    except RecursionError:  # a guard behind MAX_DEPTH: whatever nests past Python's stack is refused too
+        raise ConfigError("nested too deeply", file=file, key="yaml") from None
     finally:
         loader.dispose()
 

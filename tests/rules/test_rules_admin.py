@@ -125,3 +125,69 @@ async def test_connections_metrics_and_unknown_routes(admin) -> None:  # type: i
         assert 'pulsar_tap_frames_total{command="PING",direction="to_broker"} 3' in lines
         assert (await client.get("/nothing", headers=AUTH)).status_code == 404
         assert (await client.patch("/rules", headers=AUTH)).status_code == 405
+
+
+# -- bounded documents (issue #12, item 5) ----------------------------------------------------------
+def alias_bomb(levels: int, body: str = "name: bomb\nmatch: {{command: *a{levels}}}\naction: drop\n") -> str:
+    """A 'billion laughs' document: each level is nine aliases of the one before (9**levels values)."""
+    lines = ['x0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"x{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels + 1)]
+    return "\n".join(lines) + "\n" + body.format(levels=levels)
+
+
+@pytest.mark.parametrize("levels", [8, 9])
+async def test_an_alias_bomb_is_refused_at_once_and_the_rules_stay(admin, levels: int) -> None:  # type: ignore[no-untyped-def]
+    """A 316-byte body froze the proxy 6.3 s at 1.9 GB (8 levels); 9 levels: over 60 s and 7.6 GB."""
+    from structlog.testing import capture_logs
+
+    client, _, _ = admin
+    body = alias_bomb(levels)
+    assert len(body) < 600
+    with trio.fail_after(10), capture_logs() as logs:
+        response = await client.post("/rules", content=body, headers={**AUTH, "content-type": "application/yaml"})
+        assert response.status_code == 400
+        assert "expands to more than 100,000 values with its aliases" in response.json()["error"]
+        assert [entry["event"] for entry in logs] == ["admin request refused"]
+        assert [r["name"] for r in (await client.get("/rules", headers=AUTH)).json()["rules"]] == ["slow", "tag"]
+
+
+@pytest.mark.parametrize(("content_type", "body", "message"), [
+    ("application/json", "[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ("application/json", "[" * 40 + "]" * 40, "nested more than 32 levels deep"),
+    ("application/yaml", "[" * 100_000 + "]" * 100_000, "nested more than 32 levels deep"),
+    ("application/yaml", "a:\n" + "".join("  " * i + "b:\n" for i in range(1, 60)), "nested more than 32 levels"),
+], ids=["json-100k", "json-40", "yaml-100k", "yaml-blocks"])
+async def test_deeply_nested_bodies_are_400_with_a_message(admin, content_type: str, body: str,  # type: ignore[no-untyped-def]
+                                                           message: str) -> None:
+    """They were a 500 with an empty body and nothing in the log."""
+    client, _, _ = admin
+    with trio.fail_after(10):
+        response = await client.put("/rules", content=body, headers={**AUTH, "content-type": content_type})
+    assert response.status_code == 400
+    assert message in response.json()["error"]
+
+
+def test_rule_files_and_proxy_yaml_are_bounded_too(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import signal
+
+    from proxy.cli import main
+    from proxy.config.proxy_config import load_config
+    from proxy.errors import ConfigError
+
+    def expire(signum: int, frame: object) -> None:
+        raise TimeoutError("the loader expanded the aliases")
+
+    signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, 20)
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(alias_bomb(9, "rules: *a{levels}\n"))
+    try:
+        assert main(["rules", "check", str(rules)]) == 1
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    err = capsys.readouterr().err
+    assert err == f"{rules}:1: yaml: expands to more than 100,000 values with its aliases\n"
+    config = tmp_path / "proxy.yaml"
+    config.write_text("upstream: pulsar://127.0.0.1:6650\n" + alias_bomb(9, "rules: *a{levels}\n"))
+    with pytest.raises(ConfigError, match="expands to more than 100,000 values"):
+        load_config(config)
