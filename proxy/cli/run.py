@@ -26,12 +26,19 @@ answer (nothing listening, or pulsar+ssl:// aimed at a plaintext port) a warning
 is logged and the proxy serves anyway; GET /healthz reports "upstream":
 "reachable" or "unreachable", and the log says when it comes back.
 
+The admin API (--admin) binds loopback unless told otherwise.  Another address
+needs a bearer token (--admin-token-file, admin.token_file) or --insecure-admin
+(admin.insecure: true).  Either way it starts with a warning: with no token
+anyone who reaches it can change the rules; with one, the admin API is plain
+HTTP, so the token is readable by whoever sees the traffic.
+
 examples:
   pulsar-tap run --listen 127.0.0.1:6650 --upstream pulsar://broker:6650
   pulsar-tap run -c proxy.yaml
   pulsar-tap run -c proxy.yaml --lookup proxy-through --ready-file /tmp/ready.json
   pulsar-tap run --upstream pulsar://broker:6650 --rules rules/slow-broker.yaml --record recordings/ \\
       --admin 127.0.0.1:9650
+  pulsar-tap run --upstream pulsar://broker:6650 --admin 0.0.0.0:9650 --admin-token-file token.txt
 """
 EPILOG = """\
 exit status:
@@ -48,6 +55,8 @@ _FLAG_KEYS: dict[str, tuple[tuple[str, ...], str]] = {
     "rules": (("rules",), "--rules"),
     "record": (("record", "dir"), "--record"),
     "admin": (("admin", "listen"), "--admin"),
+    "admin_token_file": (("admin", "token_file"), "--admin-token-file"),
+    "insecure_admin": (("admin", "insecure"), "--insecure-admin"),
     "tls_cert": (("tls", "cert"), "--tls-cert"),
     "tls_key": (("tls", "key"), "--tls-key"),
     "tls_upstream_ca": (("tls", "upstream_ca"), "--tls-upstream-ca"),
@@ -69,7 +78,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lookup", choices=("rewrite", "proxy-through"), help="lookup mode (default rewrite)")
     parser.add_argument("--rules", metavar="FILE", help="rule file")
     parser.add_argument("--record", metavar="DIR", help="record traffic under DIR")
-    parser.add_argument("--admin", metavar="HOST:PORT", help="serve the admin API and /metrics")
+    parser.add_argument("--admin", metavar="HOST:PORT",
+                        help="serve the admin API and /metrics (not loopback: needs a token or --insecure-admin)")
+    parser.add_argument("--admin-token-file", metavar="FILE", help="bearer token the admin API requires")
+    parser.add_argument("--insecure-admin", action="store_true", default=None,
+                        help="allow a non-loopback --admin without a token")
     parser.add_argument("--tls-cert", metavar="FILE", help="certificate served to clients (enables TLS)")
     parser.add_argument("--tls-key", metavar="FILE", help="private key of --tls-cert")
     parser.add_argument("--tls-upstream-ca", metavar="FILE", help="CA bundle that verifies the brokers")

@@ -13,6 +13,7 @@ tracing, rules) are validated here for shape and kept for them.  Flags given to
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -57,6 +58,16 @@ class HostPort:
     def __str__(self) -> str:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
+    @property
+    def is_loopback(self) -> bool:
+        """Only this machine can connect (127.0.0.0/8, ::1, localhost); a name or 0.0.0.0 is not."""
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
 
 @dataclass(frozen=True)
 class ServiceUrl:
@@ -98,6 +109,8 @@ class TlsConfig:
 class AdminConfig:
     listen: HostPort
     token_file: str | None = None
+    #: serve a non-loopback address with no token (whoever reaches it may change the rules)
+    insecure: bool = False
 
 
 @dataclass(frozen=True)
@@ -246,12 +259,19 @@ def parse_config(data: Any, *, file: str | None = None, base_dir: Path | None = 
                                               "tls.cert and tls.key go together"))
 
     admin = None
-    if (sec := c.section(top, "admin", ("listen", "token_file"))) is not None:
+    if (sec := c.section(top, "admin", ("listen", "token_file", "insecure"))) is not None:
         admin_section = sec
         admin_listen = c.attempt(lambda: _host_port(admin_section, "listen", DEFAULT_ADMIN_LISTEN), None)
         token_file = c.attempt(lambda: _readable_file(admin_section, "token_file", base_dir), None)
+        insecure = c.attempt(lambda: admin_section.boolean("insecure", False), False)
         if admin_listen is not None:
-            admin = AdminConfig(admin_listen, token_file)
+            admin = AdminConfig(admin_listen, token_file, insecure)
+            if not admin_listen.is_loopback and token_file is None and not insecure \
+                    and "token_file" not in admin_section.data:
+                c.errors.append(admin_section.error(
+                    "listen", f"{admin_listen} is reachable from other machines and the admin API has no token: "
+                              "set admin.token_file (--admin-token-file), or admin.insecure: true "
+                              "(--insecure-admin) to let anyone who reaches it change the rules"))
 
     record = None
     if (sec := c.section(top, "record", ("dir", "redact", "max_segment_mb", "include_payloads"))) is not None:

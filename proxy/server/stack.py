@@ -180,6 +180,13 @@ async def _start_admin(nursery: trio.Nursery, server: ProxyServer, engine: Rules
         raise PulsarTapError(f"cannot serve the admin API on {config.admin.listen}: {exc.strerror or exc}") from None
     address = _host_port(bound[0]) if bound else str(config.admin.listen)
     log.info("admin API listening", address=address)
+    if not config.admin.listen.is_loopback:
+        if token is None:
+            log.warning("admin API reachable from other machines with no token: anyone who reaches it can "
+                        "change the rules (admin.insecure)", address=address)
+        else:
+            log.warning("admin API reachable from other machines over plain HTTP: whoever sees its traffic can "
+                        "read and reuse the credential it carries; keep it on a trusted network", address=address)
     return address
 
 
