@@ -256,18 +256,19 @@ class CommandBatch:
     word what :func:`check_command` says about it.
     """
 
-    __slots__ = ("pending", "_batch")
+    __slots__ = ("pending",)
 
     def __init__(self) -> None:
         self.pending: list[bytes | bytearray | memoryview] = []
-        self._batch = SubCommands()
 
     def verify(self) -> None:
         pending = self.pending
         if not pending:
             return
         self.pending = []
-        batch = self._batch
+        # A new message each time: a upb message parsed into again keeps every arena block
+        # it ever had (a reused one grew the proxy ~12 MiB a minute at 2 000 messages/s).
+        batch = SubCommands()
         try:
             batch.ParseFromString(b"".join(pending))
             if _has_required_fields(batch):
