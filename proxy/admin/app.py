@@ -31,7 +31,7 @@ import structlog
 import yaml
 
 from proxy.asgi import Receive, Scope, Send, answered_outside_http
-from proxy.config.yaml_lines import LineList, LineMap, check_bounds, load_text
+from proxy.config.yaml_lines import DocumentTooLarge, LineList, LineMap, check_bounds, load_text
 from proxy.errors import ConfigError
 from proxy.rules.engine import RulesEngine
 from proxy.rules.loader import RuleFileError, rule_from_data, ruleset_from_data
@@ -44,11 +44,14 @@ log = structlog.get_logger("pulsar_tap.admin")
 
 
 class _HttpError(Exception):
-    def __init__(self, status: int, message: str, extra: dict[str, Any] | None = None) -> None:
+    def __init__(self, status: int, message: str, extra: dict[str, Any] | None = None, *,
+                 logged: bool = False) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.extra = extra or {}
+        #: worth a warning in the proxy's log (a body built to hurt, not a mistake in a rule)
+        self.logged = logged
 
 
 def _escape_label(value: str) -> str:
@@ -78,7 +81,7 @@ class AdminApp:
             if exc.status == 401:
                 headers.append((b"www-authenticate", b'Bearer realm="pulsar-tap"'))
             body = json.dumps({"error": exc.message, **exc.extra}).encode()
-            if exc.status == 400:
+            if exc.logged:
                 log.warning("admin request refused", method=scope.get("method"), path=scope.get("path"),
                             reason=exc.message[:500])
         except Exception as exc:  # a bug must answer, and say so in the log, not leave an empty 500
@@ -202,14 +205,16 @@ class AdminApp:
             except json.JSONDecodeError as exc:
                 raise _HttpError(400, f"body: json: {exc}") from None
             except RecursionError:
-                raise _HttpError(400, "body: json: nested too deeply") from None
+                raise _HttpError(400, "body: json: nested too deeply", logged=True) from None
             try:
                 check_bounds(document, "body")
             except ConfigError as exc:
-                raise _HttpError(400, exc.format()) from None
+                raise _HttpError(400, exc.format(), logged=True) from None
             return document
         try:
             return load_text(text, "body")  # YAML is a superset of JSON: either works
+        except DocumentTooLarge as exc:
+            raise _HttpError(400, exc.format(), logged=True) from None
         except (ConfigError, yaml.YAMLError) as exc:
             raise _HttpError(400, exc.format() if isinstance(exc, ConfigError) else str(exc)) from None
 

@@ -65,6 +65,10 @@ class CannotRead(ConfigError):
     """The file could not be read at all (missing, a directory, no permission)."""
 
 
+class DocumentTooLarge(ConfigError):
+    """The document nests deeper than MAX_DEPTH or expands past MAX_VALUES."""
+
+
 class LineLoader(yaml.SafeLoader):
     """SafeLoader building LineMap / LineList, rejecting duplicate keys and unbounded documents."""
 
@@ -75,8 +79,8 @@ class LineLoader(yaml.SafeLoader):
         try:
             if self._depth > MAX_DEPTH:
                 mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
-                raise ConfigError(f"nested more than {MAX_DEPTH} levels deep", file=self.name,
-                                  line=mark.line + 1, key="yaml")
+                raise DocumentTooLarge(f"nested more than {MAX_DEPTH} levels deep", file=self.name,
+                                       line=mark.line + 1, key="yaml")
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
@@ -86,7 +90,7 @@ class LineLoader(yaml.SafeLoader):
         if node is not None:
             expanded = _expanded_size(node)
             if expanded > MAX_VALUES:  # counted up to the bound, never expanded
-                raise ConfigError(f"expands to more than {MAX_VALUES:,} values with its aliases",
+                raise DocumentTooLarge(f"expands to more than {MAX_VALUES:,} values with its aliases",
                                   file=self.name, line=node.start_mark.line + 1, key="yaml")
         return node
 
@@ -148,9 +152,9 @@ def check_bounds(data: Any, file: str | None = None) -> None:
         value, depth = stack.pop()
         count += 1
         if depth > MAX_DEPTH:
-            raise ConfigError(f"nested more than {MAX_DEPTH} levels deep", file=file, key="json")
+            raise DocumentTooLarge(f"nested more than {MAX_DEPTH} levels deep", file=file, key="json")
         if count > MAX_VALUES:
-            raise ConfigError(f"holds more than {MAX_VALUES:,} values", file=file, key="json")
+            raise DocumentTooLarge(f"holds more than {MAX_VALUES:,} values", file=file, key="json")
         if isinstance(value, dict):
             stack.extend((item, depth + 1) for pair in value.items() for item in pair)
         elif isinstance(value, list):
@@ -185,7 +189,7 @@ def load_text(text: str, file: str = "<string>") -> Any:
     except yaml.YAMLError as exc:
         raise ConfigError(str(exc), file=file, key="yaml") from None
     except RecursionError:  # a guard behind MAX_DEPTH: whatever nests past Python's stack is refused too
-        raise ConfigError("nested too deeply", file=file, key="yaml") from None
+        raise DocumentTooLarge("nested too deeply", file=file, key="yaml") from None
     finally:
         loader.dispose()
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
-from proxy.config.yaml_lines import LineList, LineMap, load_file, load_text
+from proxy.config.yaml_lines import CannotRead, LineList, LineMap, load_file, load_text
 from proxy.errors import ConfigError
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.commands import TYPE_VALUES, type_name
@@ -499,7 +499,7 @@ def load_rules_file(path: str | Path) -> RuleSet:
     try:
         data = load_file(path)
     except ConfigError as exc:
-        if type(exc) is ConfigError:
+        if not isinstance(exc, CannotRead):
             raise RuleFileError([exc]) from None
         raise
     return ruleset_from_data(data, str(path))
