@@ -157,9 +157,9 @@ def run(args: argparse.Namespace) -> int:
             producers = [client.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=5,
                                                 block_if_queue_full=True, send_timeout_millis=60_000)
                          for topic in topics]
-            stop = threading.Event()
+            stop, drained = threading.Event(), threading.Event()
             threads = [threading.Thread(target=produce, args=(producers, traffic, args, stop), daemon=True)]
-            threads += [threading.Thread(target=consume, args=(c, traffic, stop), daemon=True) for c in consumers]
+            threads += [threading.Thread(target=consume, args=(c, traffic, drained), daemon=True) for c in consumers]
             for thread in threads:
                 thread.start()
             rows = sample(proxy.pid, recordings, traffic, args)
@@ -167,9 +167,10 @@ def run(args: argparse.Namespace) -> int:
             for producer in producers:
                 with contextlib.suppress(Exception):
                     producer.flush()
-            drain_until = time.monotonic() + 30
+            drain_until = time.monotonic() + 60
             while traffic.received < traffic.acked and time.monotonic() < drain_until:
                 time.sleep(0.2)
+            drained.set()
             for thread in threads:
                 thread.join(10)
             with contextlib.suppress(Exception):
@@ -209,15 +210,14 @@ def produce(producers: list, traffic: Traffic, args: argparse.Namespace, stop: t
         index += 1
 
 
-def consume(consumer: object, traffic: Traffic, stop: threading.Event) -> None:
+def consume(consumer: object, traffic: Traffic, drained: threading.Event) -> None:
+    """Receive and acknowledge until the producers stopped and everything acknowledged arrived."""
     import pulsar
 
-    while not stop.is_set() or traffic.received < traffic.acked:
+    while not drained.is_set():
         try:
             message = consumer.receive(500)  # type: ignore[attr-defined]
         except pulsar.Timeout:
-            if stop.is_set():
-                return
             continue
         consumer.acknowledge(message)  # type: ignore[attr-defined]
         with traffic.lock:

@@ -48,6 +48,7 @@ from proxy.protocol.validation import (
     check_payload,
     closed_mid_frame,
     frame_size_of,
+    has_bad_text,
     peek_command,
 )
 
@@ -78,7 +79,7 @@ class PayloadSection:
     """
 
     __slots__ = ("_raw", "broker_entry_metadata_raw", "checksum", "checksum_start",
-                 "metadata_start", "metadata_end", "_metadata")
+                 "metadata_start", "metadata_end", "_metadata", "escape_bad_utf8")
 
     def __init__(self, raw: bytes, broker_entry_metadata_raw: bytes | None, checksum: int,
                  checksum_start: int, metadata_start: int, metadata_end: int) -> None:
@@ -89,6 +90,8 @@ class PayloadSection:
         self.metadata_start = metadata_start
         self.metadata_end = metadata_end
         self._metadata: api.MessageMetadata | None = None
+        #: set for frames read leniently (recordings): text that is not UTF-8 comes back escaped
+        self.escape_bad_utf8 = False
 
     @property
     def metadata_raw(self) -> bytes:
@@ -98,7 +101,8 @@ class PayloadSection:
     def metadata(self) -> api.MessageMetadata:
         """The decoded MessageMetadata (decoded once, on first use)."""
         if self._metadata is None:
-            self._metadata = decode_message(api.MessageMetadata, self.metadata_raw, "MessageMetadata")
+            self._metadata = decode_message(api.MessageMetadata, self.metadata_raw, "MessageMetadata",
+                                            escape_bad_utf8=self.escape_bad_utf8)
         return self._metadata
 
     @property
@@ -178,15 +182,16 @@ class Frame:
         """The payload section of a SEND or MESSAGE frame; None for other frames."""
         if self._payload is None and self.has_payload:
             self._payload = parse_payload_section(self.raw, _HEADER_SIZE + self.cmd_size)
+            self._payload.escape_bad_utf8 = not self.checked
         return self._payload
 
 
-def decode_message(cls: type[M], data: bytes, what: str) -> M:
+def decode_message(cls: type[M], data: bytes, what: str, *, escape_bad_utf8: bool = False) -> M:
     """Decode protobuf bytes into ``cls``; every failure becomes a MetadataDecodeError.
 
-    Strings that are not UTF-8 (the wire checks commands, not message metadata) come
-    back with the bad bytes escaped (``\\xff``), so no reader ever meets raw bytes
-    where the schema promises text.
+    ``escape_bad_utf8`` (frames read from recordings): strings that are not UTF-8 come
+    back with the bad bytes escaped (``\\xff``) rather than as bytes.  It costs a
+    second parse, so the wire's hot paths (which check commands, not metadata) skip it.
     """
     msg = cls()
     try:
@@ -196,8 +201,10 @@ def decode_message(cls: type[M], data: bytes, what: str) -> M:
     if not msg.IsInitialized():
         missing = ", ".join(msg.FindInitializationErrors())  # type: ignore[attr-defined]
         raise MetadataDecodeError(f"{what} lacks required fields: {missing}")
-    if _holds_strings(msg.DESCRIPTOR):
-        escape_bad_utf8(msg)
+    descriptor = msg.DESCRIPTOR
+    if escape_bad_utf8 and _holds_strings(descriptor) and (
+            descriptor.file is not api.DESCRIPTOR or has_bad_text(descriptor.name, data)):  # (markers: walked)
+        _escape_bad_utf8(msg)
     return msg
 
 
@@ -217,7 +224,7 @@ def decode_command(data: bytes, *, escape_bad_utf8: bool = True) -> api.BaseComm
     if not cmd.IsInitialized():
         missing = ", ".join(cmd.FindInitializationErrors())
         raise CommandDecodeError(f"{type_name(cmd.type)} lacks required fields: {missing}")
-    if escape_bad_utf8 and cmd.type in _TYPES_WITH_STRINGS:
+    if escape_bad_utf8 and cmd.type in _TYPES_WITH_STRINGS and has_bad_text("BaseCommand", data):
         _escape_bad_utf8(cmd)
     return cmd
 

@@ -29,6 +29,7 @@ relay collect many such fields and parse them in one call.
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Callable
 from typing import Final, NamedTuple
@@ -105,15 +106,31 @@ def _strict_file() -> descriptor_pb2.FileDescriptorProto:
     return twin
 
 
-def _strict_classes() -> tuple[type[Message], type[Message]]:
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(_strict_file())
-    base = message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_STRICT_PACKAGE}.BaseCommand"))
-    batch = message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_STRICT_PACKAGE}.SubCommands"))
-    return base, batch
+_STRICT_POOL = descriptor_pool.DescriptorPool()
+_STRICT_POOL.Add(_strict_file())
 
 
-StrictBaseCommand, SubCommands = _strict_classes()
+@functools.cache
+def strict_class(name: str) -> type[Message]:
+    """The strict twin of the PulsarApi message ``name`` (e.g. ``"MessageMetadata"``)."""
+    return message_factory.GetMessageClass(_STRICT_POOL.FindMessageTypeByName(f"{_STRICT_PACKAGE}.{name}"))
+
+
+StrictBaseCommand = strict_class("BaseCommand")
+SubCommands = strict_class("SubCommands")
+
+
+def has_bad_text(message_name: str, data: bytes) -> bool:
+    """Whether protobuf bytes that decode as ``message_name`` hold a string that is not UTF-8.
+
+    Checked by the strict twin's C parser (the only thing it refuses that the
+    generated message accepts), so the answer costs one parse, not a walk in Python.
+    """
+    try:
+        strict_class(message_name)().ParseFromString(data)
+    except DecodeError:
+        return True
+    return False
 
 
 # -- commands ----------------------------------------------------------------------------------
@@ -410,5 +427,5 @@ __all__ = [
     "HEADER_SIZE", "MAGIC_BROKER_ENTRY_METADATA", "MAGIC_CHECKSUM", "MIN_COMMAND_SIZE", "SUB_TAGS", "CommandBatch",
     "CommandCheck", "FrameHead", "PayloadLayout", "ProtocolError", "StrictBaseCommand", "SubCommands",
     "canonical_envelope", "check_command", "check_frame", "check_payload", "check_sizes", "check_sub_field",
-    "check_total", "closed_mid_frame", "frame_size_of", "peek_command",
+    "check_total", "closed_mid_frame", "frame_size_of", "has_bad_text", "peek_command", "strict_class",
 ]

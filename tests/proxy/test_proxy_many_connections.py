@@ -10,13 +10,7 @@ come back to what it had before.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import resource
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,39 +27,29 @@ MESSAGES = 10
 RSS_PER_CONNECTION = 150 * 1024
 
 
+def _soak_module():  # type: ignore[no-untyped-def]
+    """bench/soak.py: its process launcher and /proc sampling serve this test too."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "soak.py"
+    spec = importlib.util.spec_from_file_location("pulsar_tap_soak", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+soak = _soak_module()
+
+
 def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
+    rss: int = soak.proc_status(pid)[0]
+    return rss
 
 
 def open_fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-@contextlib.contextmanager
-def pulsar_tap(tmp: Path, name: str, *args: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    ready = tmp / f"{name}.json"
-    log = (tmp / f"{name}.log").open("wb")
-    process = subprocess.Popen([sys.executable, "-m", "proxy", *args, "--ready-file", str(ready),
-                                "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
-                yield process, json.loads(ready.read_text())["listen"][0]
-                break
-            assert process.poll() is None and time.monotonic() < deadline, (tmp / f"{name}.log").read_text()
-            time.sleep(0.05)
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
+    fds: int = soak.proc_status(pid)[1]
+    return fds
 
 
 async def one_client(index: int, port: int, all_open: trio.Event, opened: list[int],
@@ -114,8 +98,8 @@ def enough_fds() -> Iterator[None]:
 
 
 def test_a_thousand_busy_connections_are_all_served_in_bounded_memory(tmp_path: Path, enough_fds: None) -> None:
-    with pulsar_tap(tmp_path, "broker", "broker", "--listen", "127.0.0.1:0") as (_, broker), \
-            pulsar_tap(tmp_path, "proxy", "run", "--upstream", f"pulsar://{broker}", "--listen", "127.0.0.1:0",
+    with soak.pulsar_tap(tmp_path, "broker", "broker", "--listen", "127.0.0.1:0") as (_, broker), \
+            soak.pulsar_tap(tmp_path, "proxy", "run", "--upstream", f"pulsar://{broker}", "--listen", "127.0.0.1:0",
                        "--drain-seconds", "0") as (proxy, listen):
         port = int(listen.rsplit(":", 1)[1])
         time.sleep(0.5)

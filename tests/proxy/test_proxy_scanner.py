@@ -172,33 +172,11 @@ def _fuzz_module():  # type: ignore[no-untyped-def]
 fuzz = _fuzz_module()
 
 
-class _Deadline:
-    """Fail (instead of hanging the suite) when the code under test loops."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-
-    def __enter__(self) -> None:
-        import signal
-
-        def expire(signum: int, frame: object) -> None:
-            raise TimeoutError(f"still running after {self.seconds}s")
-
-        self.previous = signal.signal(signal.SIGALRM, expire)
-        signal.setitimer(signal.ITIMER_REAL, self.seconds)
-
-    def __exit__(self, *exc: object) -> None:
-        import signal
-
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, self.previous)
-
-
 def test_a_one_byte_payload_section_split_across_writes_is_refused_not_looped_on() -> None:
     """Issue #12, item 1: this 17-byte SEND, split after 12 bytes and followed by any byte, hung the proxy."""
     frame = bytes.fromhex("0000000d0000000808063204080110010e")
     scanner = FrameScanner()
-    with _Deadline(5):
+    with fuzz.deadline(5):
         assert scanner.feed(frame[:12]) == []
         with pytest.raises(MalformedFrame, match="truncated payload section"):
             scanner.feed(frame[12:] + b"\x00")
@@ -277,7 +255,7 @@ def mutated_streams(draw: st.DrawFn) -> tuple[bytes, list[int], int]:
 @settings(max_examples=400, deadline=None)
 def test_mutated_official_client_streams_get_the_decoders_verdict(stream: tuple[bytes, list[int], int]) -> None:
     data, cuts, flags = stream
-    with _Deadline(10):
+    with fuzz.deadline(10):
         fuzz.check_frames(data, cuts, flags)
 
 
