@@ -173,19 +173,26 @@ def _missing_fields(message: Message) -> str:
     return ", ".join(error.split(".", 1)[1] if "." in error else error for error in errors)
 
 
-def check_sub_field(field: bytes | bytearray | memoryview, type_: int) -> None:
-    """Check one sub-command field (its tag, length and bytes), as a canonical BaseCommand carries it."""
-    batch = SubCommands()
+#: type -> the strict twin of its sub-command message (e.g. CommandSend)
+_STRICT_SUBS: Final[dict[int, type[Message]]] = {
+    number: strict_class(api.BaseCommand.DESCRIPTOR.fields_by_name[name].message_type.name)
+    for number, name in SUB_FIELDS.items()
+}
+
+
+def check_sub_body(body: bytes | bytearray | memoryview, type_: int) -> None:
+    """Check a sub-command's bytes as the message of ``type_``: decodable, required fields, UTF-8."""
+    sub = _STRICT_SUBS[type_]()
     try:
-        batch.ParseFromString(field)  # type: ignore[arg-type]  # any buffer will do
+        sub.ParseFromString(body)  # type: ignore[arg-type]  # any buffer will do
     except DecodeError as exc:
         raise CommandDecodeError(f"undecodable {type_name(type_)}: {_decode_problem(exc)}") from None
-    if not _has_required_fields(batch):
-        raise CommandDecodeError(f"{type_name(type_)} lacks required fields: {_missing_fields(batch)}")
+    if not _has_required_fields(sub):
+        raise CommandDecodeError(f"{type_name(type_)} lacks required fields: {_missing_fields(sub)}")
 
 
 def _has_required_fields(message: Message) -> bool:
-    """IsInitialized, at a quarter of its cost: protobuf's encoder checks required fields in C."""
+    """IsInitialized, at a fraction of its cost: protobuf's encoder checks required fields in C."""
     try:
         message.SerializeToString()
     except EncodeError:
@@ -194,7 +201,7 @@ def _has_required_fields(message: Message) -> bool:
 
 
 def canonical_envelope(buf: bytes | bytearray | memoryview, start: int, end: int) -> int | None:
-    """Where the sub-command field starts, if ``buf[start:end]`` is ``08 TYPE`` and exactly that field.
+    """Where the sub-command's bytes start, if ``buf[start:end]`` is ``08 TYPE`` and exactly its field.
 
     Raises :class:`UnknownCommand` for a first type field of a value no version defines.
     """
@@ -205,12 +212,15 @@ def canonical_envelope(buf: bytes | bytearray | memoryview, start: int, end: int
     if tag is None:
         raise UnknownCommand(type_)
     at = start + 2
+    # the common form: a one-byte tag and a one-byte length
+    if len(tag) == 1 and end - start >= 4 and buf[at] == tag[0] and buf[at + 1] == end - at - 2 < 0x80:
+        return at + 2
     if buf[at:at + len(tag)] != tag:
         return None
     length = _read_varint(buf, at + len(tag), end)
     if length is None or length[1] + length[0] != end:
         return None
-    return at
+    return length[1]
 
 
 def check_command(buf: bytes | bytearray | memoryview, start: int, end: int) -> int:
@@ -221,7 +231,7 @@ def check_command(buf: bytes | bytearray | memoryview, start: int, end: int) -> 
     at = canonical_envelope(buf, start, end)
     if at is not None:
         type_ = buf[start + 1]
-        check_sub_field(buf[at:end], type_)
+        check_sub_body(buf[at:end], type_)
         return type_
     # Any other layout is legal protobuf (fields in another order, unknown fields): decode it all.
     cmd = StrictBaseCommand()
@@ -292,9 +302,12 @@ class CommandBatch:
                 return
         except DecodeError:
             pass
-        for field in pending:
+        for field in pending:  # each a canonical field: its tag and length were checked
             tag = _read_varint(field, 0, len(field))
-            check_sub_field(field, tag[0] >> 3 if tag is not None else 0)
+            length = _read_varint(field, tag[1], len(field)) if tag is not None else None
+            if tag is None or length is None:
+                raise CommandDecodeError("undecodable command")
+            check_sub_body(field[length[1]:], tag[0] >> 3)
         raise CommandDecodeError("undecodable command")  # the batch failed, so one field above did
 
     def clear(self) -> None:
@@ -408,7 +421,10 @@ def check_frame(buf: bytes | bytearray | memoryview, pos: int, end: int, limit: 
     layout = check_payload(buf, cmd_end, frame_end, end)
     if isinstance(layout, int):
         return layout
-    return FrameHead(total + 4, cmd_size, type_, PayloadLayout(*(at - pos if at >= 0 else -1 for at in layout)))
+    bem_start, bem_end, checksum_at, metadata_start, metadata_end = layout
+    return FrameHead(total + 4, cmd_size, type_, PayloadLayout(
+        bem_start - pos if bem_start >= 0 else -1, bem_end - pos if bem_end >= 0 else -1, checksum_at - pos,
+        metadata_start - pos, metadata_end - pos))
 
 
 def closed_mid_frame(received: int, frame_size: int | None) -> MalformedFrame:
@@ -426,6 +442,6 @@ def frame_size_of(buf: bytes | bytearray | memoryview, pos: int, end: int) -> in
 __all__ = [
     "HEADER_SIZE", "MAGIC_BROKER_ENTRY_METADATA", "MAGIC_CHECKSUM", "MIN_COMMAND_SIZE", "SUB_TAGS", "CommandBatch",
     "CommandCheck", "FrameHead", "PayloadLayout", "ProtocolError", "StrictBaseCommand", "SubCommands",
-    "canonical_envelope", "check_command", "check_frame", "check_payload", "check_sizes", "check_sub_field",
+    "canonical_envelope", "check_command", "check_frame", "check_payload", "check_sizes", "check_sub_body",
     "check_total", "closed_mid_frame", "frame_size_of", "has_bad_text", "peek_command", "strict_class",
 ]
