@@ -30,11 +30,13 @@ RSS_PER_CONNECTION = 150 * 1024
 def _soak_module():  # type: ignore[no-untyped-def]
     """bench/soak.py: its process launcher and /proc sampling serve this test too."""
     import importlib.util
+    import sys
 
     path = Path(__file__).resolve().parents[2] / "bench" / "soak.py"
     spec = importlib.util.spec_from_file_location("pulsar_tap_soak", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
