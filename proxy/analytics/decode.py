@@ -1,268 +1,477 @@
-"""The analytics decoding work, in plain Python: what Spark's executors run.
+"""The first step of ``analyze``: one split of a segment decoded into narrow rows, on its executor.
 
-Two steps, each a pure function over Arrow-friendly column dicts, so the Spark
-pipeline and a single-process pass (the benchmark's baseline) run the same code:
+Every frame record of the split is decoded where it was read; no frame's bytes leave
+the executor except those of control frames (below).  The work is split by what a
+frame's rows depend on:
 
-1. :func:`segment_columns` — one segment file's bytes to one row per recorded
-   frame (recording, connection, order, time, direction, origin, the frame bytes).
-   Segments are independent, so Spark splits the work by segment.
-2. :func:`connection_tables` — all frames of one connection, in capture order, to
-   rows of the output tables.  Requests are paired by the same
-   :class:`~proxy.protocol.session.SessionTracker` the live tracer and ``show``
-   use, so latencies agree to the nanosecond; messages are decompressed and
-   batch-split with the protocol core.
+- **The data path** (SEND, SEND_RECEIPT, SEND_ERROR, MESSAGE, FLOW, and ACKs without a
+  ``request_id``) is decoded here completely: its ``frames`` row, and for a SEND its
+  ``messages`` rows (decompressed, batches split, chunked messages reassembled when
+  all their chunks are in the split) and ``replication`` rows.  Their topic is the one
+  thing that depends on the connection's earlier history (which producer or consumer
+  the id belonged to), so each row names the id and the point of the connection's
+  history — the *epoch*, the first data frame after the last control frame — and the
+  second step answers with the topic (:data:`~proxy.analytics.tables.RESOLUTION`).
+- **Control frames** (everything else: CONNECT, LOOKUP, PRODUCER, SUBSCRIBE, SUCCESS,
+  ERROR, CLOSE_*, PING, ACKs with a ``request_id`` ...; none carries a payload, a few
+  per connection) go to the second step, keyed by connection, which runs them through
+  the same :class:`~proxy.protocol.session.SessionTracker` as ``show`` and the live
+  tracer.
+- **SEND ids** (producer, sequence id, time, the receipt's error) go to the second
+  step too, which pairs each SEND with its receipt exactly as the tracker does, across
+  splits.  Likewise the metadata (not the payload) of chunks whose message spans
+  splits, frames that do not decode, and each connection's last capture time.
 
-Nothing here imports Spark or touches the file system.
+Frames are handled as :func:`proxy.analytics.reference.connection_tables` handles them
+(the tests compare the two row for row): the same decoding order, the same errors,
+the same partial results when a frame fails half-way.  Output goes into Arrow record
+batches of at most :data:`BATCH_ROWS` rows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import struct
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from proxy.errors import ProtocolError, RecordingError
+from google.protobuf.message import DecodeError
+
+from proxy.analytics import tables as tb
+from proxy.analytics.segments import SegmentBytes, SkippedRange, Split, SplitReader
+from proxy.errors import BatchError, FrameTooLarge, MalformedFrame, ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
+from proxy.pb import recording_pb2 as rpb
 from proxy.protocol import chunks, compression, markers
-from proxy.protocol.frame import Frame
-from proxy.protocol.message import decode_messages
-from proxy.protocol.session import Direction, RequestPair, SessionTracker
-from proxy.recording.reader import frame_from_record
-from proxy.recording.segment import decode_segment
+from proxy.protocol.batch import MAX_BATCH_MESSAGES
+from proxy.protocol.commands import PAYLOAD_TYPES, SUB_FIELDS, TYPE_NAMES
+from proxy.protocol.frame import decode_command, parse_payload_section, peek_type
 
-T = api.BaseCommand.Type
+if TYPE_CHECKING:
+    import pyarrow as pa
 
-#: Step 1's columns (Spark DDL types), in order.
-SEGMENT_SCHEMA: Final = (
-    ("recording", "string"), ("segment", "string"), ("seq", "bigint"), ("conn_id", "bigint"),
-    ("ts_ns", "bigint"), ("direction", "string"), ("origin", "string"), ("size", "int"),
-    ("data", "binary"), ("payload_stripped", "boolean"), ("rules", "string"), ("problem", "string"),
-)
+#: Rows per Arrow record batch (a 256 MiB segment must not become one batch).
+BATCH_ROWS: Final = 32_768
 
-#: The output tables and their columns (Spark DDL types).
-TABLES: Final[dict[str, tuple[tuple[str, str], ...]]] = {
-    "frames": (
-        ("recording", "string"), ("conn_id", "bigint"), ("ts_ns", "bigint"), ("direction", "string"),
-        ("origin", "string"), ("command", "string"), ("size", "int"), ("topic", "string"),
-        ("request_id", "bigint"), ("producer_id", "bigint"), ("consumer_id", "bigint"),
-        ("sequence_id", "bigint"), ("num_messages", "int"), ("payload_size", "int"), ("rules", "string"),
-    ),
-    "requests": (
-        ("recording", "string"), ("conn_id", "bigint"), ("request_command", "string"),
-        ("response_command", "string"), ("topic", "string"), ("start_ns", "bigint"), ("end_ns", "bigint"),
-        ("latency_us", "double"), ("outcome", "string"), ("error_code", "string"), ("error_message", "string"),
-        ("request_id", "bigint"), ("producer_id", "bigint"), ("consumer_id", "bigint"),
-        ("sequence_id", "bigint"), ("num_messages", "int"),
-    ),
-    "messages": (
-        ("recording", "string"), ("conn_id", "bigint"), ("ts_ns", "bigint"), ("topic", "string"),
-        ("producer_name", "string"), ("sequence_id", "bigint"), ("publish_time_ms", "bigint"),
-        ("size", "int"), ("compression", "string"), ("key", "string"), ("properties_count", "int"),
-        ("batch_index", "int"), ("event_time_ms", "bigint"),
-    ),
-    "replication": (
-        ("recording", "string"), ("conn_id", "bigint"), ("ts_ns", "bigint"), ("direction", "string"),
-        ("topic", "string"), ("kind", "string"), ("replicated_from", "string"), ("publish_time_ms", "bigint"),
-        ("lag_ms", "double"), ("snapshot_id", "string"), ("source_cluster", "string"),
-    ),
-    "problems": (
-        ("recording", "string"), ("conn_id", "bigint"), ("ts_ns", "bigint"), ("where", "string"),
-        ("message", "string"),
-    ),
+_U32 = struct.Struct(">I")
+_T = api.BaseCommand
+SEND, SEND_RECEIPT, SEND_ERROR = int(_T.SEND), int(_T.SEND_RECEIPT), int(_T.SEND_ERROR)
+MESSAGE, FLOW, ACK = int(_T.MESSAGE), int(_T.FLOW), int(_T.ACK)
+_SEND_TYPES: Final = frozenset({SEND, SEND_RECEIPT, SEND_ERROR})
+_PAYLOAD_TYPES: Final = frozenset(int(t) for t in PAYLOAD_TYPES)
+_DIRECTIONS: Final = {rpb.TO_BROKER: "to_broker", rpb.TO_CLIENT: "to_client"}
+_ORIGINS: Final = {rpb.CLIENT: "client", rpb.BROKER: "broker", rpb.PROXY: "proxy"}
+_ID_FIELDS: Final = ("request_id", "producer_id", "consumer_id", "sequence_id")
+#: data-path frame type -> its sub-command field and which of the id columns it has
+_DATA_PATH: Final[dict[int, tuple[str, tuple[bool, ...]]]] = {
+    kind: (SUB_FIELDS[kind], tuple(name in getattr(api.BaseCommand(), SUB_FIELDS[kind]).DESCRIPTOR.fields_by_name
+                                   for name in _ID_FIELDS))
+    for kind in (SEND, SEND_RECEIPT, SEND_ERROR, MESSAGE, FLOW, ACK)
 }
 
 
-def ddl(columns: Iterable[tuple[str, str]]) -> str:
-    """A Spark DDL schema string such as ``"a string, b bigint"``."""
-    return ", ".join(f"`{name}` {kind}" for name, kind in columns)
-
-
-def empty_columns(columns: Iterable[tuple[str, str]]) -> dict[str, list[Any]]:
-    return {name: [] for name, _ in columns}
-
-
-def _append(cols: dict[str, list[Any]], row: dict[str, Any]) -> None:
-    for name, values in cols.items():
-        values.append(row.get(name))
-
-
-def segment_columns(recording: str, segment: str, segment_index: int, content: bytes) -> dict[str, list[Any]]:
-    """One row per frame record of a segment; an unreadable segment gives one ``problem`` row.
-
-    ``seq`` orders the frames of a recording: the segment's index in the high bits,
-    the record's position in the segment in the low ones (capture order, even when
-    two frames share a timestamp).
-    """
-    cols = empty_columns(SEGMENT_SCHEMA)
+def server_error_name(code: int) -> str:
+    """A ServerError value's name, as the session machine writes it."""
     try:
-        records, leftover = decode_segment(content)
-    except RecordingError as exc:
-        _append(cols, {"recording": recording, "segment": segment, "seq": segment_index << 32, "conn_id": -1,
-                       "ts_ns": 0, "problem": f"{segment}: {exc}"})
-        return cols
-    for position, record in enumerate(records):
-        if record.HasField("header"):
-            recording = record.header.recording_id or recording
-            continue
-        if not record.HasField("frame"):
-            continue
-        rec = frame_from_record(record.frame, recording)
-        _append(cols, {
-            "recording": recording, "segment": segment, "seq": (segment_index << 32) | position,
-            "conn_id": rec.conn, "ts_ns": rec.ts_ns, "direction": rec.direction, "origin": rec.origin,
-            "size": rec.size, "data": rec.data, "payload_stripped": rec.payload_stripped,
-            "rules": ",".join(rec.rules) or None,
-        })
-    if leftover:
-        _append(cols, {"recording": recording, "segment": segment, "seq": (segment_index << 32) | len(records),
-                       "conn_id": -1, "ts_ns": 0,
-                       "problem": f"{segment}: {leftover} bytes after the last whole record (cut short)"})
-    return cols
+        return str(api.ServerError.Name(code))
+    except ValueError:
+        return f"UNKNOWN({code})"
 
 
-@dataclass(slots=True)
-class ConnectionTables:
-    """Rows of every output table for one connection, as column lists."""
+def parse_frame(raw: bytes, max_frame_bytes: int) -> tuple[int, int, Any]:
+    """``(type, command size, payload section or None)`` of exactly one frame.
 
-    tables: dict[str, dict[str, list[Any]]] = field(
-        default_factory=lambda: {name: empty_columns(cols) for name, cols in TABLES.items()})
-
-    def add(self, table: str, row: dict[str, Any]) -> None:
-        _append(self.tables[table], row)
-
-
-def _request_row(recording: str, conn_id: int, pair: RequestPair) -> dict[str, Any]:
-    return {
-        "recording": recording, "conn_id": conn_id, "request_command": pair.request_command,
-        "response_command": pair.response_command, "topic": pair.topic, "start_ns": pair.start_ns,
-        "end_ns": pair.end_ns, "latency_us": pair.latency_ns / 1000.0, "outcome": pair.outcome,
-        "error_code": pair.error_code, "error_message": pair.error_message, "request_id": pair.request_id,
-        "producer_id": pair.producer_id, "consumer_id": pair.consumer_id, "sequence_id": pair.sequence_id,
-        "num_messages": pair.num_messages,
-    }
-
-
-_ID_FIELDS: Final = ("request_id", "producer_id", "consumer_id", "sequence_id")
-
-
-def _frame_row(recording: str, conn_id: int, ts_ns: int, direction: str, origin: str, size: int,
-               frame: Frame, topic: str | None, rules: str | None) -> dict[str, Any]:
-    row: dict[str, Any] = {"recording": recording, "conn_id": conn_id, "ts_ns": ts_ns, "direction": direction,
-                           "origin": origin, "command": frame.type_name, "size": size, "topic": topic,
-                           "rules": rules}
-    sub: Any = frame.sub
-    fields = sub.DESCRIPTOR.fields_by_name
-    for name in _ID_FIELDS:
-        if name in fields and sub.HasField(name):
-            row[name] = getattr(sub, name)
-    if frame.type == T.SEND:
-        row["num_messages"] = sub.num_messages if sub.HasField("num_messages") else 1
-    section = frame.payload
-    if section is not None:
-        row["payload_size"] = len(section.payload)
-        if frame.type == T.MESSAGE:
-            metadata = section.metadata
-            row["num_messages"] = metadata.num_messages_in_batch if metadata.HasField("num_messages_in_batch") else 1
-    return row
+    The checks, their order and their errors are those of
+    :func:`proxy.protocol.frame.frame_from_bytes`, without its stream buffer.
+    """
+    available = len(raw)
+    if available < 4:
+        raise MalformedFrame("data is not exactly one frame")
+    total_size = _U32.unpack_from(raw, 0)[0]
+    frame_size = total_size + 4
+    if frame_size > max_frame_bytes:
+        raise FrameTooLarge(frame_size, max_frame_bytes)
+    if total_size < 4:
+        raise MalformedFrame(f"total size {total_size} leaves no room for the command size")
+    if available < 8:
+        raise MalformedFrame("data is not exactly one frame")
+    cmd_size = _U32.unpack_from(raw, 4)[0]
+    if cmd_size > total_size - 4:
+        raise MalformedFrame(f"command size {cmd_size} exceeds total size {total_size}")
+    if cmd_size == 0:
+        raise MalformedFrame("empty command")
+    if available < frame_size:
+        raise MalformedFrame("data is not exactly one frame")
+    if available > frame_size:
+        raw = raw[:frame_size]
+    frame_type = peek_type(raw, 8, 8 + cmd_size)
+    section = None
+    if frame_size > 8 + cmd_size:
+        if frame_type not in _PAYLOAD_TYPES:
+            raise MalformedFrame(f"{TYPE_NAMES.get(frame_type)} carries {frame_size - 8 - cmd_size} "
+                                 "unexpected bytes after its command")
+        section = parse_payload_section(raw, 8 + cmd_size)
+    elif frame_type in _PAYLOAD_TYPES:
+        raise MalformedFrame(f"{TYPE_NAMES.get(frame_type)} has no payload section")
+    if available > frame_size:
+        raise MalformedFrame("data is not exactly one frame")
+    return frame_type, cmd_size, section
 
 
-class _MessageDecoder:
-    """Produced messages of one connection: chunks reassembled, batches split."""
-
-    def __init__(self) -> None:
-        self.assembler = chunks.ChunkAssembler()
-
-    def rows(self, recording: str, conn_id: int, ts_ns: int, topic: str | None, frame: Frame,
-             stripped: bool) -> list[dict[str, Any]]:
-        section = frame.payload
-        if section is None:
-            return []
-        metadata, payload = section.metadata, section.payload
-        base = {"recording": recording, "conn_id": conn_id, "ts_ns": ts_ns, "topic": topic,
-                "producer_name": metadata.producer_name, "publish_time_ms": metadata.publish_time,
-                "compression": compression.compression_name(metadata.compression)}
-        if markers.is_marker(metadata):
-            return []
-        if chunks.is_chunk(metadata):
-            if stripped:
-                return [] if metadata.chunk_id + 1 < metadata.num_chunks_from_msg else [
-                    {**base, "sequence_id": metadata.sequence_id, "size": metadata.total_chunk_msg_size,
-                     "batch_index": -1}]
-            whole = self.assembler.add(metadata, payload)
-            if whole is None:
-                return []
-            metadata, payload = whole.metadata, whole.payload
-        if stripped:
-            # Payload bytes were not recorded: one row per message, sizes unknown inside a batch.
-            count = metadata.num_messages_in_batch if metadata.HasField("num_messages_in_batch") else 1
-            return [{**base, "sequence_id": metadata.sequence_id + i, "size": None,
-                     "batch_index": i if count > 1 else -1, "properties_count": None} for i in range(count)]
-        return [{
-            **base, "sequence_id": message.sequence_id, "size": message.size, "key": message.key,
-            "properties_count": len(message.properties), "batch_index": message.batch_index,
-            "event_time_ms": message.event_time or None,
-        } for message in decode_messages(metadata, payload)]
+def property_count(properties: Any) -> int:
+    """How many properties a message has, counted as its decoded dict counts them (a repeated key once)."""
+    return len(properties) if len(properties) < 2 else len({kv.key for kv in properties})
 
 
-def _replication_rows(recording: str, conn_id: int, ts_ns: int, direction: str, topic: str | None,
-                      frame: Frame, stripped: bool) -> list[dict[str, Any]]:
-    section = frame.payload
-    if section is None:
-        return []
-    metadata = section.metadata
-    base = {"recording": recording, "conn_id": conn_id, "ts_ns": ts_ns, "direction": direction, "topic": topic,
-            "publish_time_ms": metadata.publish_time}
-    rows = []
+def message_rows(metadata: api.MessageMetadata, payload: bytes, rows: list[tuple[Any, ...]], conn_id: int,
+                 ts_ns: int, producer_name: str, publish_time: int, compression_name: str, epoch: int | None,
+                 ref_kind: int | None, ref_id: int | None) -> None:
+    """The application messages of one whole (not chunked) payload, as ``decode_messages`` finds them.
+
+    Appends one :data:`~proxy.analytics.tables.STAGED` ``messages`` row (without
+    ``recording``) per message to ``rows``; raises what ``decode_messages`` raises (the
+    caller drops what was added for the payload then).
+    """
+    base_key = metadata.partition_key if metadata.HasField("partition_key") else None
+    if metadata.encryption_keys:
+        rows.append((conn_id, ts_ns, producer_name, metadata.sequence_id, publish_time, len(payload),
+                     compression_name, base_key, property_count(metadata.properties), -1, None, epoch, ref_kind,
+                     ref_id))
+        return
+    data = compression.decompress(metadata.compression, payload, metadata.uncompressed_size)
+    if not metadata.HasField("num_messages_in_batch"):
+        rows.append((conn_id, ts_ns, producer_name, metadata.sequence_id, publish_time, len(data), compression_name,
+                     base_key, property_count(metadata.properties), -1, metadata.event_time or None, epoch,
+                     ref_kind, ref_id))
+        return
+    count = metadata.num_messages_in_batch
+    if not 0 < count <= MAX_BATCH_MESSAGES:
+        raise BatchError(f"implausible num_messages_in_batch {count}")
+    pos, end = 0, len(data)
+    unpack, parse, first_sequence, append = _U32.unpack_from, api.SingleMessageMetadata.FromString, \
+        metadata.sequence_id, rows.append
+    for index in range(count):
+        if end - pos < 4:
+            raise BatchError(f"batch ends before message {index} of {count}")
+        meta_size = unpack(data, pos)[0]
+        pos += 4
+        if meta_size > end - pos:
+            raise BatchError(f"metadata of message {index} runs past the end of the batch")
+        # decode_message(SingleMessageMetadata, ...) inlined: this loop runs once per message
+        try:
+            single = parse(data[pos:pos + meta_size])
+        except (DecodeError, RuntimeError, ValueError) as exc:
+            raise BatchError(f"message {index} of the batch: undecodable SingleMessageMetadata: {exc}") from None
+        properties = single.properties
+        if not single.HasField("payload_size") or (properties and not single.IsInitialized()):
+            missing = ", ".join(single.FindInitializationErrors())
+            raise BatchError(f"message {index} of the batch: SingleMessageMetadata lacks required fields: {missing}")
+        pos += meta_size
+        size = single.payload_size
+        if not 0 <= size <= end - pos:
+            raise BatchError(f"payload of message {index} runs past the end of the batch")
+        append((conn_id, ts_ns, producer_name,
+                single.sequence_id if single.HasField("sequence_id") else first_sequence + index, publish_time, size,
+                compression_name, single.partition_key if single.HasField("partition_key") else None,
+                len(properties) if len(properties) < 2 else property_count(properties), index,
+                single.event_time or None, epoch, ref_kind, ref_id))
+        pos += size
+    if pos != end:
+        raise BatchError(f"{end - pos} stray bytes after the last message of the batch")
+
+
+def replication_rows(ts_ns: int, metadata: api.MessageMetadata, payload: bytes | None
+                     ) -> list[tuple[str, str | None, float | None, str | None, str | None]]:
+    """``(kind, replicated_from, lag_ms, snapshot_id, source_cluster)`` per replication fact of a message.
+
+    ``payload`` is None when it was not recorded (a marker is then not decoded).
+    """
+    rows: list[tuple[str, str | None, float | None, str | None, str | None]] = []
     if metadata.HasField("replicated_from"):
-        rows.append({**base, "kind": "replicated_message", "replicated_from": metadata.replicated_from,
-                     "lag_ms": ts_ns / 1e6 - metadata.publish_time})
-    if markers.is_marker(metadata) and not stripped:
-        payload = compression.decompress(metadata.compression, section.payload, metadata.uncompressed_size)
-        marker = markers.decode_marker(metadata, payload)
+        rows.append(("replicated_message", metadata.replicated_from, ts_ns / 1e6 - metadata.publish_time, None, None))
+    if metadata.HasField("marker_type") and payload is not None:
+        data = compression.decompress(metadata.compression, payload, metadata.uncompressed_size)
+        marker = markers.decode_marker(metadata, data)
         body = marker.body
-        rows.append({**base, "kind": marker.name, "replicated_from": metadata.replicated_from or None,
-                     "snapshot_id": getattr(body, "snapshot_id", None) if body is not None else None,
-                     "source_cluster": getattr(body, "source_cluster", None) or None})
+        rows.append((marker.name, metadata.replicated_from or None,
+                     None, getattr(body, "snapshot_id", None) if body is not None else None,
+                     (getattr(body, "source_cluster", None) or None) if body is not None else None))
     return rows
 
 
-def connection_tables(recording: str, conn_id: int, frames: Iterable[tuple[int, str, str, int, bytes, bool,
-                                                                            str | None]]) -> ConnectionTables:
-    """Every output row for one connection.
+def _rules(record: rpb.FrameRecord) -> str | None:
+    """The names of the rules that fired on a frame, comma-separated (None for most frames: none fired)."""
+    rules = record.rules
+    return ",".join(rules) if rules else None
 
-    ``frames`` are ``(ts_ns, direction, origin, size, data, payload_stripped, rules)``
-    in capture order.  A frame that does not decode becomes a ``problems`` row and
-    is otherwise skipped; pending requests end ``unanswered`` at the end.
+
+class ChunkAssembler(chunks.ChunkAssembler):
+    """The protocol core's assembler, able to say whether a message is still being assembled."""
+
+    def holds(self, key: tuple[str, str]) -> bool:
+        return key in self._pending
+
+    def forget(self, key: tuple[str, str]) -> None:
+        """The message was started again and finished elsewhere (another split)."""
+        self._pending.pop(key, None)
+
+
+@dataclass(slots=True)
+class _Connection:
+    """What the split knows of one connection."""
+
+    #: the epoch of the data frames now arriving (None right after a control frame)
+    epoch: int | None = None
+    refs: set[tuple[int, int, int]] = field(default_factory=set)
+    last_ts: int = 0
+    assembler: ChunkAssembler | None = None
+    #: chunked messages restarted (chunk 0) in this split: key -> seq of the first restart
+    chunk_keys: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: the edge rows of each locally started chunked message still incomplete
+    chunk_rows: dict[tuple[str, str], list[tuple[Any, ...]]] = field(default_factory=dict)
+
+
+class _Rows:
+    """Row tuples for one table, turned into Arrow record batches every :data:`BATCH_ROWS` rows.
+
+    Rows hold every column but ``recording``, which is the same for the whole split.
     """
-    out = ConnectionTables()
-    tracker = SessionTracker(strict=False)
-    messages = _MessageDecoder()
-    last_ts = 0
-    for ts_ns, direction, origin, size, data, stripped, rules in frames:
-        last_ts = max(last_ts, ts_ns)
+
+    def __init__(self, columns: tb.Columns, recording: str) -> None:
+        self.schema = tb.arrow_schema(columns)
+        self.recording = recording
+        self.rows: list[tuple[Any, ...]] = []
+        self.batches: list[pa.RecordBatch] = []
+
+    def flush(self) -> None:
+        import pyarrow as pa
+
+        if not self.rows:
+            return
+        columns = list(zip(*self.rows, strict=True))
+        arrays = [pa.array([self.recording] * len(self.rows), pa.string())]
+        arrays += [pa.array(values, type=kind) for values, kind in zip(columns, self.schema.types[1:], strict=True)]
+        self.batches.append(pa.RecordBatch.from_arrays(arrays, schema=self.schema))
+        self.rows = []
+
+    def table(self) -> pa.Table:
+        import pyarrow as pa
+
+        self.flush()
+        return pa.Table.from_batches(self.batches, schema=self.schema)
+
+
+@dataclass
+class SplitOutput:
+    """What one split decoded to."""
+
+    split: Split
+    recording: str
+    #: frames, messages, replication: the large rows, topics still to resolve
+    staged: dict[str, pa.Table]
+    #: the rows for the second step
+    edges: pa.Table
+    skipped: list[SkippedRange]
+    frames: int = 0
+    bytes: int = 0
+
+
+class SplitDecoder:
+    """Decodes the frame records of one split; see the module docstring."""
+
+    def __init__(self, split: Split, recording: str) -> None:
+        self.split = split
+        self.recording = recording
+        self.frames = _Rows(tb.STAGED["frames"], recording)
+        self.messages = _Rows(tb.STAGED["messages"], recording)
+        self.replication = _Rows(tb.STAGED["replication"], recording)
+        self.edges = _Rows(tb.EDGE, recording)
+        self.connections: dict[int, _Connection] = {}
+        self.frame_count = 0
+        self._seq_base = split.segment_index << 40
+
+    # -- the records ------------------------------------------------------------------------
+    def frame_record(self, offset: int, record: rpb.FrameRecord) -> None:
+        """Decode one frame record found at ``offset`` of the segment."""
+        conn_id = record.conn_id
+        connection = self.connections.get(conn_id)
+        if connection is None:
+            connection = self.connections[conn_id] = _Connection()
+        ts_ns = record.ts_ns
+        if ts_ns > connection.last_ts:
+            connection.last_ts = ts_ns
+        self.frame_count += 1
+        direction = _DIRECTIONS.get(record.direction, "to_broker")
+        stripped = record.payload_stripped
+        data = record.data
+        size = record.original_size if stripped and record.original_size else len(data)
+        seq = self._seq_base | offset
         try:
-            rec = frame_from_record_fields(data, size, stripped)
-            obs = tracker.observe(rec, Direction(direction), ts_ns)
-            out.add("frames", _frame_row(recording, conn_id, ts_ns, direction, origin, size, rec, obs.topic, rules))
-            if obs.completed is not None:
-                out.add("requests", _request_row(recording, conn_id, obs.completed))
-            if rec.type in (T.SEND, T.MESSAGE):
-                if rec.type == T.SEND:
-                    for row in messages.rows(recording, conn_id, ts_ns, obs.topic, rec, stripped):
-                        out.add("messages", row)
-                for row in _replication_rows(recording, conn_id, ts_ns, direction, obs.topic, rec, stripped):
-                    out.add("replication", row)
+            raw = data + bytes(size - len(data)) if stripped and size > len(data) else data
+            frame_type, cmd_size, section = parse_frame(raw, max(size, 8))
+            cmd = decode_command(raw[8:8 + cmd_size])
+            path = _DATA_PATH.get(frame_type)
+            if path is None or (frame_type == ACK and cmd.ack.HasField("request_id")):
+                connection.epoch = None
+                self.edges.rows.append((conn_id, seq, tb.EDGE_CONTROL, ts_ns, direction,
+                                        _ORIGINS.get(record.origin, "proxy"), size, _rules(record),
+                                        raw, frame_type, None, None, None, None, None, None, None, None, None))
+                return
+            self._data_frame(connection, conn_id, seq, ts_ns, direction, record, size, stripped, frame_type,
+                             getattr(cmd, path[0]), path[1], section, len(raw))
         except (ProtocolError, ValueError) as exc:
-            out.add("problems", {"recording": recording, "conn_id": conn_id, "ts_ns": ts_ns,
-                                 "where": f"{direction} frame", "message": f"{type(exc).__name__}: {exc}"})
-    for pair in tracker.close(last_ts):
-        out.add("requests", _request_row(recording, conn_id, pair))
-    return out
+            self.edges.rows.append((conn_id, seq, tb.EDGE_PROBLEM, ts_ns, direction, None, None, None,
+                                    None, None, None, None, None, None, None, None, None, None,
+                                    f"{type(exc).__name__}: {exc}"))
+
+    def _data_frame(self, connection: _Connection, conn_id: int, seq: int, ts_ns: int, direction: str,
+                    record: rpb.FrameRecord, size: int, stripped: bool, frame_type: int, sub: Any,
+                    has_ids: tuple[bool, ...], section: Any, frame_size: int) -> None:
+        epoch = connection.epoch
+        if epoch is None:
+            epoch = connection.epoch = seq
+        if frame_type in (MESSAGE, FLOW, ACK):
+            ref_kind, ref_id = tb.REF_CONSUMER, sub.consumer_id
+        else:
+            ref_kind, ref_id = tb.REF_PRODUCER, sub.producer_id
+        connection.refs.add((epoch, ref_kind, ref_id))
+        num_messages = None
+        if frame_type == SEND:
+            num_messages = sub.num_messages if sub.HasField("num_messages") else 1
+        elif frame_type == MESSAGE:
+            metadata = section.metadata  # a MESSAGE whose metadata does not decode gets no frames row
+            num_messages = metadata.num_messages_in_batch if metadata.HasField("num_messages_in_batch") else 1
+        has_request, has_producer, has_consumer, has_sequence = has_ids
+        self.frames.rows.append((
+            conn_id, ts_ns, direction, _ORIGINS.get(record.origin, "proxy"), TYPE_NAMES[frame_type], size,
+            sub.request_id if has_request and sub.HasField("request_id") else None,
+            sub.producer_id if has_producer else None, sub.consumer_id if has_consumer else None,
+            sub.sequence_id if has_sequence else None, num_messages,
+            frame_size - section.metadata_end if section is not None else None,
+            _rules(record), epoch, ref_kind, ref_id))
+        if frame_type in _SEND_TYPES:
+            error_code = error_message = None
+            if frame_type == SEND_ERROR:
+                error_code = server_error_name(sub.error)
+                error_message = sub.message if sub.HasField("message") else None
+            self.edges.rows.append((conn_id, seq, tb.EDGE_SEND, ts_ns, direction, None, None, None, None,
+                                    frame_type, sub.producer_id, sub.sequence_id,
+                                    sub.num_messages if frame_type == SEND else None, error_code, error_message,
+                                    None, None, None, None))
+        if len(self.frames.rows) >= BATCH_ROWS:
+            self.frames.flush()
+        if section is None or (frame_type != SEND and frame_type != MESSAGE):
+            return
+        messages_mark, replication_mark = len(self.messages.rows), len(self.replication.rows)
+        try:
+            metadata = section.metadata
+            if frame_type == SEND:
+                self._messages(connection, conn_id, seq, ts_ns, direction, metadata, section, stripped, epoch,
+                               ref_id, frame_size)
+            for kind, replicated_from, lag_ms, snapshot_id, source_cluster in replication_rows(
+                    ts_ns, metadata, None if stripped else section.payload):
+                self.replication.rows.append((conn_id, ts_ns, direction, kind, replicated_from, metadata.publish_time,
+                                              lag_ms, snapshot_id, source_cluster, epoch, ref_kind, ref_id))
+        except (ProtocolError, ValueError):
+            del self.messages.rows[messages_mark:]
+            del self.replication.rows[replication_mark:]
+            raise
+        if len(self.messages.rows) >= BATCH_ROWS:
+            self.messages.flush()
+        if len(self.replication.rows) >= BATCH_ROWS:
+            self.replication.flush()
+
+    def _messages(self, connection: _Connection, conn_id: int, seq: int, ts_ns: int, direction: str,
+                  metadata: api.MessageMetadata, section: Any, stripped: bool, epoch: int, producer_id: int,
+                  frame_size: int) -> None:
+        """The messages rows of a SEND, as the reference's ``_MessageDecoder.rows``."""
+        rows = self.messages.rows
+        producer_name, publish_time = metadata.producer_name, metadata.publish_time
+        compression_name = compression.compression_name(metadata.compression)
+        if metadata.HasField("marker_type"):
+            return
+        if metadata.HasField("uuid") and metadata.num_chunks_from_msg > 1:
+            if stripped:
+                if metadata.chunk_id + 1 >= metadata.num_chunks_from_msg:
+                    rows.append((conn_id, ts_ns, producer_name, metadata.sequence_id, publish_time,
+                                 metadata.total_chunk_msg_size, compression_name, None, None, -1, None,
+                                 epoch, tb.REF_PRODUCER, producer_id))
+                return
+            whole = self._chunk(connection, conn_id, seq, ts_ns, direction, metadata, section, producer_id,
+                                frame_size)
+            if whole is None:
+                return
+            metadata, payload = whole.metadata, whole.payload
+        elif stripped:
+            count = metadata.num_messages_in_batch if metadata.HasField("num_messages_in_batch") else 1
+            first = metadata.sequence_id
+            for i in range(count):
+                rows.append((conn_id, ts_ns, producer_name, first + i, publish_time, None, compression_name, None,
+                             None, i if count > 1 else -1, None, epoch, tb.REF_PRODUCER, producer_id))
+            return
+        else:
+            payload = section.payload
+        message_rows(metadata, payload, rows, conn_id, ts_ns, producer_name, publish_time, compression_name, epoch,
+                     tb.REF_PRODUCER, producer_id)
+
+    def _chunk(self, connection: _Connection, conn_id: int, seq: int, ts_ns: int, direction: str,
+               metadata: api.MessageMetadata,
+               section: Any, producer_id: int, frame_size: int) -> chunks.AssembledMessage | None:
+        """Assemble a chunk here when its message was started in this split, else hand it on."""
+        key = (metadata.producer_name, metadata.uuid)
+        edge = (conn_id, seq, tb.EDGE_CHUNK, ts_ns, direction, None, None, None, section.metadata_raw, SEND,
+                producer_id, None, None, None, None, None, None, frame_size - section.metadata_end, None)
+        if metadata.chunk_id != 0 and key not in connection.chunk_keys:
+            self.edges.rows.append(edge)  # its message started before this split
+            return None
+        if connection.assembler is None:
+            connection.assembler = ChunkAssembler()
+        if metadata.chunk_id == 0:
+            connection.chunk_keys.setdefault(key, seq)
+            connection.chunk_rows[key] = []
+        pending = connection.chunk_rows.setdefault(key, [])
+        pending.append(edge)
+        try:
+            whole = connection.assembler.add(metadata, section.payload)
+        finally:
+            if not connection.assembler.holds(key):
+                connection.chunk_rows.pop(key, None)
+        return whole
+
+    # -- the end ----------------------------------------------------------------------------
+    def finish(self, skipped: list[SkippedRange]) -> SplitOutput:
+        edges = self.edges.rows
+        for conn_id, connection in self.connections.items():
+            for epoch, ref_kind, ref_id in connection.refs:
+                edges.append((conn_id, epoch, tb.EDGE_REF, None, None, None, None, None, None, None, None, None,
+                              None, None, None, ref_kind, ref_id, None, None))
+            for key, first_seq in connection.chunk_keys.items():
+                pending = connection.chunk_rows.get(key)
+                if pending and connection.assembler is not None and connection.assembler.holds(key):
+                    edges.extend(pending)  # still incomplete at the split's end: the second step continues it
+                else:
+                    edges.append((conn_id, first_seq, tb.EDGE_CHUNK_RESET, None, None, None, None, None, None,
+                                  None, None, None, None, None, None, None, None, None, key[0] + "\x00" + key[1]))
+            edges.append((conn_id, self._seq_base | self.split.start, tb.EDGE_LAST, connection.last_ts, None, None,
+                          None, None, None, None, None, None, None, None, None, None, None, None, None))
+        return SplitOutput(
+            self.split, self.recording,
+            {"frames": self.frames.table(), "messages": self.messages.table(),
+             "replication": self.replication.table()},
+            self.edges.table(), skipped, frames=self.frame_count)
 
 
-def frame_from_record_fields(data: bytes, size: int, stripped: bool) -> Frame:
-    """A Frame from recorded bytes (zero-filling a stripped payload, as the reader does)."""
-    from proxy.recording.reader import RecordedFrame
+def decode_split(split: Split, data: SegmentBytes, recording: str | None = None) -> SplitOutput:
+    """Decode the records ``split`` owns in ``data`` (the whole segment's bytes)."""
+    reader = SplitReader(data, split)
+    decoder = SplitDecoder(split, recording or split.recording)
+    frame_record = decoder.frame_record
+    for offset, record in reader.records():
+        if record.HasField("frame"):
+            frame_record(offset, record.frame)
+    output = decoder.finish(reader.skipped)
+    output.bytes = split.end - split.start
+    return output
 
-    return RecordedFrame(0, "to_broker", "client", 0, data, size, payload_stripped=stripped).frame
 
+__all__ = ["BATCH_ROWS", "SplitDecoder", "SplitOutput", "decode_split", "message_rows", "parse_frame",
+           "replication_rows", "server_error_name"]

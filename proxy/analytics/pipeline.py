@@ -1,144 +1,350 @@
-"""The ``pulsar-tap analyze`` pipeline on Spark.
+"""The ``pulsar-tap analyze`` plan on Spark: three steps, one shuffle of narrow rows.
 
-1. Segment files are read with Spark's ``binaryFile`` source (local paths or any
-   Hadoop filesystem URL), one row per segment, so executors split the work by
-   segment; ``mapInArrow`` decodes each into frame rows (:func:`segment_columns`).
-2. Frames are grouped by (recording, connection) and ``applyInArrow`` runs the
-   session machine over each connection in capture order
-   (:func:`connection_tables`), giving the rows of every table at once.
-3. The rows are cached, split into the Parquet tables ``frames``, ``requests``,
-   ``messages``, ``errors``, ``throughput`` and ``replication`` under ``OUT/``, and
-   aggregated on Spark into the report's figures.
+1. **Decode** (one task per split, :func:`decode_task`): every split of every segment
+   is decoded where it is read (:mod:`proxy.analytics.decode`).  The large rows
+   (data-path frames, messages, replication) stay on the executor — staged beside the
+   output — and only the narrow edge rows come back to Spark.
+2. **Finish connections** (:func:`finish_task`): the edge rows are the only thing
+   shuffled, by connection; each task runs its connections' control frames through the
+   session machine, pairs SENDs with their receipts, writes ``requests``, ``errors`` and
+   the control frames' ``frames`` rows, and answers the first step's topic look-ups.
+3. **Resolve** (one task per split, :func:`resolve_task`): the staged rows get their
+   topics (the answers are broadcast) and are written.
 
-Both Python steps run the project's own codec, in Arrow batches, never row at a time.
+Each task also returns its share of the report's :class:`~proxy.analytics.figures.Figures`,
+added up here.  Frame bytes never cross the shuffle: what does is listed in
+:mod:`proxy.analytics.decode`.
+
+Where the tables are written depends on ``--out``: a local path (which every executor
+sees: always so on one machine, a shared mount on a cluster) is written by the tasks
+themselves with Arrow (:class:`~proxy.analytics.output.TableWriter`, moved into place
+when complete); a Hadoop URL (``hdfs://``, ``s3a://``, ``file:///``) is written by
+Spark's own writers, the tasks handing their rows over as Arrow IPC blobs.  Inputs
+likewise: local paths are split into byte ranges read by the tasks, URLs are read by
+Spark's ``binaryFile`` source, a segment per task.
 """
 
 from __future__ import annotations
 
-import re
+import functools
+import pickle
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from proxy.analytics.decode import SEGMENT_SCHEMA, TABLES, connection_tables, ddl, segment_columns
-from proxy.analytics.spark import AnalyticsError, StageProgress
+from proxy.analytics import tables as tb
+from proxy.analytics.connections import TimeWindow
+from proxy.analytics.decode import SplitOutput
+from proxy.analytics.figures import Figures
+from proxy.analytics.inputs import DEFAULT_SPLIT_BYTES, SEGMENT_GLOB, AnalyticsError, is_url, local_segments
+from proxy.analytics.output import TableWriter, merge_throughput
+from proxy.analytics.segments import Split, plan_splits, segment_index
+from proxy.analytics.spark import StageProgress
+from proxy.analytics.steps import (
+    ALL_TABLES,
+    AnalyzeResult,
+    decode_content_split,
+    decode_local_split,
+    finish_edges,
+    resolve_staged,
+)
 from proxy.errors import RecordingError
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
-SEGMENT_GLOB: Final = "segment-*.ptap"
-_ROWS_PER_BATCH: Final = 4096
-_SEGMENT_INDEX = re.compile(r"segment-(\d+)\.ptap$")
+#: Extra kinds of :data:`~proxy.analytics.tables.EDGE` rows that only the Spark plan uses.
+EDGE_SPLIT: Final = 8      # data = pickle((split_id, frames, skipped ranges))
+EDGE_STAGED: Final = 9     # data = a staged table as Arrow IPC, message = its name
 
-#: The union of every table's columns, plus which table a row belongs to.
-EVENT_COLUMNS: Final = (("table", "string"), *{
-    name: kind for cols in TABLES.values() for name, kind in cols}.items())
-
-#: Output tables -> the columns they are partitioned by on disk.
-PARTITIONING: Final[dict[str, tuple[str, ...]]] = {
-    "frames": ("command",), "requests": ("request_command",), "messages": (), "errors": (),
-    "throughput": (), "replication": (),
-}
+#: What the second and third steps return: topic answers, figures, table blobs.
+RESULT: Final[tb.Columns] = (("kind", "int"), *tb.RESOLUTION, ("name", "string"), ("data", "binary"))
+RESULT_ANSWER: Final = 1
+RESULT_FIGURES: Final = 2
+RESULT_TABLE: Final = 3
 
 
-@dataclass
-class AnalyzeResult:
-    """What the pipeline wrote and the figures the report shows."""
-
-    out: Path | str
-    counts: dict[str, int] = field(default_factory=dict)
-    problems: list[str] = field(default_factory=list)
-    latency: list[dict[str, Any]] = field(default_factory=list)
-    top_topics: list[dict[str, Any]] = field(default_factory=list)
-    error_counts: list[dict[str, Any]] = field(default_factory=list)
-    throughput: list[dict[str, Any]] = field(default_factory=list)
-    segments: int = 0
-    input_bytes: int = 0
-
-
-def _is_url(path: str) -> bool:
-    return "://" in path and not path.startswith("file://")
-
-
-def resolve_inputs(paths: Sequence[str]) -> list[str]:
-    """Check local inputs up front so a typo gets a clear error rather than a Spark trace."""
-    resolved = []
-    for raw in paths:
-        if _is_url(raw):
-            resolved.append(raw)
-            continue
-        path = Path(raw.removeprefix("file://"))
-        if not path.exists():
-            raise AnalyticsError(f"{raw}: no such file or directory")
-        if not path.is_dir():
-            raise AnalyticsError(f"{raw}: not a recording directory")
-        if not any(path.rglob(SEGMENT_GLOB)):
-            raise AnalyticsError(f"{raw}: no recording here (no {SEGMENT_GLOB} files)")
-        resolved.append(str(path.resolve()))
-    return resolved
-
-
-def _segment_index(path: str) -> int:
-    match = _SEGMENT_INDEX.search(path)
-    return int(match.group(1)) if match else 0
-
-
-def _decode_segments() -> Any:
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import pyarrow as pa
-
-        schema = _arrow_schema(SEGMENT_SCHEMA)
-        for batch in batches:
-            paths = batch.column("path").to_pylist()
-            contents = batch.column("content")
-            for i, path in enumerate(paths):
-                recording = path.rstrip("/").split("/")[-2]
-                segment = path.rsplit("/", 1)[-1]
-                cols = segment_columns(recording, segment, _segment_index(path), contents[i].as_py())
-                rows = len(cols["seq"])
-                # small batches: a 256 MiB segment must not become one Arrow batch in the JVM
-                for start in range(0, max(rows, 1), _ROWS_PER_BATCH):
-                    yield pa.RecordBatch.from_pydict(
-                        {name: values[start:start + _ROWS_PER_BATCH] for name, values in cols.items()},
-                        schema=schema)
-
-    return run
-
-
-def _analyze_connection(group: pa.Table) -> pa.Table:
+# -- what the executors run ---------------------------------------------------------------------
+def _ipc(table: pa.Table) -> bytes:
     import pyarrow as pa
 
-    group = group.sort_by("seq")
-    recording = group.column("recording")[0].as_py()
-    conn_id = group.column("conn_id")[0].as_py()
-    rows = zip(group.column("ts_ns").to_pylist(), group.column("direction").to_pylist(),
-               group.column("origin").to_pylist(), group.column("size").to_pylist(),
-               group.column("data").to_pylist(), group.column("payload_stripped").to_pylist(),
-               group.column("rules").to_pylist(), strict=True)
-    tables = connection_tables(recording, conn_id, rows).tables
-    out: dict[str, list[Any]] = {name: [] for name, _ in EVENT_COLUMNS}
-    for table, cols in tables.items():
-        size = len(next(iter(cols.values())))
-        if not size:
-            continue
-        out["table"] += [table] * size
-        for name, _ in EVENT_COLUMNS[1:]:
-            values = cols.get(name)
-            if values is None and name == "ts_ns":
-                values = cols.get("start_ns")
-            out[name] += values if values is not None else [None] * size
-    return pa.Table.from_pydict(out, schema=_arrow_schema(EVENT_COLUMNS))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema, options=pa.ipc.IpcWriteOptions(compression="lz4")) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
 
 
-def _arrow_schema(columns: Sequence[tuple[str, str]]) -> pa.Schema:
+def _from_ipc(data: bytes) -> pa.Table:
     import pyarrow as pa
 
-    kinds = {"string": pa.string(), "bigint": pa.int64(), "int": pa.int32(), "double": pa.float64(),
-             "binary": pa.binary(), "boolean": pa.bool_()}
-    return pa.schema([(name, kinds[kind]) for name, kind in columns])
+    return pa.ipc.open_stream(data).read_all()
+
+
+def _edge_blob_rows(recording: str, split_id: int, rows: list[tuple[int, str | None, bytes]]) -> pa.RecordBatch:
+    import pyarrow as pa
+
+    schema = tb.arrow_schema(tb.EDGE)
+    columns: dict[str, Any] = {name: pa.nulls(len(rows), kind) for name, kind in zip(schema.names, schema.types,
+                                                                                       strict=True)}
+    columns["recording"] = pa.array([recording] * len(rows), pa.string())
+    columns["conn_id"] = pa.array([-1] * len(rows), pa.int64())
+    columns["seq"] = pa.array([split_id] * len(rows), pa.int64())
+    columns["edge"] = pa.array([kind for kind, _, _ in rows], pa.int32())
+    columns["message"] = pa.array([name for _, name, _ in rows], pa.string())
+    columns["data"] = pa.array([data for _, _, data in rows], pa.binary())
+    return pa.RecordBatch.from_pydict(columns, schema=schema)
+
+
+def _hand_over(output: SplitOutput, staging: str | None) -> Iterator[pa.RecordBatch]:
+    """Step 1's output leaves the task: staged rows to ``staging`` (or as blobs), edges to Spark."""
+    import pyarrow.feather as feather
+
+    split = output.split
+    blobs: list[tuple[int, str | None, bytes]] = [
+        (EDGE_SPLIT, None, pickle.dumps((split.split_id, output.frames, output.skipped)))]
+    for name, table in output.staged.items():
+        if staging is not None:
+            feather.write_feather(table, f"{staging}/split-{split.split_id:05d}-{name}.arrow", compression="lz4")
+        else:
+            blobs.append((EDGE_STAGED, name, _ipc(table)))
+    yield _edge_blob_rows(output.recording, split.split_id, blobs)
+    yield from output.edges.to_batches(max_chunksize=65_536)
+
+
+def decode_task(batches: Iterator[pa.RecordBatch], splits: list[Split], staging: str | None
+                ) -> Iterator[pa.RecordBatch]:
+    """Step 1 over local splits (the input rows are split ids)."""
+    for batch in batches:
+        for split_id in batch.column(0).to_pylist():
+            yield from _hand_over(decode_local_split(splits[split_id]), staging)
+
+
+def decode_content_task(batches: Iterator[pa.RecordBatch], splits: dict[str, Split], staging: str | None
+                        ) -> Iterator[pa.RecordBatch]:
+    """Step 1 over segments read by Spark's binaryFile source (whole segments)."""
+    for batch in batches:
+        paths, contents = batch.column("path"), batch.column("content")
+        for index, path in enumerate(paths.to_pylist()):
+            output = decode_content_split(splits[path], contents[index].as_py())
+            yield from _hand_over(output, staging)
+
+
+def _part() -> str:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return f"{context.stageId():03d}-{context.partitionId():05d}" if context is not None else "00000"
+
+
+class _BlobWriter:
+    """Collects what a task would write, as Arrow IPC blobs for Spark's writers."""
+
+    def __init__(self) -> None:
+        self.blobs: list[tuple[str, bytes]] = []
+
+    def write(self, name: str, table: pa.Table, part: str) -> None:
+        del part
+        if table.num_rows:
+            self.blobs.append((name, _ipc(table)))
+
+
+def _result_batch(answers: Sequence[tuple[Any, ...]], figures: Figures, blobs: list[tuple[str, bytes]]
+                  ) -> pa.RecordBatch:
+    import pyarrow as pa
+
+    rows = [(RESULT_ANSWER, *answer, None, None) for answer in answers]
+    rows.append((RESULT_FIGURES, None, None, None, None, None, None, None, figures.to_bytes()))
+    rows += [(RESULT_TABLE, None, None, None, None, None, None, name, data) for name, data in blobs]
+    schema = tb.arrow_schema(RESULT)
+    columns = list(zip(*rows, strict=True))
+    return pa.RecordBatch.from_arrays([pa.array(values, type=kind) for values, kind in zip(columns, schema.types,
+                                                                                             strict=True)],
+                                      schema=schema)
+
+
+def finish_task(batches: Iterator[pa.RecordBatch], window: TimeWindow, work: str | None) -> Iterator[pa.RecordBatch]:
+    """Step 2 over the edge rows of the connections hashed to this task."""
+    import pyarrow as pa
+
+    schema = tb.arrow_schema(tb.EDGE)
+    received = list(batches)
+    edges = pa.Table.from_batches(received).cast(schema) if received else schema.empty_table()
+    writer: Any = TableWriter(Path(work).parent, Path(work)) if work is not None else _BlobWriter()
+    answers, figures, _rows = finish_edges(edges, window, writer, f"c{_part()}")
+    yield _result_batch(answers, figures, writer.blobs if isinstance(writer, _BlobWriter) else [])
+
+
+def resolve_task(batches: Iterator[pa.RecordBatch], answers: Any, window: TimeWindow, staging: str | None,
+                 work: str | None) -> Iterator[pa.RecordBatch]:
+    """Step 3: staged rows (files in ``staging``, or blob rows) given topics and written."""
+    import pyarrow.feather as feather
+
+    resolution = _from_ipc(answers.value)
+    writer: Any = TableWriter(Path(work).parent, Path(work)) if work is not None else _BlobWriter()
+    for batch in batches:
+        if staging is not None:
+            for split_id in batch.column(0).to_pylist():
+                staged = {name: feather.read_table(f"{staging}/split-{split_id:05d}-{name}.arrow")
+                          for name in ("frames", "messages", "replication")}
+                figures = resolve_staged(staged, resolution, window, writer, f"s{split_id:05d}")
+                yield _result_batch([], figures, [])
+        else:
+            by_split: dict[int, dict[str, pa.Table]] = {}
+            for split_id, name, data in zip(batch.column("seq").to_pylist(), batch.column("message").to_pylist(),
+                                            batch.column("data").to_pylist(), strict=True):
+                by_split.setdefault(split_id, {})[name] = _from_ipc(data)
+            for split_id, staged in by_split.items():
+                figures = resolve_staged(staged, resolution, window, writer, f"s{split_id:05d}")
+                yield _result_batch([], figures, writer.blobs)
+                writer.blobs = []
+
+
+def unblob_task(batches: Iterator[pa.RecordBatch], name: str) -> Iterator[pa.RecordBatch]:
+    """Table blobs back into rows, for Spark's writer."""
+    schema = tb.arrow_schema(tb.TABLES[name])
+    for batch in batches:
+        for data in batch.column("data").to_pylist():
+            yield from _from_ipc(data).select(schema.names).cast(schema).to_batches(max_chunksize=65_536)
+
+
+# -- the driver -------------------------------------------------------------------------------
+def _listing(spark: SparkSession, inputs: Sequence[str], split_bytes: int) -> tuple[list[Split], dict[str, Split]]:
+    """Local splits (byte ranges), and URL segments by path (whole)."""
+    local = [i for i in inputs if not is_url(i)]
+    urls = [i for i in inputs if is_url(i)]
+    splits = plan_splits(local_segments(local), split_bytes) if local else []
+    remote: dict[str, Split] = {}
+    if urls:
+        try:
+            listing = (spark.read.format("binaryFile").option("pathGlobFilter", SEGMENT_GLOB)
+                       .option("recursiveFileLookup", "true").load(list(urls)).select("path", "length").collect())
+        except Exception as exc:  # Py4J and Hadoop errors come in many types
+            raise AnalyticsError(f"cannot list {', '.join(urls)}: {str(exc).splitlines()[0]}") from None
+        for row in sorted(listing, key=lambda r: r["path"]):
+            path = row["path"]
+            recording, segment = path.rstrip("/").split("/")[-2:]
+            remote[path] = Split(len(splits) + len(remote), recording, segment, segment_index(segment), path, 0,
+                                 row["length"], row["length"])
+    return splits, remote
+
+
+def run_pipeline(spark: SparkSession, inputs: Sequence[str], out: str, *, window: TimeWindow | None = None,
+                 strict: bool = False, progress: StageProgress | None = None,
+                 split_bytes: int = DEFAULT_SPLIT_BYTES) -> AnalyzeResult:
+    """Run the three steps on ``spark``; returns what was written and the report's figures."""
+    from pyspark.sql import functions as F  # noqa: N812 - Spark's customary alias
+    from pyspark.storagelevel import StorageLevel
+
+    window = window or TimeWindow()
+
+    def step(label: str) -> None:
+        if progress is not None:
+            progress.step(label)
+
+    step("listing segments")
+    splits, remote = _listing(spark, inputs, split_bytes)
+    if not splits and not remote:
+        raise AnalyticsError("no segment files found in " + ", ".join(inputs))
+    direct = not is_url(out)
+    writer = TableWriter(Path(out)) if direct else None
+    work = str(writer.work) if writer is not None else None
+    staging = f"{work}/staging" if work is not None else None
+    if staging is not None:
+        Path(staging).mkdir(parents=True)
+    result = AnalyzeResult(out, segments=len({(s.recording, s.segment) for s in splits}) + len(remote),
+                           splits=len(splits) + len(remote),
+                           input_bytes=sum(s.end - s.start for s in [*splits, *remote.values()]))
+    edge_ddl = tb.ddl(tb.EDGE)
+    try:
+        step("decoding frames")
+        parts = []
+        if splits:
+            ids = spark.range(len(splits), numPartitions=len(splits))
+            parts.append(ids.mapInArrow(functools.partial(decode_task, splits=splits, staging=staging), edge_ddl))
+        if remote:
+            content = (spark.read.format("binaryFile").option("pathGlobFilter", SEGMENT_GLOB)
+                       .option("recursiveFileLookup", "true").load([s.location for s in remote.values()]))
+            parts.append(content.select("path", "content").mapInArrow(
+                functools.partial(decode_content_task, splits=remote, staging=staging), edge_ddl))
+        edges = functools.reduce(lambda a, b: a.unionByName(b), parts).persist(StorageLevel.MEMORY_AND_DISK)
+        for row in edges.filter(F.col("edge") == EDGE_SPLIT).select("data").collect():
+            _split_id, frames, skipped = pickle.loads(row["data"])
+            result.frames_read += frames
+            result.figures.skipped += [r.describe() for r in skipped]
+        if strict and result.figures.skipped:
+            raise RecordingError(result.figures.skipped[0] + " (--strict)")
+
+        step("pairing requests per connection")
+        partitions = max(1, int(spark.conf.get("spark.sql.shuffle.partitions") or 1))
+        finished = (edges.filter(F.col("edge") < EDGE_SPLIT).repartition(partitions, "recording", "conn_id")
+                    .mapInArrow(functools.partial(finish_task, window=window, work=work), tb.ddl(RESULT)))
+        finished_rows = finished.toArrow()
+        answers = finished_rows.filter(_of_kind(finished_rows, RESULT_ANSWER)).select(tb.names(tb.RESOLUTION))
+        table_blobs = [_collected(finished_rows)]
+        for data in finished_rows.filter(_of_kind(finished_rows, RESULT_FIGURES))["data"].to_pylist():
+            result.figures.merge(Figures.from_bytes(data))
+
+        step("writing tables")
+        broadcast = spark.sparkContext.broadcast(_ipc(answers))
+        resolve = functools.partial(resolve_task, answers=broadcast, window=window, staging=staging, work=work)
+        if staging is not None:
+            resolved = spark.range(len(splits), numPartitions=max(1, len(splits))).mapInArrow(resolve, tb.ddl(RESULT))
+        else:
+            resolved = edges.filter(F.col("edge") == EDGE_STAGED).select("seq", "message", "data").mapInArrow(
+                resolve, tb.ddl(RESULT))
+        resolved_rows = resolved.toArrow()
+        table_blobs.append(_collected(resolved_rows))
+        for data in resolved_rows.filter(_of_kind(resolved_rows, RESULT_FIGURES))["data"].to_pylist():
+            result.figures.merge(Figures.from_bytes(data))
+        edges.unpersist()
+        throughput = result.figures.throughput if result.figures.throughput is not None else merge_throughput([])
+        result.figures.counts["throughput"] = throughput.num_rows
+        if writer is not None:
+            writer.write("throughput", throughput, "t00000")
+            result.written = writer.publish(ALL_TABLES)
+        else:
+            result.written = _write_with_spark(spark, out, table_blobs, throughput)
+    finally:
+        if writer is not None:
+            writer.discard()
+    return result
+
+
+def _of_kind(table: pa.Table, kind: int) -> Any:
+    import pyarrow.compute as pc
+
+    return pc.equal(table["kind"], kind)
+
+
+def _collected(rows: pa.Table) -> list[tuple[str, bytes]]:
+    blobs = rows.filter(_of_kind(rows, RESULT_TABLE))
+    return list(zip(blobs["name"].to_pylist(), blobs["data"].to_pylist(), strict=True))
+
+
+def _write_with_spark(spark: SparkSession, out: str, blob_groups: list[list[tuple[str, bytes]]],
+                      throughput: pa.Table) -> list[str]:
+    """Write the tables to a Hadoop URL with Spark's writers; returns the tables written."""
+    blobs = [blob for group in blob_groups for blob in group]
+    written = []
+    for name in ALL_TABLES:
+        if name == "throughput":
+            frame = spark.createDataFrame(throughput.to_pandas(), schema=tb.ddl(tb.TABLES[name]))
+        else:
+            mine = [(name, data) for table, data in blobs if table == name]
+            source = spark.createDataFrame(mine or [(name, b"")], "name string, data binary")
+            if not mine:
+                source = source.limit(0)
+            frame = source.mapInArrow(functools.partial(unblob_task, name=name), tb.ddl(tb.TABLES[name]))
+        writer = frame.write.mode("overwrite")
+        if tb.PARTITIONING[name]:
+            writer = writer.partitionBy(*tb.PARTITIONING[name])
+        try:
+            writer.parquet(f"{out.rstrip('/')}/{name}")
+        except Exception as exc:  # Py4J and Hadoop errors come in many types
+            raise AnalyticsError(f"cannot write {out.rstrip('/')}/{name}: {str(exc).splitlines()[0]}") from None
+        written.append(name)
+    return written
 
 
 def parse_time(text: str) -> int:
@@ -158,112 +364,5 @@ def parse_time(text: str) -> int:
     return int(moment.timestamp() * 1e9)
 
 
-def run_pipeline(spark: SparkSession, inputs: Sequence[str], out: str, *, since_ns: int | None = None,
-                 until_ns: int | None = None, strict: bool = False,
-                 progress: StageProgress | None = None) -> AnalyzeResult:
-    """Run the whole pipeline; returns the figures for the report."""
-    from pyspark.sql import functions as F  # noqa: N812 - Spark's customary alias
-    from pyspark.storagelevel import StorageLevel
-
-    def step(label: str) -> None:
-        if progress is not None:
-            progress.step(label)
-
-    result = AnalyzeResult(out)
-    step("reading segments")
-    # One segment per task, read where it is decoded: packing files into partitions and
-    # then repartitioning would shuffle every segment's bytes through the JVM.
-    spark.conf.set("spark.sql.files.maxPartitionBytes", "1")
-    spark.conf.set("spark.sql.files.openCostInBytes", "1")
-    try:
-        segments = (spark.read.format("binaryFile").option("pathGlobFilter", SEGMENT_GLOB)
-                    .option("recursiveFileLookup", "true").load(list(inputs)))
-        listing = segments.select("path", "length").collect()
-    except Exception as exc:
-        raise AnalyticsError(f"cannot list the recordings: {str(exc).splitlines()[0]}") from None
-    if not listing:
-        raise AnalyticsError("no segment files found in " + ", ".join(inputs))
-    result.segments = len(listing)
-    result.input_bytes = sum(row["length"] for row in listing)
-
-    step("decoding frames")
-    frame_rows = segments.select("path", "content").mapInArrow(_decode_segments(), ddl(SEGMENT_SCHEMA))
-    frame_rows = frame_rows.persist(StorageLevel.MEMORY_AND_DISK)
-    problems = frame_rows.filter(F.col("problem").isNotNull()).select("recording", "problem").collect()
-    result.problems = [f"{row['recording']}/{row['problem']}" for row in problems]
-    if strict and result.problems:
-        raise RecordingError(result.problems[0] + " (--strict)")
-
-    step("pairing requests per connection")
-    events = (frame_rows.filter(F.col("problem").isNull())
-              .groupBy("recording", "conn_id").applyInArrow(_analyze_connection, ddl(EVENT_COLUMNS)))
-    if since_ns is not None:
-        events = events.filter(F.col("ts_ns") >= since_ns)
-    if until_ns is not None:
-        events = events.filter(F.col("ts_ns") < until_ns)
-    events = events.persist(StorageLevel.MEMORY_AND_DISK)
-
-    def table(name: str) -> DataFrame:
-        return events.filter(F.col("table") == name).select(*[name for name, _ in TABLES[name]])
-
-    frames, requests = table("frames"), table("requests")
-    errors = (requests.filter(F.col("outcome") != "ok")
-              .select("recording", "conn_id", F.col("start_ns").alias("ts_ns"),
-                      F.col("request_command").alias("command"), "topic", "outcome", "error_code", "error_message")
-              .unionByName(table("problems").select(
-                  "recording", "conn_id", "ts_ns", F.lit(None).cast("string").alias("command"),
-                  F.lit(None).cast("string").alias("topic"), F.lit("undecodable").alias("outcome"),
-                  F.lit("DecodeError").alias("error_code"), F.col("message").alias("error_message"))))
-    second = (F.col("ts_ns") / F.lit(1_000_000_000)).cast("bigint")
-    payload_frames = frames.filter(F.col("command").isin("SEND", "MESSAGE"))
-    is_send = F.col("command") == "SEND"
-    throughput = (payload_frames.withColumn("second", second)
-                  .groupBy(F.coalesce(F.col("topic"), F.lit("(unknown)")).alias("topic"), "second")
-                  .agg(F.sum(F.when(is_send, F.col("num_messages")).otherwise(0)).alias("messages_in"),
-                       F.sum(F.when(is_send, F.col("size")).otherwise(0)).alias("bytes_in"),
-                       F.sum(F.when(~is_send, F.col("num_messages")).otherwise(0)).alias("messages_out"),
-                       F.sum(F.when(~is_send, F.col("size")).otherwise(0)).alias("bytes_out"))
-                  .orderBy("second", "topic"))
-    outputs: dict[str, DataFrame] = {
-        "frames": frames, "requests": requests, "messages": table("messages"), "errors": errors,
-        "throughput": throughput, "replication": table("replication"),
-    }
-    for name, frame in outputs.items():
-        step(f"writing {name}")
-        writer = frame.write.mode("overwrite")
-        if PARTITIONING[name]:
-            writer = writer.partitionBy(*PARTITIONING[name])
-        writer.parquet(f"{str(out).rstrip('/')}/{name}")
-
-    step("computing the report")
-    counts = events.groupBy("table").count().collect()
-    result.counts = {row["table"]: row["count"] for row in counts}
-    result.counts.setdefault("errors", 0)
-    result.counts["errors"] = result.counts.get("problems", 0) + requests.filter(F.col("outcome") != "ok").count()
-    result.latency = [row.asDict() for row in (
-        requests.filter(F.col("outcome") != "unanswered").groupBy("request_command")
-        .agg(F.count("*").alias("count"),
-             F.expr("percentile(latency_us, array(0.5, 0.9, 0.99))").alias("p"),
-             F.max("latency_us").alias("max"))
-        .orderBy(F.desc("count")).collect())]
-    for row in result.latency:
-        p50, p90, p99 = row.pop("p")
-        row.update(p50=p50, p90=p90, p99=p99)
-    result.top_topics = [row.asDict() for row in (
-        throughput.groupBy("topic").agg(F.sum("messages_in").alias("messages_in"),
-                                        F.sum("bytes_in").alias("bytes_in"),
-                                        F.sum("messages_out").alias("messages_out"),
-                                        F.sum("bytes_out").alias("bytes_out"))
-        .orderBy(F.desc(F.col("bytes_in") + F.col("bytes_out"))).limit(10).collect())]
-    result.error_counts = [row.asDict() for row in (
-        errors.groupBy(F.coalesce("error_code", "outcome").alias("code")).count()
-        .orderBy(F.desc("count")).collect())]
-    result.throughput = [row.asDict() for row in (
-        throughput.groupBy("second").agg(F.sum("messages_in").alias("messages_in"),
-                                         F.sum("messages_out").alias("messages_out"),
-                                         F.sum("bytes_in").alias("bytes_in"),
-                                         F.sum("bytes_out").alias("bytes_out"))
-        .orderBy("second").limit(3600).collect())]
-    events.unpersist()
-    frame_rows.unpersist()
-    return result
+__all__ = ["AnalyzeResult", "decode_content_task", "decode_task", "finish_task", "parse_time", "resolve_task",
+           "run_pipeline", "unblob_task"]

@@ -9,6 +9,7 @@ finished stage otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -19,16 +20,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Final, TextIO
 
-from proxy.errors import PulsarTapError
+from proxy.analytics.inputs import AnalyticsError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-
-class AnalyticsError(PulsarTapError):
-    """The analytics pipeline cannot run or its input cannot be read."""
 
 
 def find_java() -> str:
@@ -45,36 +42,88 @@ def find_java() -> str:
     return candidate
 
 
+#: log4j2 configuration for the driver: Spark's own INFO/WARN chatter off, errors kept.
+_LOG4J: Final = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+"""
+
+
+@contextmanager
+def _jvm_stderr(log: Path) -> Iterator[None]:
+    """While the JVM starts (it inherits file descriptor 2), point stderr at ``log``.
+
+    The JVM then writes its start-up notes and log lines there, not on the terminal;
+    Python's own stderr is restored as soon as the JVM is up.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    target = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.dup2(target, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(target)
+
+
 @contextmanager
 def spark_session(master: str = "local[*]", app_name: str = "pulsar-tap analyze",
-                  shuffle_partitions: int | None = None) -> Iterator[SparkSession]:
-    """A SparkSession for the pipeline, stopped on exit."""
+                  shuffle_partitions: int | None = None, log_dir: Path | None = None) -> Iterator[SparkSession]:
+    """A SparkSession for the pipeline, stopped on exit.
+
+    The JVM's own output (start-up warnings, Spark's log at level ERROR) goes to
+    ``log_dir/spark.log`` (a temporary directory unless given), never to the terminal.
+    Memory is Spark's default unless ``PULSAR_TAP_SPARK_DRIVER_MEMORY`` or
+    ``PULSAR_TAP_SPARK_EXECUTOR_MEMORY`` say otherwise.
+    """
+    import tempfile
+
     find_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    builder = (
-        SparkSession.builder.master(master).appName(app_name)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.memory", os.environ.get("PULSAR_TAP_SPARK_DRIVER_MEMORY", "4g"))
-        .config("spark.sql.sources.partitionOverwriteMode", "dynamic")
-    )
-    # Few, larger shuffle partitions: the default 200 costs more in task overhead than it
-    # gains on a laptop-sized master; a cluster can raise it with --conf-like env.
-    builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions or _default_partitions(master)))
-    try:
-        spark = builder.getOrCreate()
-    except Exception as exc:  # Py4J and JVM start-up failures come in many types
-        raise AnalyticsError(f"Spark did not start on master {master!r}: {str(exc).splitlines()[0]}") from None
-    spark.sparkContext.setLogLevel("ERROR")
-    try:
-        yield spark
-    finally:
-        spark.stop()
+    with tempfile.TemporaryDirectory(prefix="pulsar-tap-spark-") as scratch:
+        logs = log_dir or Path(scratch)
+        (logs / "log4j2.properties").write_text(_LOG4J, encoding="utf-8")
+        java_options = f"-Dlog4j.configurationFile=file:{logs / 'log4j2.properties'}"
+        builder = (
+            SparkSession.builder.master(master).appName(app_name)
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+            .config("spark.sql.session.timeZone", "UTC")
+            .config("spark.driver.extraJavaOptions", java_options)
+            .config("spark.executor.extraJavaOptions", java_options)
+            .config("spark.local.dir", str(Path(scratch) / "local"))
+        )
+        for setting, variable in (("spark.driver.memory", "PULSAR_TAP_SPARK_DRIVER_MEMORY"),
+                                  ("spark.executor.memory", "PULSAR_TAP_SPARK_EXECUTOR_MEMORY")):
+            if os.environ.get(variable):
+                builder = builder.config(setting, os.environ[variable])
+        # Few shuffle partitions: only narrow rows are shuffled, and the default 200 costs more in
+        # task overhead than it gains on a laptop-sized master.
+        builder = builder.config("spark.sql.shuffle.partitions",
+                                 str(shuffle_partitions or _default_partitions(master)))
+        try:
+            with _jvm_stderr(logs / "spark.log"):
+                spark = builder.getOrCreate()
+        except Exception as exc:  # Py4J and JVM start-up failures come in many types
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise AnalyticsError(f"Spark did not start on master {master!r}: {reason}") from None
+        spark.sparkContext.setLogLevel("ERROR")
+        try:
+            yield spark
+        finally:
+            with contextlib.suppress(Exception):  # the JVM may already be gone (interrupted)
+                spark.stop()
 
 
 def _default_partitions(master: str) -> int:
