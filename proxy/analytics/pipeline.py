@@ -298,6 +298,7 @@ def run_pipeline(spark: SparkSession, inputs: Sequence[str], out: str, *, window
         for data in resolved_rows.filter(_of_kind(resolved_rows, RESULT_FIGURES))["data"].to_pylist():
             result.figures.merge(Figures.from_bytes(data))
         edges.unpersist()
+        step("publishing tables")
         throughput = result.figures.throughput if result.figures.throughput is not None else merge_throughput([])
         result.figures.counts["throughput"] = throughput.num_rows
         if writer is not None:

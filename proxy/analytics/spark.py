@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TextIO
@@ -139,7 +139,9 @@ def _default_partitions(master: str) -> int:
 class StageProgress:
     """Shows Spark stage progress on ``stream`` while a job runs (a daemon thread polls)."""
 
-    def __init__(self, spark: SparkSession, stream: TextIO = sys.stderr, interval: float = 0.5) -> None:
+    def __init__(self, spark: SparkSession, stream: TextIO = sys.stderr, interval: float = 0.5,
+                 before_step: Callable[[], None] | None = None) -> None:
+        self._before_step = before_step
         self._tracker: Any = spark.sparkContext.statusTracker()
         self._stream = stream
         self._interval = interval
@@ -162,7 +164,9 @@ class StageProgress:
             self._stream.flush()
 
     def step(self, label: str) -> None:
-        """Name the work that the next Spark jobs do."""
+        """Name the work that the next Spark jobs do (``before_step`` may refuse to go on: it raises)."""
+        if self._before_step is not None:
+            self._before_step()
         self._label = label
         if not self._tty:
             self._stream.write(f"analyze: {label}\n")

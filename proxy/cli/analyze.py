@@ -57,7 +57,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--until", metavar="T", help="only rows before T (ISO 8601 or Unix seconds)")
     parser.add_argument("--strict", action="store_true",
                         help="fail on a damaged segment instead of skipping the damaged records and reporting them")
+    parser.add_argument("--split-mb", type=_positive, default=16, metavar="MIB",
+                        help="local segments are read in byte ranges of about this size, a task each (default: 16)")
     parser.add_argument("--quiet", action="store_true", help="print no progress and no warnings, only the report")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 class Interrupted(PulsarTapError):
@@ -76,6 +88,16 @@ class _Stopper:
         for signum in (signal.SIGINT, signal.SIGTERM):
             self._previous[signum] = signal.signal(signum, self._handle)
         return self
+
+    def reinstall(self) -> None:
+        """Take SIGINT back: creating a SparkContext installs PySpark's own handler (KeyboardInterrupt)."""
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self._handle)
+
+    def check(self) -> None:
+        """Raise :class:`Interrupted` if a signal came (called between the pipeline's steps)."""
+        if self.signal:
+            raise Interrupted("interrupted")
 
     def __exit__(self, *exc: object) -> None:
         for signum, handler in self._previous.items():
@@ -120,15 +142,18 @@ def _muted(quiet: bool) -> Iterator[Any]:
 
 def run(args: argparse.Namespace) -> int:
     from proxy.analytics.connections import TimeWindow
-    from proxy.analytics.inputs import check_output, resolve_inputs
+    from proxy.analytics.inputs import AnalyticsError, check_output, resolve_inputs
     from proxy.analytics.pipeline import parse_time
 
     since = parse_time(args.since) if args.since else None
     until = parse_time(args.until) if args.until else None
     if since is not None and until is not None and since >= until:
         raise UsageError("--since must be earlier than --until")
-    inputs = resolve_inputs(args.recordings)
-    out = check_output(args.out, inputs)
+    try:  # bad inputs and outputs are found before any work starts
+        inputs = resolve_inputs(args.recordings)
+        out = check_output(args.out, inputs)
+    except AnalyticsError as exc:
+        raise UsageError(str(exc)) from None
     with _Stopper() as stopper:
         try:
             return _analyze(args, inputs, out, TimeWindow(since, until), stopper)
@@ -150,11 +175,12 @@ def _analyze(args: argparse.Namespace, inputs: list[str], out: str, window: Any,
 
     started = time.monotonic()
     with spark_session(args.master) as spark, _muted(args.quiet) as stream:
+        stopper.reinstall()
         stopper.cancel_with(spark.sparkContext.cancelAllJobs)
-        if stopper.signal is not None:
-            raise Interrupted("interrupted")
-        with StageProgress(spark, stream) as progress:
-            result = run_pipeline(spark, inputs, out, window=window, strict=args.strict, progress=progress)
+        stopper.check()
+        with StageProgress(spark, stream, before_step=stopper.check) as progress:
+            result = run_pipeline(spark, inputs, out, window=window, strict=args.strict, progress=progress,
+                                  split_bytes=args.split_mb * 2**20)
         stopper.finishing()
     text = text_report(result)
     sys.stdout.write(text)
