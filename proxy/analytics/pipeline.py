@@ -276,7 +276,7 @@ def run_pipeline(spark: SparkSession, inputs: Sequence[str], out: str, *, window
             raise RecordingError(result.figures.skipped[0] + " (--strict)")
 
         step("pairing requests per connection")
-        partitions = max(1, int(spark.conf.get("spark.sql.shuffle.partitions") or 1))
+        partitions = max(2, 2 * spark.sparkContext.defaultParallelism)
         finished = (edges.filter(F.col("edge") < EDGE_SPLIT).repartition(partitions, "recording", "conn_id")
                     .mapInArrow(functools.partial(finish_task, window=window, work=work), tb.ddl(RESULT)))
         finished_rows = finished.toArrow()

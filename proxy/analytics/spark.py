@@ -74,9 +74,12 @@ def _jvm_stderr(log: Path) -> Iterator[None]:
 
 
 @contextmanager
-def spark_session(master: str = "local[*]", app_name: str = "pulsar-tap analyze",
+def spark_session(master: str | None = None, app_name: str = "pulsar-tap analyze",
                   shuffle_partitions: int | None = None, log_dir: Path | None = None) -> Iterator[SparkSession]:
     """A SparkSession for the pipeline, stopped on exit.
+
+    ``master`` None means: the one ``spark-submit`` was given when it runs us (its
+    gateway is already up), else ``local[*]``.
 
     The JVM's own output (start-up warnings, Spark's log at level ERROR) goes to
     ``log_dir/spark.log`` (a temporary directory unless given), never to the terminal.
@@ -90,12 +93,16 @@ def spark_session(master: str = "local[*]", app_name: str = "pulsar-tap analyze"
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # launched by spark-submit, which set the master
+    if master is None and not submitted:
+        master = "local[*]"
     with tempfile.TemporaryDirectory(prefix="pulsar-tap-spark-") as scratch:
         logs = log_dir or Path(scratch)
         (logs / "log4j2.properties").write_text(_LOG4J, encoding="utf-8")
         java_options = f"-Dlog4j.configurationFile=file:{logs / 'log4j2.properties'}"
+        builder = SparkSession.builder if master is None else SparkSession.builder.master(master)
         builder = (
-            SparkSession.builder.master(master).appName(app_name)
+            builder.appName(app_name)
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
             .config("spark.sql.execution.arrow.pyspark.enabled", "true")
@@ -111,13 +118,14 @@ def spark_session(master: str = "local[*]", app_name: str = "pulsar-tap analyze"
         # Few shuffle partitions: only narrow rows are shuffled, and the default 200 costs more in
         # task overhead than it gains on a laptop-sized master.
         builder = builder.config("spark.sql.shuffle.partitions",
-                                 str(shuffle_partitions or _default_partitions(master)))
+                                 str(shuffle_partitions or _default_partitions(master or "")))
         try:
             with _jvm_stderr(logs / "spark.log"):
                 spark = builder.getOrCreate()
         except Exception as exc:  # Py4J and JVM start-up failures come in many types
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise AnalyticsError(f"Spark did not start on master {master!r}: {reason}") from None
+            raise AnalyticsError(f"Spark did not start on master {master or 'given to spark-submit'!r}: "
+                                 f"{reason}") from None
         spark.sparkContext.setLogLevel("ERROR")
         try:
             yield spark

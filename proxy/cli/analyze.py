@@ -51,8 +51,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("recordings", nargs="+", metavar="REC", help="recording directories, parents or URLs")
     parser.add_argument("--out", required=True, metavar="DIR",
                         help="where the tables and reports go (a directory; created if missing)")
-    parser.add_argument("--master", default="local[*]", metavar="URL",
-                        help="Spark master (default: local[*], every core of this machine)")
+    parser.add_argument("--master", metavar="URL",
+                        help="Spark master (default: local[*], every core of this machine; under spark-submit, "
+                             "the master spark-submit was given)")
     parser.add_argument("--since", metavar="T", help="only rows at or after T (ISO 8601 or Unix seconds)")
     parser.add_argument("--until", metavar="T", help="only rows before T (ISO 8601 or Unix seconds)")
     parser.add_argument("--strict", action="store_true",

@@ -174,7 +174,7 @@ def test_a_bogus_master_is_one_line_without_a_java_stack(tmp_path: Path) -> None
     assert done.returncode == 1
     assert done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith("pulsar-tap analyze: error: Spark did not start on master 'bogus://x'")
-    assert "\tat " not in done.stderr and "Exception" not in done.stderr.split(":", 3)[-1][:0] + done.stdout
+    assert "\tat " not in done.stderr and "Traceback" not in done.stderr
 
 
 def test_quiet_prints_the_report_and_nothing_on_stderr(tmp_path: Path) -> None:
@@ -226,7 +226,7 @@ def test_an_interrupt_stops_cleanly_with_exit_130_and_no_partial_tables(tmp_path
     assert "Traceback" not in stderr + stdout and "Py4J" not in stderr and "KeyboardInterrupt" not in stderr
     assert f"interrupted ({first.name}): no table written" in stderr
     out = tmp_path / "out"
-    assert not [p for p in out.iterdir()] if out.exists() else True, "nothing half-written is left"
+    assert not out.exists() or not list(out.iterdir()), "nothing half-written is left"
 
 
 @pytest.mark.slow
