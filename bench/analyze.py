@@ -1,51 +1,46 @@
-"""Benchmark: ``pulsar-tap analyze`` on local Spark against a single-process pass.
+"""Benchmark: ``pulsar-tap analyze`` on local Spark against the same work in one process.
 
-Writes a synthetic recording (default 200 MiB, many connections), then in one run:
-1. the single-process baseline: the same decoding (segment_columns +
-   connection_tables, the functions the executors run) in this Python process;
-2. the Spark pipeline on local[2] (plus Spark's start-up, shown apart), writing
-   every table.
-Prints frames/s and MiB/s for both and their ratio.
+Writes a synthetic recording (default 100 MiB, many connections, 32 MiB segments),
+then, in one run and on the same recording:
 
-    .venv/bin/python bench/analyze.py [--mib 200] [--master local[2]]
+1. **today's decoder** (``proxy.analytics.reference``): the sequential pass the pipeline
+   was before it scaled — every connection's frames through the session machine — in
+   this process; the per-core baseline;
+2. **one process**: the pipeline's three steps one after the other in this process
+   (``analyze_in_process``: decode every split, finish the connections, resolve and
+   write every table as Parquet) — the same code the executors run, with no Spark;
+3. **Spark** on ``--master`` (default ``local[2]``): the same steps as Spark tasks,
+   every table written (Spark's start-up shown apart, not counted).
+
+Prints seconds, frames/s and MiB/s of each, and the ratios the goals are stated in:
+Spark against one process (both write every table), and per-core decoding (step 1 of
+the one-process pass) against today's decoder.  Run it when the machine is quiet.
+
+    .venv/bin/python bench/analyze.py [--mib 100] [--master local[2]] [--runs 1]
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
+import os
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
-from proxy.analytics.decode import connection_tables, segment_columns
 from proxy.analytics.pipeline import run_pipeline
+from proxy.analytics.reference import reference_tables
 from proxy.analytics.spark import spark_session
+from proxy.analytics.steps import analyze_in_process
 from proxy.analytics.synthetic import write_synthetic_recording
-
-
-def single_process(path: Path) -> int:
-    by_conn: dict[int, list[tuple[int, tuple[object, ...]]]] = collections.defaultdict(list)
-    for index, segment in enumerate(sorted(path.glob("segment-*.ptap")), start=1):
-        cols = segment_columns(path.name, segment.name, index, segment.read_bytes())
-        for i, conn in enumerate(cols["conn_id"]):
-            if cols["problem"][i] is None:
-                by_conn[conn].append((cols["seq"][i], (
-                    cols["ts_ns"][i], cols["direction"][i], cols["origin"][i], cols["size"][i], cols["data"][i],
-                    cols["payload_stripped"][i], cols["rules"][i])))
-    rows = 0
-    for conn, frames in by_conn.items():
-        frames.sort(key=lambda item: item[0])
-        tables = connection_tables(path.name, conn, [f for _, f in frames]).tables
-        rows += sum(len(next(iter(t.values()))) for t in tables.values())
-    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mib", type=int, default=200)
+    parser.add_argument("--mib", type=int, default=100)
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--runs", type=int, default=1, help="repeat the three passes (the figures of each run)")
+    parser.add_argument("--skip-reference", action="store_true", help="leave out today's decoder (slow)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="pulsar-tap-bench-"))
     try:
@@ -53,24 +48,45 @@ def main() -> None:
                                           segment_bytes=32 * 2**20)
         mib = stats.bytes / 2**20
         print(f"input: {mib:,.1f} MiB, {stats.frames:,} frames, {stats.messages:,} messages, "
-              f"{stats.connections} connections")
-        start = time.perf_counter()
-        single_process(stats.path)
-        single = time.perf_counter() - start
+              f"{stats.connections} connections; load average {os.getloadavg()[0]:.2f}")
         start = time.perf_counter()
         with spark_session(args.master) as spark:
             startup = time.perf_counter() - start
-            start = time.perf_counter()
-            run_pipeline(spark, [str(stats.path)], str(work / "out"))
-            spark_time = time.perf_counter() - start
-        print(f"{'pass':<28}{'seconds':>9}{'frames/s':>12}{'MiB/s':>9}{'ratio':>8}")
-        print(f"{'single process (baseline)':<28}{single:>9.1f}{stats.frames / single:>12,.0f}"
-              f"{mib / single:>9.1f}{1.0:>8.2f}")
-        print(f"{'spark ' + args.master + ', all tables':<28}{spark_time:>9.1f}{stats.frames / spark_time:>12,.0f}"
-              f"{mib / spark_time:>9.1f}{single / spark_time:>8.2f}")
-        print(f"(spark start-up {startup:.1f} s, not included)")
+            for run in range(1, args.runs + 1):
+                _one_run(run, args, spark, stats.path, stats.frames, mib, work, startup)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _one_run(run: int, args: argparse.Namespace, spark: object, path: Path, frames: int, mib: float, work: Path,
+             startup: float) -> None:
+    reference = None
+    if not args.skip_reference:
+        start = time.perf_counter()
+        reference_tables([path])
+        reference = time.perf_counter() - start
+    for name in ("one", "spark"):
+        shutil.rmtree(work / name, ignore_errors=True)
+    start = time.perf_counter()
+    single = analyze_in_process([str(path.parent)], str(work / "one"))
+    single_time = time.perf_counter() - start
+    decode = single.timings["decode"]
+    start = time.perf_counter()
+    run_pipeline(spark, [str(path.parent)], str(work / "spark"))  # type: ignore[arg-type]
+    spark_time = time.perf_counter() - start
+    print(f"\nrun {run} (load average {os.getloadavg()[0]:.2f})")
+    print(f"{'pass':<40}{'seconds':>9}{'frames/s':>12}{'MiB/s':>9}{'ratio':>8}")
+    if reference is not None:
+        print(f"{'today decoder, 1 process (baseline)':<40}{reference:>9.1f}{frames / reference:>12,.0f}"
+              f"{mib / reference:>9.1f}{1.0:>8.2f}")
+        print(f"{'new decoder, 1 process, step 1 only':<40}{decode:>9.1f}{frames / decode:>12,.0f}"
+              f"{mib / decode:>9.1f}{reference / decode:>8.2f}")
+    print(f"{'one process, all tables (baseline)':<40}{single_time:>9.1f}{frames / single_time:>12,.0f}"
+          f"{mib / single_time:>9.1f}{1.0:>8.2f}")
+    print(f"{'spark ' + args.master + ', all tables':<40}{spark_time:>9.1f}{frames / spark_time:>12,.0f}"
+          f"{mib / spark_time:>9.1f}{single_time / spark_time:>8.2f}")
+    print(f"(spark start-up {startup:.1f} s, not included; per-core decoding "
+          + (f"{reference / decode:.2f}x today's" if reference is not None else "not compared") + ")")
 
 
 if __name__ == "__main__":

@@ -57,6 +57,8 @@ if TYPE_CHECKING:
 #: Extra kinds of :data:`~proxy.analytics.tables.EDGE` rows that only the Spark plan uses.
 EDGE_SPLIT: Final = 8      # data = pickle((split_id, frames, skipped ranges))
 EDGE_STAGED: Final = 9     # data = a staged table as Arrow IPC, message = its name
+#: Up to this many edge rows, the second step runs on the driver instead of as shuffled tasks.
+DRIVER_EDGE_ROWS: Final = 2_000_000
 
 #: What the second and third steps return: topic answers, figures, table blobs.
 RESULT: Final[tb.Columns] = (("kind", "int"), *tb.RESOLUTION, ("name", "string"), ("data", "binary"))
@@ -102,7 +104,7 @@ def _hand_over(output: SplitOutput, staging: str | None) -> Iterator[pa.RecordBa
 
     split = output.split
     blobs: list[tuple[int, str | None, bytes]] = [
-        (EDGE_SPLIT, None, pickle.dumps((split.split_id, output.frames, output.skipped)))]
+        (EDGE_SPLIT, None, pickle.dumps((split.split_id, output.frames, output.skipped, output.edges.num_rows)))]
     for name, table in output.staged.items():
         if staging is not None:
             feather.write_feather(table, f"{staging}/split-{split.split_id:05d}-{name}.arrow", compression="lz4")
@@ -163,15 +165,16 @@ def _result_batch(answers: Sequence[tuple[Any, ...]], figures: Figures, blobs: l
                                       schema=schema)
 
 
-def finish_task(batches: Iterator[pa.RecordBatch], window: TimeWindow, work: str | None) -> Iterator[pa.RecordBatch]:
-    """Step 2 over the edge rows of the connections hashed to this task."""
+def finish_task(batches: Iterator[pa.RecordBatch], window: TimeWindow, work: str | None, part: str | None = None
+                ) -> Iterator[pa.RecordBatch]:
+    """Step 2 over the edge rows of the connections hashed to this task (or of all, on the driver)."""
     import pyarrow as pa
 
     schema = tb.arrow_schema(tb.EDGE)
     received = list(batches)
     edges = pa.Table.from_batches(received).cast(schema) if received else schema.empty_table()
     writer: Any = TableWriter(Path(work).parent, Path(work)) if work is not None else _BlobWriter()
-    answers, figures, _rows = finish_edges(edges, window, writer, f"c{_part()}")
+    answers, figures, _rows = finish_edges(edges, window, writer, f"c{part or _part()}")
     yield _result_batch(answers, figures, writer.blobs if isinstance(writer, _BlobWriter) else [])
 
 
@@ -233,6 +236,7 @@ def run_pipeline(spark: SparkSession, inputs: Sequence[str], out: str, *, window
                  strict: bool = False, progress: StageProgress | None = None,
                  split_bytes: int = DEFAULT_SPLIT_BYTES) -> AnalyzeResult:
     """Run the three steps on ``spark``; returns what was written and the report's figures."""
+    import pyarrow as pa
     from pyspark.sql import functions as F  # noqa: N812 - Spark's customary alias
     from pyspark.storagelevel import StorageLevel
 
@@ -268,18 +272,26 @@ def run_pipeline(spark: SparkSession, inputs: Sequence[str], out: str, *, window
             parts.append(content.select("path", "content").mapInArrow(
                 functools.partial(decode_content_task, splits=remote, staging=staging), edge_ddl))
         edges = functools.reduce(lambda a, b: a.unionByName(b), parts).persist(StorageLevel.MEMORY_AND_DISK)
+        edge_rows = 0
         for row in edges.filter(F.col("edge") == EDGE_SPLIT).select("data").collect():
-            _split_id, frames, skipped = pickle.loads(row["data"])
+            _split_id, frames, skipped, edge_count = pickle.loads(row["data"])
             result.frames_read += frames
+            edge_rows += edge_count
             result.figures.skipped += [r.describe() for r in skipped]
         if strict and result.figures.skipped:
             raise RecordingError(result.figures.skipped[0] + " (--strict)")
 
         step("pairing requests per connection")
-        partitions = max(2, 2 * spark.sparkContext.defaultParallelism)
-        finished = (edges.filter(F.col("edge") < EDGE_SPLIT).repartition(partitions, "recording", "conn_id")
-                    .mapInArrow(functools.partial(finish_task, window=window, work=work), tb.ddl(RESULT)))
-        finished_rows = finished.toArrow()
+        connection_rows = edges.filter(F.col("edge") < EDGE_SPLIT)
+        if edge_rows <= DRIVER_EDGE_ROWS:
+            # Few enough to finish here: a shuffle's stages would cost more than the work.
+            finished_rows = pa.Table.from_batches(list(finish_task(iter(connection_rows.toArrow().to_batches()),
+                                                                   window, work, part="driver")))
+        else:
+            partitions = max(2, 2 * spark.sparkContext.defaultParallelism)
+            finished_rows = (connection_rows.repartition(partitions, "recording", "conn_id")
+                             .mapInArrow(functools.partial(finish_task, window=window, work=work), tb.ddl(RESULT))
+                             .toArrow())
         answers = finished_rows.filter(_of_kind(finished_rows, RESULT_ANSWER)).select(tb.names(tb.RESOLUTION))
         table_blobs = [_collected(finished_rows)]
         for data in finished_rows.filter(_of_kind(finished_rows, RESULT_FIGURES))["data"].to_pylist():

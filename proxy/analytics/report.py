@@ -185,16 +185,12 @@ def svg_time_series(series: list[tuple[str, list[tuple[float, float]]]], title: 
     if not points:
         return "<p>(no data)</p>"
     left, right, top, bottom = 70, 20, 34, 44
-    legend = "   ".join(name for name, _ in series)
-    xs = [math.log10(max(p[0], 1e-3)) if log_x else p[0] for p in points]
-    x0, x1 = min(xs), max(xs)
-    if x1 <= x0:
-        x1 = x0 + 1
+    axis = _Axis([p[0] for p in points], log_x, max_gap)
     y1 = _nice_max(max(p[1] for p in points))
+    plot_w = width - left - right
 
     def sx(x: float) -> float:
-        v = math.log10(max(x, 1e-3)) if log_x else x
-        return left + (v - x0) / (x1 - x0) * (width - left - right)
+        return left + axis.fraction(x) * plot_w
 
     def sy(y: float) -> float:
         return height - bottom - y / y1 * (height - top - bottom)
@@ -211,21 +207,19 @@ def svg_time_series(series: list[tuple[str, list[tuple[float, float]]]], title: 
                     f'{_tick(value, integer)}</text>')
         body.append(f'<line x1="{left}" y1="{sy(value):.1f}" x2="{width - right}" y2="{sy(value):.1f}" '
                     f'stroke="#eee"/>')
-    for i in range(6):
-        v = x0 + (x1 - x0) * i / 5
-        label = _tick(10 ** v, False) if log_x else _tick(v, True)
-        x = left + (v - x0) / (x1 - x0) * (width - left - right)
-        body.append(f'<text x="{x:.1f}" y="{height - bottom + 14}" font-size="10" text-anchor="middle">'
+    for x in axis.ticks():
+        label = _tick(x, False) if log_x else _tick(x, True)
+        body.append(f'<text x="{sx(x):.1f}" y="{height - bottom + 14}" font-size="10" text-anchor="middle">'
                     f'{label}</text>')
-    if not log_x:  # shade the idle stretches of the first series' x values
-        xs_all = sorted({p[0] for p in points})
-        for a, b in itertools.pairwise(xs_all):
-            if b - a > max_gap * 2:
-                body.append(f'<rect class="idle" x="{sx(a):.1f}" y="{top}" width="{max(1.0, sx(b) - sx(a)):.1f}" '
-                            f'height="{height - top - bottom}" fill="#e8e8e8"/>')
-                if sx(b) - sx(a) > 60:
-                    body.append(f'<text x="{(sx(a) + sx(b)) / 2:.1f}" y="{top + 14}" font-size="10" '
-                                f'text-anchor="middle" fill="#666">idle {_tick(b - a - 1, True)} s</text>')
+    for a, b, compressed in axis.idle:  # idle stretches: shaded, labelled, never bridged by a line
+        body.append(f'<rect class="idle" x="{sx(a):.1f}" y="{top}" width="{max(1.0, sx(b) - sx(a)):.1f}" '
+                    f'height="{height - top - bottom}" fill="{"#dcdcdc" if compressed else "#ececec"}"/>')
+        if sx(b) - sx(a) > 40:
+            body.append(f'<text x="{(sx(a) + sx(b)) / 2:.1f}" y="{top + 14}" font-size="10" text-anchor="middle" '
+                        f'fill="#555">idle {_tick(b - a - 1, True)} s</text>')
+        if compressed:
+            body.append(f'<text x="{(sx(a) + sx(b)) / 2:.1f}" y="{height - bottom + 4}" font-size="12" '
+                        f'text-anchor="middle" fill="#555">≈</text>')
     for index, (_name, pts) in enumerate(series):
         color = _COLORS[index % len(_COLORS)]
         run: list[tuple[float, float]] = []
@@ -235,15 +229,61 @@ def svg_time_series(series: list[tuple[str, list[tuple[float, float]]]], title: 
                 run = []
             run.append(point)
         body.append(_polyline(run, sx, sy, color))
-    body.append(f'<text x="{left + 8}" y="{top + 12}" font-size="11">')
-    x = 0.0
+    # the legend, one entry per line under the plot: never wider than the plot, never cut
     for index, (name, _pts) in enumerate(series):
-        body.append(f'<tspan fill="{_COLORS[index % len(_COLORS)]}" x="{left + 8 + x:.0f}">■ {html.escape(name)}'
-                    f'</tspan>')
-        x += (len(name) + 4) * _CHAR_W
-    body.append("</text>")
-    del legend
+        body.append(f'<text x="{left}" y="{height + 16 + index * 15}" font-size="11" '
+                    f'fill="{_COLORS[index % len(_COLORS)]}">■ {html.escape(name)}</text>')
+    height += 8 + 15 * len(series)
+    width = max(width, int(left + 20 + max(len(name) + 2 for name, _ in series) * _CHAR_W))
     return _svg_frame(title, width, height, body)
+
+
+class _Axis:
+    """An x axis that draws long idle stretches narrow (shaded and labelled), so traffic stays readable."""
+
+    def __init__(self, xs: list[float], log_x: bool, max_gap: float) -> None:
+        self.log_x = log_x
+        values = sorted({math.log10(max(x, 1e-3)) if log_x else x for x in xs})
+        self.lo, self.hi = values[0], max(values[-1], values[0] + 1e-9)
+        #: (start, end, compressed) of every idle stretch (time axes only)
+        self.idle: list[tuple[float, float, bool]] = []
+        self._cuts: list[tuple[float, float]] = []  # (start, end) of the compressed stretches
+        if log_x:
+            return
+        span = self.hi - self.lo
+        for a, b in itertools.pairwise(values):
+            if b - a > max_gap * 2:
+                compressed = b - a > max(span * 0.2, max_gap * 20)
+                self.idle.append((a, b, compressed))
+                if compressed:
+                    self._cuts.append((a, b))
+        # every stretch of traffic gets room, even a single second of it
+        kept = max(span - sum(b - a for a, b in self._cuts), max_gap * 8 * (len(self._cuts) + 1))
+        self._gap_width = kept * 0.08  # a compressed stretch is drawn 8 % as wide as the traffic
+        self._total = kept + self._gap_width * len(self._cuts)
+
+    def _virtual(self, value: float) -> float:
+        shift = 0.0
+        for a, b in self._cuts:
+            if value >= b:
+                shift += (b - a) - self._gap_width
+            elif value > a:
+                shift += (value - a) * (1 - self._gap_width / (b - a))
+        return value - self.lo - shift
+
+    def fraction(self, x: float) -> float:
+        value = math.log10(max(x, 1e-3)) if self.log_x else x
+        if self.log_x or not self._cuts:
+            return (value - self.lo) / (self.hi - self.lo)
+        return self._virtual(value) / self._total
+
+    def ticks(self) -> list[float]:
+        if self.log_x:
+            return [10 ** (self.lo + (self.hi - self.lo) * i / 5) for i in range(6)]
+        if not self._cuts:
+            return [self.lo + (self.hi - self.lo) * i / 5 for i in range(6)]
+        edges = [self.lo] + [v for cut in self._cuts for v in cut] + [self.hi]
+        return sorted(set(edges))
 
 
 def _polyline(run: list[tuple[float, float]], sx: Any, sy: Any, color: str) -> str:

@@ -182,7 +182,7 @@ def _producer_connection(send: Emit, rng: random.Random, topic: str, conn_id: in
             sequence += 1
             continue
         if replicator and sequence % 11 == 5:
-            _marker(send, rng, name, sequence, stats)
+            _marker(send, rng, name, sequence, stats, (writer.last_ts + 200_000) // 1_000_000 - rng.randint(50, 500))
             sequence += 1
             continue
         count = rng.randint(1, 20)
@@ -243,12 +243,13 @@ def _chunked_message(send: Emit, rng: random.Random, name: str, sequence: int, k
     del rng
 
 
-def _marker(send: Emit, rng: random.Random, name: str, sequence: int, stats: SyntheticStats) -> None:
+def _marker(send: Emit, rng: random.Random, name: str, sequence: int, stats: SyntheticStats,
+            publish_time: int) -> None:
     """A replicated-subscription snapshot marker, as a replicator forwards it."""
     body = markers_pb.ReplicatedSubscriptionsSnapshot(snapshot_id=f"snap-{sequence}-{rng.randint(0, 999)}")
     body.local_message_id.ledger_id, body.local_message_id.entry_id = 7, sequence
     marker_type, payload = markers.encode_marker(body)
-    metadata = api.MessageMetadata(producer_name=name, sequence_id=sequence, publish_time=1_763_800_000_000,
+    metadata = api.MessageMetadata(producer_name=name, sequence_id=sequence, publish_time=publish_time,
                                    marker_type=marker_type, replicated_from="cluster-b")
     send(rpb.TO_BROKER, encode_payload_command(api.CommandSend(producer_id=1, sequence_id=sequence, marker=True),
                                                metadata, payload))
