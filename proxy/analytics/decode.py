@@ -77,6 +77,20 @@ def server_error_name(code: int) -> str:
         return f"UNKNOWN({code})"
 
 
+def _command(data: bytes) -> api.BaseCommand:
+    """:func:`proxy.protocol.frame.decode_command`, one call shorter (it runs once per frame)."""
+    try:
+        cmd = _BASE_COMMAND(data)
+    except (DecodeError, RuntimeError, ValueError):
+        return decode_command(data)  # raises the CommandDecodeError
+    if not cmd.HasField("type") or not cmd.IsInitialized():
+        return decode_command(data)
+    return cmd
+
+
+_BASE_COMMAND: Final = api.BaseCommand.FromString
+
+
 def parse_frame(raw: bytes, max_frame_bytes: int) -> tuple[int, int, Any]:
     """``(type, command size, payload section or None)`` of exactly one frame.
 
@@ -308,7 +322,7 @@ class SplitDecoder:
         try:
             raw = data + bytes(size - len(data)) if stripped and size > len(data) else data
             frame_type, cmd_size, section = parse_frame(raw, max(size, 8))
-            cmd = decode_command(raw[8:8 + cmd_size])
+            cmd = _command(raw[8:8 + cmd_size])
             path = _DATA_PATH.get(frame_type)
             if path is None or (frame_type == ACK and cmd.ack.HasField("request_id")):
                 connection.epoch = None
@@ -367,10 +381,13 @@ class SplitDecoder:
             if frame_type == SEND:
                 self._messages(connection, conn_id, seq, ts_ns, direction, metadata, section, stripped, epoch,
                                ref_id, frame_size)
-            for kind, replicated_from, lag_ms, snapshot_id, source_cluster in replication_rows(
-                    ts_ns, metadata, None if stripped else section.payload):
-                self.replication.rows.append((conn_id, ts_ns, direction, kind, replicated_from, metadata.publish_time,
-                                              lag_ms, snapshot_id, source_cluster, epoch, ref_kind, ref_id))
+            # nearly every message has neither: nothing for the replication table
+            if metadata.HasField("replicated_from") or metadata.HasField("marker_type"):
+                for kind, replicated_from, lag_ms, snapshot_id, source_cluster in replication_rows(
+                        ts_ns, metadata, None if stripped else section.payload):
+                    self.replication.rows.append((conn_id, ts_ns, direction, kind, replicated_from,
+                                                  metadata.publish_time, lag_ms, snapshot_id, source_cluster, epoch,
+                                                  ref_kind, ref_id))
         except (ProtocolError, ValueError):
             del self.messages.rows[messages_mark:]
             del self.replication.rows[replication_mark:]

@@ -23,7 +23,7 @@ from proxy.errors import PulsarTapError
 
 SEGMENT_GLOB: Final = "segment-*.ptap"
 #: Byte ranges a local segment is cut into (a task each); small enough to spread 100 MiB over cores.
-DEFAULT_SPLIT_BYTES: Final = 16 * 1024 * 1024
+DEFAULT_SPLIT_BYTES: Final = 8 * 1024 * 1024
 
 
 class AnalyticsError(PulsarTapError):

@@ -58,8 +58,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--until", metavar="T", help="only rows before T (ISO 8601 or Unix seconds)")
     parser.add_argument("--strict", action="store_true",
                         help="fail on a damaged segment instead of skipping the damaged records and reporting them")
-    parser.add_argument("--split-mb", type=_positive, default=16, metavar="MIB",
-                        help="local segments are read in byte ranges of about this size, a task each (default: 16)")
+    parser.add_argument("--split-mb", type=_positive, default=8, metavar="MIB",
+                        help="local segments are read in byte ranges of about this size, a task each (default: 8)")
     parser.add_argument("--quiet", action="store_true", help="print no progress and no warnings, only the report")
 
 
