@@ -41,6 +41,9 @@ examples:
   pulsar-tap analyze recordings/ --out /shared/analysis --master spark://spark-master:7077
   pulsar-tap analyze s3a://bucket/pulsar-tap/ --out s3a://bucket/analysis/ --master spark://spark-master:7077
   (S3 and HDFS need Hadoop's filesystem jars on Spark's classpath: see deploy/spark/README.md)
+
+exit status: 0 done, 1 an error (Spark, the JVM, --strict and a damaged segment), 2 bad
+arguments, inputs or --out, 130 interrupted (SIGINT/SIGTERM: no table is left half-written)
 """
 
 #: Exit status when interrupted before every table was written (SPEC.md, "Interrupts").
