@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from proxy.analytics.segments import Split, SplitReader, segment_index, segment_recording_id
+from proxy.analytics.tables import PROBLEM_COLUMNS
+from proxy.analytics.tables import TABLES as OUTPUT
 from proxy.errors import ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol import chunks, compression, markers
@@ -29,37 +31,9 @@ from proxy.recording.reader import frame_from_record
 
 T = api.BaseCommand.Type
 
-#: The output tables and their columns (Spark DDL types).
-TABLES: Final[dict[str, tuple[tuple[str, str], ...]]] = {
-    "frames": (
-        ("recording", "string"), ("conn_id", "bigint"), ("ts_ns", "bigint"), ("direction", "string"),
-        ("origin", "string"), ("command", "string"), ("size", "int"), ("topic", "string"),
-        ("request_id", "bigint"), ("producer_id", "bigint"), ("consumer_id", "bigint"),
-        ("sequence_id", "bigint"), ("num_messages", "int"), ("payload_size", "int"), ("rules", "string"),
-    ),
-    "requests": (
-        ("recording", "string"), ("conn_id", "bigint"), ("request_command", "string"),
-        ("response_command", "string"), ("topic", "string"), ("start_ns", "bigint"), ("end_ns", "bigint"),
-        ("latency_us", "double"), ("outcome", "string"), ("error_code", "string"), ("error_message", "string"),
-        ("request_id", "bigint"), ("producer_id", "bigint"), ("consumer_id", "bigint"),
-        ("sequence_id", "bigint"), ("num_messages", "int"),
-    ),
-    "messages": (
-        ("recording", "string"), ("conn_id", "bigint"), ("ts_ns", "bigint"), ("topic", "string"),
-        ("producer_name", "string"), ("sequence_id", "bigint"), ("publish_time_ms", "bigint"),
-        ("size", "int"), ("compression", "string"), ("key", "string"), ("properties_count", "int"),
-        ("batch_index", "int"), ("event_time_ms", "bigint"),
-    ),
-    "replication": (
-        ("recording", "string"), ("conn_id", "bigint"), ("ts_ns", "bigint"), ("direction", "string"),
-        ("topic", "string"), ("kind", "string"), ("replicated_from", "string"), ("publish_time_ms", "bigint"),
-        ("lag_ms", "double"), ("snapshot_id", "string"), ("source_cluster", "string"),
-    ),
-    "problems": (
-        ("recording", "string"), ("conn_id", "bigint"), ("ts_ns", "bigint"), ("where", "string"),
-        ("message", "string"),
-    ),
-}
+#: The tables the reference fills (``errors`` and ``throughput`` are derived from them).
+TABLES: Final = {**{name: OUTPUT[name] for name in ("frames", "requests", "messages", "replication")},
+                 "problems": PROBLEM_COLUMNS}
 
 
 def empty_columns(columns: Iterable[tuple[str, str]]) -> dict[str, list[Any]]:
