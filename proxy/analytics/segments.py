@@ -89,6 +89,8 @@ class SkippedRange:
         """One line: where, how much, and why."""
         where = f"{self.recording}/{self.segment} offsets {self.start}-{self.end}"
         if self.torn:
+            if not self.size:
+                return f"{self.recording}/{self.segment}: {self.reason} (0 bytes)"
             return f"{where}: {self.size} bytes of a cut-off record at the end ({self.reason})"
         count = f"{self.records} record{'s' if self.records != 1 else ''}"
         return f"{where}: skipped {count}, {self.size} bytes ({self.reason})"
@@ -199,8 +201,8 @@ class SplitReader:
         pos: int | None
         if split.start == 0:
             if total < _MAGIC_SIZE and data[0:total] == SEGMENT_MAGIC[:total]:
-                if total:
-                    self._skip(0, total, "shorter than the segment magic", claimed_end=None, torn=True)
+                self._skip(0, total, "shorter than the segment magic" if total else "an empty segment file",
+                           claimed_end=None, torn=True)
                 return
             if data[0:_MAGIC_SIZE] == SEGMENT_MAGIC:
                 pos = _MAGIC_SIZE

@@ -138,6 +138,13 @@ def test_a_torn_tail_is_reported_as_cut_off() -> None:
     assert len(skipped) == 1 and "cut-off record" in skipped[0]
 
 
+def test_an_empty_segment_file_is_said_to_be_empty() -> None:
+    split = Split(0, "r", "segment-000003.ptap", 3, "-", 0, 0, 0)
+    reader = SplitReader(b"", split)
+    assert list(reader.records()) == []
+    assert [s.describe() for s in reader.skipped] == ["r/segment-000003.ptap: an empty segment file (0 bytes)"]
+
+
 def test_a_segment_that_is_not_one_is_reported_not_fatal() -> None:
     split = Split(0, "r", "segment-000001.ptap", 1, "-", 0, 20, 20)
     reader = SplitReader(b"not a segment at all", split)
