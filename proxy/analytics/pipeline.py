@@ -300,8 +300,9 @@ def run_pipeline(spark: SparkSession, inputs: Sequence[str], out: str, *, window
         step("writing tables")
         broadcast = spark.sparkContext.broadcast(_ipc(answers))
         resolve = functools.partial(resolve_task, answers=broadcast, window=window, staging=staging, work=work)
-        if staging is not None:
-            resolved = spark.range(len(splits), numPartitions=max(1, len(splits))).mapInArrow(resolve, tb.ddl(RESULT))
+        if staging is not None:  # every split, local or read by URL, left its rows in staging
+            count = len(splits) + len(remote)
+            resolved = spark.range(count, numPartitions=count).mapInArrow(resolve, tb.ddl(RESULT))
         else:
             resolved = edges.filter(F.col("edge") == EDGE_STAGED).select("seq", "message", "data").mapInArrow(
                 resolve, tb.ddl(RESULT))
