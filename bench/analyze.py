@@ -15,7 +15,8 @@ then, in one run and on the same recording:
    every table written (Spark's start-up — the JVM, and the Python workers importing
    the decoder — shown apart, not counted).
 
-Prints seconds, frames/s and MiB/s of each, and the ratios the goals are stated in:
+Prints seconds, frames/s and MiB/s of each, the CPU seconds the last two used (for
+Spark: the driver, its JVM and the Python workers), and the ratios the goals are stated in:
 Spark against one process (both write every table), and per-core decoding (the
 one-process pass without writing) against today's decoder.  Run it when the machine is quiet.
 
@@ -64,6 +65,27 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _tree_cpu(root: int) -> float:
+    """CPU seconds (user + system) used so far by process ``root`` and every process under it."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    used: dict[int, float] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(stat.parent.name)
+        parents[pid] = int(fields[1])
+        used[pid] = (int(fields[11]) + int(fields[12])) / tick
+    total, stack = 0.0, [root]
+    while stack:
+        pid = stack.pop()
+        total += used.get(pid, 0.0)
+        stack += [child for child, parent in parents.items() if parent == pid]
+    return total
+
+
 def _import_decoder(batches: Iterator[Any]) -> Iterator[Any]:
     import proxy.analytics.pipeline  # noqa: F401 - what every task of the pipeline imports first
 
@@ -88,12 +110,14 @@ def _one_run(run: int, args: argparse.Namespace, spark: object, path: Path, fram
     start = time.perf_counter()
     analyze_in_process([str(path.parent)], None)  # every step, every row, nothing written: today's pass's work
     decode = time.perf_counter() - start
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     analyze_in_process([str(path.parent)], str(work / "one"))
-    single_time = time.perf_counter() - start
-    start = time.perf_counter()
+    single_time, single_cpu = time.perf_counter() - start, time.process_time() - cpu
+    jvm = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()  # type: ignore[attr-defined]
+    start, cpu, jvm_cpu = time.perf_counter(), time.process_time(), _tree_cpu(jvm)
     run_pipeline(spark, [str(path.parent)], str(work / "spark"))  # type: ignore[arg-type]
     spark_time = time.perf_counter() - start
+    spark_cpu = time.process_time() - cpu + _tree_cpu(jvm) - jvm_cpu
     print(f"\nrun {run} (load average {os.getloadavg()[0]:.2f})")
     print(f"{'pass':<40}{'seconds':>9}{'frames/s':>12}{'MiB/s':>9}{'ratio':>8}")
     if reference is not None:
@@ -102,9 +126,10 @@ def _one_run(run: int, args: argparse.Namespace, spark: object, path: Path, fram
         print(f"{'new decoder, 1 process, no writing':<40}{decode:>9.1f}{frames / decode:>12,.0f}"
               f"{mib / decode:>9.1f}{reference / decode:>8.2f}")
     print(f"{'one process, all tables (baseline)':<40}{single_time:>9.1f}{frames / single_time:>12,.0f}"
-          f"{mib / single_time:>9.1f}{1.0:>8.2f}")
+          f"{mib / single_time:>9.1f}{1.0:>8.2f}   cpu {single_cpu:.1f} s")
     print(f"{'spark ' + args.master + ', all tables':<40}{spark_time:>9.1f}{frames / spark_time:>12,.0f}"
-          f"{mib / spark_time:>9.1f}{single_time / spark_time:>8.2f}")
+          f"{mib / spark_time:>9.1f}{single_time / spark_time:>8.2f}   cpu {spark_cpu:.1f} s (driver, JVM, "
+          f"Python workers: {spark_cpu / single_cpu:.2f}x one process)")
     print(f"(spark start-up {startup:.1f} s, not included; per-core decoding "
           + (f"{reference / decode:.2f}x today's" if reference is not None else "not compared") + ")")
 
