@@ -3,7 +3,9 @@
 1. **Decode** (one task per split, :func:`decode_task`): every split of every segment
    is decoded where it is read (:mod:`proxy.analytics.decode`).  The large rows
    (data-path frames, messages, replication) stay on the executor — staged beside the
-   output — and only the narrow edge rows come back to Spark.
+   output — and so do the narrow edge rows, which the driver reads from there (a few
+   per connection and split; with more than :data:`DRIVER_EDGE_ROWS` of them they are
+   read back as rows and shuffled instead).
 2. **Finish connections** (:func:`finish_task`): the edge rows are the only thing
    shuffled, by connection; each task runs its connections' control frames through the
    session machine, pairs SENDs with their receipts, writes ``requests``, ``errors`` and
@@ -110,8 +112,21 @@ def _hand_over(output: SplitOutput, staging: str | None) -> Iterator[pa.RecordBa
             feather.write_feather(table, f"{staging}/split-{split.split_id:05d}-{name}.arrow", compression="lz4")
         else:
             blobs.append((EDGE_STAGED, name, _ipc(table)))
+    if staging is not None:  # the edges too: the driver reads them, they need not pass through the JVM
+        feather.write_feather(output.edges, f"{staging}/split-{split.split_id:05d}-edges.arrow", compression="lz4")
+        yield _edge_blob_rows(output.recording, split.split_id, blobs)
+        return
     yield _edge_blob_rows(output.recording, split.split_id, blobs)
     yield from output.edges.to_batches(max_chunksize=65_536)
+
+
+def staged_edges_task(batches: Iterator[pa.RecordBatch], staging: str) -> Iterator[pa.RecordBatch]:
+    """The edge rows a split left in ``staging``, back as rows (for the shuffled second step)."""
+    import pyarrow.feather as feather
+
+    for batch in batches:
+        for split_id in batch.column(0).to_pylist():
+            yield from feather.read_table(f"{staging}/split-{split_id:05d}-edges.arrow").to_batches(65_536)
 
 
 def decode_task(batches: Iterator[pa.RecordBatch], splits: list[Split], staging: str | None
@@ -271,7 +286,9 @@ def run_pipeline(spark: SparkSession, inputs: Sequence[str], out: str, *, window
                        .option("recursiveFileLookup", "true").load([s.location for s in remote.values()]))
             parts.append(content.select("path", "content").mapInArrow(
                 functools.partial(decode_content_task, splits=remote, staging=staging), edge_ddl))
-        edges = functools.reduce(lambda a, b: a.unionByName(b), parts).persist(StorageLevel.MEMORY_AND_DISK)
+        edges = functools.reduce(lambda a, b: a.unionByName(b), parts)
+        if staging is None:  # the edge rows (and staged blobs) are read again below: keep them
+            edges = edges.persist(StorageLevel.MEMORY_AND_DISK)
         edge_rows = 0
         for row in edges.filter(F.col("edge") == EDGE_SPLIT).select("data").collect():
             _split_id, frames, skipped, edge_count = pickle.loads(row["data"])
@@ -282,11 +299,23 @@ def run_pipeline(spark: SparkSession, inputs: Sequence[str], out: str, *, window
             raise RecordingError(result.figures.skipped[0] + " (--strict)")
 
         step("pairing requests per connection")
-        connection_rows = edges.filter(F.col("edge") < EDGE_SPLIT)
+        count = len(splits) + len(remote)
+        if staging is not None:
+            connection_rows = spark.range(count, numPartitions=count).mapInArrow(
+                functools.partial(staged_edges_task, staging=staging), edge_ddl)
+        else:
+            connection_rows = edges.filter(F.col("edge") < EDGE_SPLIT)
         if edge_rows <= DRIVER_EDGE_ROWS:
             # Few enough to finish here: a shuffle's stages would cost more than the work.
-            finished_rows = pa.Table.from_batches(list(finish_task(iter(connection_rows.toArrow().to_batches()),
-                                                                   window, work, part="driver")))
+            if staging is not None:
+                import pyarrow.feather as feather
+
+                local = pa.concat_tables([feather.read_table(f"{staging}/split-{i:05d}-edges.arrow")
+                                          for i in range(count)])
+            else:
+                local = connection_rows.toArrow()
+            finished_rows = pa.Table.from_batches(list(finish_task(iter(local.to_batches()), window, work,
+                                                                   part="driver")))
         else:
             partitions = max(2, 2 * spark.sparkContext.defaultParallelism)
             finished_rows = (connection_rows.repartition(partitions, "recording", "conn_id")
@@ -301,7 +330,6 @@ def run_pipeline(spark: SparkSession, inputs: Sequence[str], out: str, *, window
         broadcast = spark.sparkContext.broadcast(_ipc(answers))
         resolve = functools.partial(resolve_task, answers=broadcast, window=window, staging=staging, work=work)
         if staging is not None:  # every split, local or read by URL, left its rows in staging
-            count = len(splits) + len(remote)
             resolved = spark.range(count, numPartitions=count).mapInArrow(resolve, tb.ddl(RESULT))
         else:
             resolved = edges.filter(F.col("edge") == EDGE_STAGED).select("seq", "message", "data").mapInArrow(
@@ -310,7 +338,8 @@ def run_pipeline(spark: SparkSession, inputs: Sequence[str], out: str, *, window
         table_blobs.append(_collected(resolved_rows))
         for data in resolved_rows.filter(_of_kind(resolved_rows, RESULT_FIGURES))["data"].to_pylist():
             result.figures.merge(Figures.from_bytes(data))
-        edges.unpersist()
+        if staging is None:
+            edges.unpersist()
         step("publishing tables")
         throughput = result.figures.throughput if result.figures.throughput is not None else merge_throughput([])
         result.figures.counts["throughput"] = throughput.num_rows
