@@ -3,7 +3,7 @@
 Interrupts: the first SIGINT or SIGTERM cancels Spark's jobs; nothing half-written is
 left in ``OUT`` (tables are moved into place only when complete), the command says
 which tables were written and exits 130 (the result is incomplete).  A second signal
-while it stops is ignored.  Exit status: 0 done, 1 an error, 2 bad arguments, 130
+while it stops is ignored.  Exit status: 0 done, 2 bad arguments or an error, 130
 interrupted.
 """
 
@@ -42,8 +42,8 @@ examples:
   pulsar-tap analyze s3a://bucket/pulsar-tap/ --out s3a://bucket/analysis/ --master spark://spark-master:7077
   (S3 and HDFS need Hadoop's filesystem jars on Spark's classpath: see deploy/spark/README.md)
 
-exit status: 0 done, 1 an error (Spark, the JVM, --strict and a damaged segment), 2 bad
-arguments, inputs or --out, 130 interrupted (SIGINT/SIGTERM: no table is left half-written)
+exit status: 0 done, 2 bad arguments, inputs or --out, or an error (Spark, the JVM, --strict
+and a damaged segment), 130 interrupted (SIGINT/SIGTERM: no table is left half-written)
 """
 
 #: Exit status when interrupted before every table was written (SPEC.md, "Interrupts").

@@ -18,6 +18,7 @@ import pytest
 
 from proxy.analytics.steps import analyze_in_process
 from proxy.analytics.synthetic import Features, SyntheticStats, write_synthetic_recording
+from proxy.cli import EXIT_ERROR
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "proxy"]
@@ -171,7 +172,7 @@ def test_no_java_runtime_is_one_clear_error(tmp_path: Path) -> None:
 
 def test_a_bogus_master_is_one_line_without_a_java_stack(tmp_path: Path) -> None:
     done = analyze(str(ROOT / "recordings" / "sample"), "--out", str(tmp_path / "out"), "--master", "bogus://x")
-    assert done.returncode == 1
+    assert done.returncode == EXIT_ERROR
     assert done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith("pulsar-tap analyze: error: Spark did not start on master 'bogus://x'")
     assert "\tat " not in done.stderr and "Traceback" not in done.stderr
