@@ -44,7 +44,7 @@ from proxy.pb import recording_pb2 as rpb
 from proxy.protocol import chunks, compression, markers
 from proxy.protocol.batch import MAX_BATCH_MESSAGES
 from proxy.protocol.commands import PAYLOAD_TYPES, SUB_FIELDS, TYPE_NAMES
-from proxy.protocol.frame import decode_command, parse_payload_section, peek_type
+from proxy.protocol.frame import decode_command, escape_text, parse_payload_section, peek_type
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -263,7 +263,7 @@ class _Rows:
             return
         columns = list(zip(*self.rows, strict=True))
         arrays = [pa.array([self.recording] * len(self.rows), pa.string())]
-        arrays += [pa.array(values, type=kind) for values, kind in zip(columns, self.schema.types[1:], strict=True)]
+        arrays += [_array(values, kind) for values, kind in zip(columns, self.schema.types[1:], strict=True)]
         self.batches.append(pa.RecordBatch.from_arrays(arrays, schema=self.schema))
         self.rows = []
 
@@ -272,6 +272,22 @@ class _Rows:
 
         self.flush()
         return pa.Table.from_batches(self.batches, schema=self.schema)
+
+
+def _array(values: tuple[Any, ...], kind: pa.DataType) -> pa.Array:
+    """One column; text that was recorded as bytes that are not UTF-8 comes out escaped (``x\\xff``).
+
+    Protobuf gives such strings back as ``bytes``; frames that passed the wire's checks
+    cannot hold them, so the column is looked at again only when Arrow refuses it.
+    """
+    import pyarrow as pa
+
+    try:
+        return pa.array(values, type=kind)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        if not pa.types.is_string(kind):
+            raise
+        return pa.array([escape_text(v) if isinstance(v, bytes) else v for v in values], type=kind)
 
 
 @dataclass

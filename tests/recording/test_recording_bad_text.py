@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from recording_sessions import BASE_NS, SentFrame, record_sessions, session
 
-from proxy.analytics.decode import connection_tables
+from proxy.analytics.steps import analyze_in_process
 from proxy.cli import main
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.frame import encode_command, encode_payload_command
@@ -77,12 +78,13 @@ async def test_the_diagram_and_the_pcap_are_written(recording: Path, tmp_path: P
     assert (tmp_path / "r.pcapng").stat().st_size > 1000
 
 
-async def test_replay_and_analyze_read_the_recording(recording: Path) -> None:
+async def test_replay_and_analyze_read_the_recording(recording: Path, tmp_path: Path) -> None:
     frames = list(open_recordings(str(recording)).frames())
     conversations = build_conversations(frames)
     assert conversations
-    rows = connection_tables("rec", 1, [(f.ts_ns, f.direction, f.origin, f.size, f.data, f.payload_stripped,
-                                         ",".join(f.rules) or None) for f in frames])
-    assert SHOWN_TOPIC in rows.tables["frames"]["topic"]
-    assert not any(rows.tables["problems"].values()), rows.tables["problems"]
-    assert "prod\\xff\\xfe!" in rows.tables["messages"]["producer_name"]
+    result = analyze_in_process([str(recording)], str(tmp_path / "out"))
+    assert not result.figures.skipped
+    topics = pq.read_table(tmp_path / "out" / "frames").column("topic").to_pylist()
+    assert SHOWN_TOPIC in topics
+    producers = pq.read_table(tmp_path / "out" / "messages").column("producer_name").to_pylist()
+    assert "prod\\xff\\xfe!" in producers
