@@ -7,7 +7,8 @@ nursery with a reader (bytes -> :class:`~proxy.protocol.frame.FrameDecoder` ->
 connection's outbox) and a keepalive task (PING after an idle interval, close
 when the previous PING went unanswered) — when one fails, all of them stop and
 the socket is closed.  A malformed frame or an illegal command closes the
-connection with one warning line naming the peer and the reason.
+connection with one warning line naming the peer and the reason; a peer's reset
+or cut ends that connection only (:func:`~proxy.containment.contained`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import trio
 
 from proxy.broker.cluster import BrokerInfo, Cluster
 from proxy.broker.connection import BrokerConnection
+from proxy.containment import contained
 from proxy.errors import ProtocolError
 from proxy.protocol.frame import FrameDecoder
 
@@ -92,13 +94,12 @@ class BrokerNode:
         decoder = FrameDecoder()
         self.connections.add(conn)
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._write, stream, conn, signal, nursery.cancel_scope)
-                nursery.start_soon(self._keepalive, conn, signal)
-                await self._read(stream, conn, decoder, signal)
-                nursery.cancel_scope.cancel()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
+            with contained(log, "broker connection", peer=peer):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._write, stream, conn, signal, nursery.cancel_scope)
+                    nursery.start_soon(self._keepalive, conn, signal)
+                    await self._read(stream, conn, decoder, signal)
+                    nursery.cancel_scope.cancel()
         finally:
             self.connections.discard(conn)
             conn.close()

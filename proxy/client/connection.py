@@ -36,6 +36,7 @@ import trio
 
 from proxy import __version__
 from proxy.client.names import BrokerAddress
+from proxy.containment import contained
 from proxy.errors import BrokerError, ClientClosed, ConnectionFailed, ProtocolError, RequestTimeout
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.commands import wrap
@@ -181,10 +182,11 @@ class ClientConnection:
                     raise ConnectionFailed(f"connecting to {self.physical.host_port} timed out") from None
                 task_status.started(self)
                 started = True
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._read_loop, nursery.cancel_scope)
-                    nursery.start_soon(self._write_loop)
-                    nursery.start_soon(self._keepalive_loop)
+                with contained(log, f"connection to {self.physical.host_port}"):
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(self._read_loop, nursery.cancel_scope)
+                        nursery.start_soon(self._write_loop)
+                        nursery.start_soon(self._keepalive_loop)
             if not started:
                 raise ConnectionFailed(f"connection to {self.physical.host_port} closed while connecting")
         except ConnectionFailed as exc:

@@ -21,6 +21,7 @@ from typing import Final
 import structlog
 import trio
 
+from proxy.containment import contained
 from proxy.errors import ProtocolError, UsageError
 from proxy.protocol.frame import FrameDecoder
 from proxy.replay.forward import Forwarder
@@ -90,36 +91,40 @@ class ReplayServer:
         except OSError:
             peer = "?"
         session = ServedSession(self.book, self.own_url, self.unmatched)
-        send, receive = trio.open_memory_channel[bytes](OUTGOING_QUEUE)
-        flushed = trio.Event()
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._write_loop, stream, receive, flushed)
-                forwarder = None
-                if self.unmatched == "forward" and self.upstream:
-
-                    def relay(data: bytes) -> None:
-                        try:
-                            send.send_nowait(data)
-                        except trio.WouldBlock:
-                            log.warning("client not reading: closing", client=peer)
-                            nursery.cancel_scope.cancel()
-                        except (trio.ClosedResourceError, trio.BrokenResourceError):
-                            pass
-
-                    forwarder = Forwarder(nursery, self.upstream, relay, self.own_url)
-                reason = await self._read_loop(stream, session, send, forwarder)
-                log.debug("replay connection ended", client=peer, reason=reason)
-                send.close()
-                with trio.move_on_after(_FLUSH_SECONDS):
-                    await flushed.wait()
-                nursery.cancel_scope.cancel()
+            with contained(log, "replay connection", client=peer):
+                await self._serve_connection(stream, peer, session)
         finally:
             self.stats.answered += session.answered
             self.stats.unmatched += session.unmatched_requests
             self.stats.messages_pushed += session.messages_pushed
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await stream.aclose()
+
+    async def _serve_connection(self, stream: trio.SocketStream, peer: str, session: ServedSession) -> None:
+        send, receive = trio.open_memory_channel[bytes](OUTGOING_QUEUE)
+        flushed = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._write_loop, stream, receive, flushed)
+            forwarder = None
+            if self.unmatched == "forward" and self.upstream:
+
+                def relay(data: bytes) -> None:
+                    try:
+                        send.send_nowait(data)
+                    except trio.WouldBlock:
+                        log.warning("client not reading: closing", client=peer)
+                        nursery.cancel_scope.cancel()
+                    except (trio.ClosedResourceError, trio.BrokenResourceError):
+                        pass
+
+                forwarder = Forwarder(nursery, self.upstream, relay, self.own_url)
+            reason = await self._read_loop(stream, session, send, forwarder)
+            log.debug("replay connection ended", client=peer, reason=reason)
+            send.close()
+            with trio.move_on_after(_FLUSH_SECONDS):
+                await flushed.wait()
+            nursery.cancel_scope.cancel()
 
     async def _read_loop(self, stream: trio.SocketStream, session: ServedSession,
                          send: trio.MemorySendChannel[bytes], forwarder: Forwarder | None) -> str:

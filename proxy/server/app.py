@@ -25,6 +25,7 @@ import structlog
 import trio
 
 from proxy.config.proxy_config import HostPort, ProxyConfig, ServiceUrl
+from proxy.containment import contained
 from proxy.errors import ProtocolError
 from proxy.server.hooks import ConnectionInfo, FrameHook, Observer
 from proxy.server.lookup import BrokerDirectory
@@ -39,6 +40,8 @@ from proxy.telemetry import telemetry_for_proxy
 log = structlog.get_logger("pulsar_tap.proxy")
 
 LISTEN_BACKLOG = 4096
+#: accept() errors that mean only that one pending connection went away (as Trio's listeners ignore)
+_GONE_BEFORE_ACCEPT = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EPERM})
 
 
 class BrokerListenerUnavailable(ProtocolError):
@@ -208,6 +211,8 @@ class ProxyServer:
                     await trio.lowlevel.wait_readable(sock)
                     continue
                 except OSError as exc:
+                    if exc.errno in _GONE_BEFORE_ACCEPT:
+                        continue  # the client reset before we took it: nothing to serve
                     if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                         log.warning("cannot accept: out of resources", listener=label, error=str(exc))
                         await trio.sleep(0.1)
@@ -231,32 +236,34 @@ class ProxyServer:
     async def _serve(self, conn: socket.socket, broker: ServiceUrl, label: str) -> None:
         peer = peer_name(conn)
         try:
-            transport: Transport
-            if self.client_tls_context is not None:
-                conn.setblocking(False)
-                stream = trio.SSLStream(trio.SocketStream(trio.socket.from_stdlib_socket(conn)),
-                                        self.client_tls_context, server_side=True)
-                transport = StreamTransport(stream, peer, conn)
-            else:
-                transport = SocketTransport(conn, peer)
-            info = ConnectionInfo(next_conn_id(), peer, label, None)
-            pipeline = ConnectionPipeline(
-                info, settings=self.settings, directory=self.directory, default_broker=broker,
-                now_ns=time.time_ns(), hook=self.hook,
-                publish=self.observers.publish if self.observers.active else None,
-                observations=self.observers.needs_observation)
-            relay = Relay(self, transport, pipeline)
-            self.relays.add(relay)
-            log.debug("connection accepted", conn=info.conn_id, client=peer, listener=label)
-            try:
-                await relay.run()
-            finally:
-                self.relays.discard(relay)
-        except Exception:
-            log.exception("connection handler failed", client=peer)
+            with contained(log, "proxied connection", client=peer):
+                await self._relay(conn, broker, label, peer)
+        finally:
             with contextlib.suppress(OSError):
                 conn.close()
-        finally:
             self.active_connections -= 1
             if self.active_connections == 0:
                 self._no_connections.set()
+
+    async def _relay(self, conn: socket.socket, broker: ServiceUrl, label: str, peer: str) -> None:
+        transport: Transport
+        if self.client_tls_context is not None:
+            conn.setblocking(False)
+            stream = trio.SSLStream(trio.SocketStream(trio.socket.from_stdlib_socket(conn)),
+                                    self.client_tls_context, server_side=True)
+            transport = StreamTransport(stream, peer, conn)
+        else:
+            transport = SocketTransport(conn, peer)
+        info = ConnectionInfo(next_conn_id(), peer, label, None)
+        pipeline = ConnectionPipeline(
+            info, settings=self.settings, directory=self.directory, default_broker=broker,
+            now_ns=time.time_ns(), hook=self.hook,
+            publish=self.observers.publish if self.observers.active else None,
+            observations=self.observers.needs_observation)
+        relay = Relay(self, transport, pipeline)
+        self.relays.add(relay)
+        log.debug("connection accepted", conn=info.conn_id, client=peer, listener=label)
+        try:
+            await relay.run()
+        finally:
+            self.relays.discard(relay)
