@@ -4,9 +4,11 @@ The relay carries it out; the engine never does I/O.  Frames are addressed by
 side (``to_client`` / ``to_broker``), not relative to the sender, so a rule on
 either direction reads the same.  Order of effects for one frame:
 
-1. wait ``delay_s`` — holding every later frame of the same direction of the
-   connection, or only those of the same ``lane`` when a lane is given (throttling
-   one producer must not slow another producer on the same connection);
+1. hold the frame ``delay_s`` from its arrival — later frames of the same direction
+   wait behind it (none overtakes it) but are not delayed by it beyond its own
+   release, so frames in flight are delayed side by side; with a ``lane`` only the
+   frames of that lane wait (throttling one producer must not slow another
+   producer on the same connection);
 2. write the frame (``replacement`` instead of its bytes when set; nothing when
    ``forward`` is false), in writes of ``slice_bytes`` when that is > 0;
 3. write the extra frames ``to_client`` and ``to_broker`` (answers on the broker's

@@ -1,86 +1,121 @@
 """Frames held back by rules and released later, without holding the whole connection.
 
-Two things need a frame to leave the proxy later than the frames around it:
+Three things need bytes to leave the proxy later than they arrived:
 
-- a *lane*-delayed frame (``Verdict.lane``): a throttled SEND is held with the
-  other frames of its lane only (one producer, or one topic) — frames of other
-  lanes on the same connection keep flowing.  Within a lane order is kept: a frame
-  leaves no earlier than the one before it in the lane, and a frame of a lane that
-  still has frames held is held too, even if its own delay is 0;
-- a *deferred* frame (``Verdict.later``): a frame the proxy originates after a
-  delay, independent of any queue (the FLOW permits a throttle releases as its
-  bucket refills).  Deferred frames have no lane and leave at their own time.
+- a *delayed* frame (``Verdict.delay_s`` without a lane): it leaves at its own arrival
+  plus its delay, in its direction's *stream lane* (the lane whose key is the
+  :class:`~proxy.protocol.session.Direction`).  While that lane holds anything, every
+  later byte of the direction — frames no rule touched, pass-through runs, frames the
+  proxy injects — joins the lane behind it, so nothing overtakes a delayed frame and a
+  frame split across reads stays whole.  Many delayed frames in flight are therefore
+  delayed side by side, each by its own amount, as a delay on a real network is
+  (Toxiproxy's ``latency``), not one after another.  Stream-lane entries are written as
+  they are when due (they *are* the stream);
+- a *lane*-delayed frame (``Verdict.lane``): a throttled SEND is held with the other
+  frames of its lane only (one producer, or one topic) — frames of other lanes on the
+  same connection keep flowing.  Its entry is a whole frame, injected between frames
+  when due;
+- a *deferred* frame (``Verdict.later``): a frame the proxy originates after a delay,
+  independent of any queue (the FLOW permits a throttle releases as its bucket
+  refills).  Deferred frames have no lane and leave at their own time.
 
-:class:`HoldQueue` is the sans-IO part: one heap of ``(due_ns, seq)`` entries per
-connection — dues within a lane never decrease, so the heap order (ties broken by
-arrival) is the lane order.  The bound is :data:`MAX_HELD_FRAMES` entries per
-connection: when it is reached the relay stops reading the side that fills it
-until releases make room (backpressure, as for any slow peer); memory per
-connection is therefore bounded by that many frames.
+Within any lane order is kept: an entry leaves no earlier than the one before it in
+its lane (its due is raised to that one's).  :class:`HoldQueue` is the sans-IO part:
+one heap of ``(due_ns, seq)`` entries per connection — dues within a lane never
+decrease, so the heap order (ties broken by arrival) is the lane order.  The bounds
+are :data:`MAX_HELD_FRAMES` entries and :data:`MAX_HELD_BYTES` bytes per connection:
+when one is reached the relay stops reading the side that fills it until releases
+make room (backpressure, as for any slow peer).
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
 from proxy.protocol.session import Direction
 
-#: frames held per connection before the relay stops reading the side that sends them
+#: entries held per connection before the relay stops reading the side that sends them
 MAX_HELD_FRAMES: Final = 10_000
+#: bytes held per connection before the relay stops reading the side that sends them
+MAX_HELD_BYTES: Final = 64 * 1024 * 1024
 
 
 @dataclass(order=True, slots=True)
 class Held:
-    """Frames to write towards ``direction`` at ``due_ns``."""
+    """Bytes to write towards ``direction`` at ``due_ns``."""
 
     due_ns: int
     seq: int
     direction: Direction = field(compare=False)
-    frames: tuple[bytes, ...] = field(compare=False)
+    frames: list[bytes] = field(compare=False)
     lane: Hashable | None = field(compare=False, default=None)
     #: True for frames the proxy originates (published to observers when released)
     originated: bool = field(compare=False, default=False)
+
+    @property
+    def stream(self) -> bool:
+        """Part of its direction's stream lane: written as is, not injected between frames."""
+        return self.lane is self.direction
 
 
 class HoldQueue:
     """Held frames of one connection, by due time; see the module docstring."""
 
-    def __init__(self, limit: int = MAX_HELD_FRAMES) -> None:
+    def __init__(self, limit: int = MAX_HELD_FRAMES, byte_limit: int = MAX_HELD_BYTES) -> None:
         self.limit = limit
+        self.byte_limit = byte_limit
+        self.held_bytes = 0
         self._heap: list[Held] = []
         self._seq = itertools.count()
-        #: per lane: (frames still held, due of the last one)
-        self._lanes: dict[Hashable, tuple[int, int]] = {}
+        #: per lane: (entries still held, the last entry added)
+        self._lanes: dict[Hashable, tuple[int, Held]] = {}
 
     def __len__(self) -> int:
         return len(self._heap)
 
     @property
     def full(self) -> bool:
-        return len(self._heap) >= self.limit
+        return len(self._heap) >= self.limit or self.held_bytes >= self.byte_limit
 
     def lane_busy(self, lane: Hashable) -> bool:
         """True while ``lane`` has frames held (a later frame of it must queue behind them)."""
         return lane in self._lanes
 
+    def last_due(self, lane: Hashable) -> int | None:
+        """When the last entry held in ``lane`` leaves (None: the lane is empty)."""
+        entry = self._lanes.get(lane)
+        return None if entry is None else entry[1].due_ns
+
     def release_at(self, due_ns: int, lane: Hashable | None) -> int:
         """When a frame due at ``due_ns`` would leave: never before the last one held in its lane."""
-        if lane is None or lane not in self._lanes:
-            return due_ns
-        return max(due_ns, self._lanes[lane][1])
+        last = None if lane is None else self.last_due(lane)
+        return due_ns if last is None else max(due_ns, last)
 
-    def add(self, due_ns: int, direction: Direction, frames: tuple[bytes, ...], *, lane: Hashable | None = None,
+    def add(self, due_ns: int, direction: Direction, frames: Iterable[bytes], *, lane: Hashable | None = None,
             originated: bool = False) -> int:
-        """Hold ``frames``; returns when they will leave (later than ``due_ns`` behind a busy lane)."""
+        """Hold ``frames``; returns when they will leave (later than ``due_ns`` behind a busy lane).
+
+        Bytes joining a stream lane behind its last entry are appended to that entry (the
+        lane collects many pass-through runs while one delay is pending).
+        """
+        data = [bytes(piece) for piece in frames]
+        self.held_bytes += sum(len(piece) for piece in data)
+        if lane is not None and lane in self._lanes:
+            last = self._lanes[lane][1]
+            if due_ns <= last.due_ns:
+                if lane is direction and not originated and not last.originated:
+                    last.frames.extend(data)
+                    return last.due_ns
+                due_ns = last.due_ns
+        entry = Held(due_ns, next(self._seq), direction, data, lane, originated)
         if lane is not None:
-            count, last_due = self._lanes.get(lane, (0, due_ns))
-            due_ns = max(due_ns, last_due)
-            self._lanes[lane] = (count + 1, due_ns)
-        heapq.heappush(self._heap, Held(due_ns, next(self._seq), direction, frames, lane, originated))
+            count = self._lanes[lane][0] if lane in self._lanes else 0
+            self._lanes[lane] = (count + 1, entry)
+        heapq.heappush(self._heap, entry)
         return due_ns
 
     def next_due_ns(self) -> int | None:
@@ -91,15 +126,17 @@ class HoldQueue:
         due: list[Held] = []
         while self._heap and self._heap[0].due_ns <= now_ns:
             entry = heapq.heappop(self._heap)
+            self.held_bytes -= sum(len(piece) for piece in entry.frames)
             if entry.lane is not None:
-                count, last_due = self._lanes[entry.lane]
+                count, last = self._lanes[entry.lane]
                 if count <= 1:
                     del self._lanes[entry.lane]
                 else:
-                    self._lanes[entry.lane] = (count - 1, last_due)
+                    self._lanes[entry.lane] = (count - 1, last)
             due.append(entry)
         return due
 
     def clear(self) -> None:
         self._heap.clear()
         self._lanes.clear()
+        self.held_bytes = 0

@@ -76,8 +76,9 @@ class Verdict:
     ``forward`` passes the frame on (``replacement`` instead of its bytes when set);
     ``to_sender`` frames answer the sender on the other side's behalf;
     ``to_receiver`` frames follow the forwarded one to its destination;
-    ``delay_s`` holds this frame, and those behind it in the same direction, first —
-    or, with ``lane`` set, only the frames of that lane (see ``holding``);
+    ``delay_s`` holds this frame until its arrival plus ``delay_s``; frames behind it
+    in the same direction queue behind it (never overtake it) — or, with ``lane`` set,
+    only the frames of that lane do (see ``holding``);
     ``later`` frames are sent after their delays, independent of the frame queue;
     ``slice_bytes`` > 0 writes the forwarded bytes in writes of that size;
     ``close`` ("close" or "reset") ends the connection on both sides afterwards.

@@ -3,9 +3,10 @@
 The relay feeds :meth:`ConnectionPipeline.receive` what it read from the client
 (direction ``to_broker``) or from the broker (``to_client``) and carries out the
 returned actions in order: :class:`Send` bytes to a side, :class:`OpenUpstream`
-before the CONNECT goes out, :class:`Pause` (a rule's delay), :class:`Hold` (frames
-put aside in :attr:`ConnectionPipeline.held` until a time: a lane's delay or a
-deferred frame, see ``holding``), :class:`Close`.  :meth:`ConnectionPipeline.tick`
+before the CONNECT goes out, :class:`Hold` (bytes put aside in
+:attr:`ConnectionPipeline.held` until a time: a rule's delay — which holds the
+frame and whatever follows it in its direction until the frame's own time, see
+``holding`` — a lane's throttle, or a deferred frame), :class:`Close`.  :meth:`ConnectionPipeline.tick`
 drives keepalive and :meth:`ConnectionPipeline.release_due` hands back the held
 frames whose time has come.  Nothing here awaits, reads a clock or touches a socket.
 
@@ -94,13 +95,6 @@ class OpenUpstream:
 
 
 @dataclass(frozen=True, slots=True)
-class Pause:
-    """Hold this direction for ``seconds`` (a rule's delay)."""
-
-    seconds: float
-
-
-@dataclass(frozen=True, slots=True)
 class Hold:
     """Frames were put aside until ``due_ns``: call ``release_due`` then (or earlier)."""
 
@@ -116,7 +110,7 @@ class Close:
     hostile: bool = False
 
 
-Action = Send | OpenUpstream | Pause | Hold | Close
+Action = Send | OpenUpstream | Hold | Close
 
 
 class Phase(enum.Enum):
@@ -170,7 +164,6 @@ class ConnectionPipeline:
         # Telemetry: a received frame's event is held until the verdict is known, so that it
         # carries the rules that fired and when the frame left (after the delays ahead of it).
         self._held_event: FrameEvent | None = None
-        self._pause_ns = 0
         # The session tracker decodes every frame it sees: run it only for a hook, or for observers
         # that read FrameEvent.observation (``observations``; a recorder needs raw bytes only).
         self._observations = publish is not None and observations
@@ -204,10 +197,10 @@ class ConnectionPipeline:
             self._refresh_wanted()  # the rules changed: look at what they can match now
         self.sides[direction].last_rx_ns = now_ns
         self.bytes_in[direction] += len(data)
-        self._pause_ns = 0
         pieces = self.scanners[direction].feed(data)
-        if len(pieces) == 1 and type(pieces[0]) is not Frame and not self._injections_waiting:
-            return [Send(direction, pieces)]  # the fast path: nothing to look at
+        if len(pieces) == 1 and type(pieces[0]) is not Frame and not self._injections_waiting \
+                and not self.held.lane_busy(direction):
+            return [Send(direction, pieces)]  # the fast path: nothing to look at, nothing held
         actions: list[Action] = []
         run: list[Piece | bytes] = []
         for piece in pieces:
@@ -218,10 +211,9 @@ class ConnectionPipeline:
             self._release_event(forwarded is not None)
             if forwarded is not None:
                 run.append(forwarded)
-        if run:
-            actions.append(Send(direction, run))
+        self._flush(direction, run, actions)
         if self._injections[direction] and self.scanners[direction].at_frame_boundary:
-            actions.append(Send(direction, self._injections[direction]))
+            self._emit(direction, self._injections[direction], actions)
             self._injections[direction] = []
             self._injections_waiting = bool(self._injections[TO_BROKER] or self._injections[TO_CLIENT])
         return actions
@@ -229,20 +221,38 @@ class ConnectionPipeline:
     def inject(self, direction: Direction, frames: list[Piece | bytes], actions: list[Action]) -> None:
         """Send frames the proxy originates towards ``direction``, between whole frames only."""
         if self.scanners[direction].at_frame_boundary and not self._injections[direction]:
-            actions.append(Send(direction, frames))
+            self._emit(direction, frames, actions)
         else:
             self._injections[direction].extend(frames)
             self._injections_waiting = True
 
     def release_due(self, now_ns: int) -> list[Action]:
-        """The held frames due by ``now_ns``, written between whole frames of their stream."""
+        """The held frames due by ``now_ns``: a stream lane's bytes as they are, others between frames."""
         actions: list[Action] = []
         for entry in self.held.pop_due(now_ns):
-            self.inject(entry.direction, list(entry.frames), actions)
+            if entry.stream:
+                actions.append(Send(entry.direction, list[Piece | bytes](entry.frames)))
+            else:
+                self.inject(entry.direction, list[Piece | bytes](entry.frames), actions)
             if entry.originated:
                 for data in entry.frames:
                     self._publish_proxy_frame(entry.direction, data, now_ns)
         return actions
+
+    def _emit(self, direction: Direction, pieces: list[Piece | bytes], actions: list[Action]) -> None:
+        """Write ``pieces`` towards ``direction`` now — or, while its stream lane holds frames, behind them."""
+        last_due = self.held.last_due(direction)
+        if last_due is None:
+            actions.append(Send(direction, pieces))
+            return
+        # (pieces may be views of a receive buffer that is reused: the queue keeps copies)
+        self.held.add(last_due, direction, pieces, lane=direction)  # type: ignore[arg-type]
+        actions.append(Hold(last_due))
+
+    def _forward_time(self, direction: Direction, now_ns: int) -> int:
+        """When a frame received now in ``direction`` leaves: now, or behind what its stream lane holds."""
+        last_due = self.held.last_due(direction)
+        return now_ns if last_due is None else max(now_ns, last_due)
 
     def peer_closed(self, direction: Direction) -> None:
         """The side sending in ``direction`` closed; raises MalformedFrame if mid-frame."""
@@ -332,7 +342,7 @@ class ConnectionPipeline:
                     observation = tracker.attribute(frame, direction)
         if self.publish is not None:
             self._held_event = FrameEvent(self.info, direction, origin_of(direction), now_ns, frame, observation,
-                                          forwarded_ns=now_ns + self._pause_ns)
+                                          forwarded_ns=self._forward_time(direction, now_ns))
         return observation
 
     def _release_event(self, forwarded: bool = True, fired: tuple[str, ...] = (),
@@ -342,7 +352,7 @@ class ConnectionPipeline:
         if event is None or self.publish is None:
             return
         if forwarded_ns is None:
-            forwarded_ns = event.ts_ns + self._pause_ns
+            forwarded_ns = event.forwarded_ns
         if fired or not forwarded or event.forwarded_ns != forwarded_ns:
             event = replace(event, fired=fired or event.fired, forwarded_ns=forwarded_ns if forwarded else None)
         self.publish(event)
@@ -386,14 +396,15 @@ class ConnectionPipeline:
         back = TO_CLIENT if direction is TO_BROKER else TO_BROKER
         self._flush(direction, run, actions)
         lane = verdict.lane
-        # A lane's delay holds this frame (and its lane) only; otherwise the direction pauses.
+        # A throttle's lane holds this frame and its lane only.  A plain delay holds this frame
+        # until its own time in the direction's stream lane, which everything after it joins.
+        if lane is None and verdict.delay_s > 0:
+            lane = direction
         in_lane = lane is not None and (verdict.delay_s > 0 or self.held.lane_busy(lane))
         due_ns = now_ns + int(verdict.delay_s * 1e9)
         if in_lane:
-            due_ns = self.held.release_at(due_ns, lane)
-        elif verdict.delay_s > 0:
-            actions.append(Pause(verdict.delay_s))
-            self._pause_ns += int(verdict.delay_s * 1e9)
+            # never before its lane's last frame, nor before what its direction's stream holds
+            due_ns = self.held.release_at(self.held.release_at(due_ns, lane), direction)
         self._release_event(verdict.forward, verdict.fired, due_ns if in_lane else None)
         if verdict.to_sender:
             answers = [self._towards(back, extra) for extra in verdict.to_sender]
@@ -415,8 +426,10 @@ class ConnectionPipeline:
             forwarded.append(extra)
             self._publish_proxy_frame(direction, extra, now_ns)
         if forwarded and in_lane:
-            self.held.add(due_ns, direction, tuple(forwarded), lane=lane)
+            self.held.add(due_ns, direction, forwarded, lane=lane)
             actions.append(Hold(due_ns))
+        elif forwarded and self.held.lane_busy(direction):
+            self._emit(direction, list[Piece | bytes](forwarded), actions)
         elif forwarded:
             actions.append(Send(direction, list[Piece | bytes](forwarded), verdict.slice_bytes))
         if verdict.close is not None:
@@ -435,10 +448,9 @@ class ConnectionPipeline:
             return data
         return rewrite_broker_urls(frame, self.directory, self.settings.lookup_mode) or data
 
-    @staticmethod
-    def _flush(direction: Direction, run: list[Piece | bytes], actions: list[Action]) -> None:
+    def _flush(self, direction: Direction, run: list[Piece | bytes], actions: list[Action]) -> None:
         if run:
-            actions.append(Send(direction, list(run)))
+            self._emit(direction, list(run), actions)
             run.clear()
 
     def _publish_proxy_frame(self, direction: Direction, data: bytes, now_ns: int) -> None:

@@ -13,9 +13,11 @@ Plain-socket directions are normally served by the server's
 to their own task whenever something has to wait; TLS directions always use their
 task.  A peer's EOF is passed on as a half-close (see :meth:`Relay.peer_finished`).
 
-Held frames (a rule's per-lane delay, deferred FLOW permits; see ``holding``) are
-released by one extra task per connection, started on the first :class:`Hold`: it
-sleeps until the earliest due time and writes what is due.  When the pipeline's
+Held frames (a rule's delay, a throttle's lane, deferred FLOW permits; see
+``holding``) are released by one extra task per connection, started on the first
+:class:`Hold`: it sleeps until the earliest due time and writes what is due.  A
+delay never stops a direction from reading: frames in flight are each held until
+their own time.  When the pipeline's
 hold queue is full, the direction that fills it stops reading until releases make
 room.  When the connection ends, held frames are discarded and the hook is told
 (``connection_closed``).
@@ -50,7 +52,6 @@ from proxy.server.pipeline import (
     ConnectionPipeline,
     Hold,
     OpenUpstream,
-    Pause,
     Send,
 )
 from proxy.server.reactor import Reactor
@@ -226,8 +227,6 @@ class Relay:
                 await target.send(action.data, action.slice_bytes)
             elif type(action) is OpenUpstream:
                 await self._open_upstream(action.broker)
-            elif type(action) is Pause:
-                await trio.sleep(action.seconds)
             elif type(action) is Hold:
                 await self._held(action)
             elif type(action) is Close:

@@ -20,8 +20,8 @@ from proxy.server.pipeline import (
     MAX_PROTOCOL_VERSION,
     Close,
     ConnectionPipeline,
+    Hold,
     OpenUpstream,
-    Pause,
     PipelineSettings,
     Send,
 )
@@ -227,9 +227,59 @@ def test_hook_verdicts_answer_delay_replace_and_close() -> None:
     producer, send = producer_frames()
     actions = p.receive(TO_BROKER, producer + send, 0)
     kinds = [type(a).__name__ for a in actions]
-    assert kinds == ["Send", "Pause", "Send", "Send", "Close"]
-    assert actions[1] == Pause(0.2) and actions[-1].reset  # type: ignore[union-attr]
-    assert sent(actions, TO_CLIENT) == receipt and sent(actions, TO_BROKER) == producer + PING
+    assert kinds == ["Send", "Send", "Hold", "Close"]
+    assert actions[-1].reset  # type: ignore[union-attr]
+    assert sent(actions, TO_CLIENT) == receipt and sent(actions, TO_BROKER) == producer
+    assert p.release_due(SECOND // 5 - 1) == []
+    assert sent(p.release_due(SECOND // 5), TO_BROKER) == PING
+
+
+class DelayEvery:
+    """A hook that delays every SEND_RECEIPT by ``delays`` in turn (the rules engine's delay, jitter included)."""
+
+    def __init__(self, *delays: float) -> None:
+        self.delays = list(delays)
+
+    def interest(self, direction: Direction) -> frozenset[int] | None:
+        return frozenset({T.SEND_RECEIPT}) if direction is TO_CLIENT else frozenset()
+
+    def on_frame(self, ctx: FrameContext, frame: Frame) -> Verdict:
+        return Verdict(delay_s=self.delays.pop(0)) if self.delays else Verdict()
+
+
+def receipt(sequence_id: int) -> bytes:
+    return encode_command(api.CommandSendReceipt(producer_id=1, sequence_id=sequence_id))
+
+
+def test_each_delayed_frame_leaves_at_its_own_arrival_plus_its_delay_not_after_the_one_before() -> None:
+    p = pipeline(hook=DelayEvery(*[0.2] * 10))
+    connected(p)
+    arrivals = [i * SECOND // 1000 for i in range(10)]  # ten receipts within 10 ms
+    for i, now in enumerate(arrivals):
+        actions = p.receive(TO_CLIENT, receipt(i), now)
+        assert sent(actions, TO_CLIENT) == b"" and any(isinstance(a, Hold) for a in actions)
+    for i, now in enumerate(arrivals):
+        due = now + SECOND // 5
+        assert sent(p.release_due(due - 1), TO_CLIENT) == b""
+        assert sent(p.release_due(due), TO_CLIENT) == receipt(i)  # 200 ms after its own arrival
+
+
+def test_a_frame_never_overtakes_a_delayed_one_before_it_in_its_direction() -> None:
+    # 300 ms, then 0 (jitter can make a later frame's own time earlier), then no rule at all
+    p = pipeline(hook=DelayEvery(0.3, 0.0))
+    connected(p)
+    message = encode_payload_command(api.CommandMessage(consumer_id=1, message_id=api.MessageIdData(ledgerId=1,
+                                                                                                    entryId=2)),
+                                     api.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1),
+                                     b"m" * 5000)
+    assert sent(p.receive(TO_CLIENT, receipt(0), 0), TO_CLIENT) == b""
+    assert sent(p.receive(TO_CLIENT, receipt(1) + message[:100], 1), TO_CLIENT) == b""
+    assert sent(p.receive(TO_CLIENT, message[100:], 2), TO_CLIENT) == b""
+    assert sent(p.receive(TO_BROKER, PING, 3), TO_BROKER) == PING   # the other direction is not held
+    assert sent(p.release_due(3 * SECOND // 10 - 1), TO_CLIENT) == b""
+    assert sent(p.release_due(3 * SECOND // 10), TO_CLIENT) == receipt(0) + receipt(1) + message
+    # once the lane is empty, frames pass at once again
+    assert sent(p.receive(TO_CLIENT, receipt(2), SECOND), TO_CLIENT) == receipt(2)
 
 
 def test_observers_get_every_frame_and_what_the_proxy_changed() -> None:

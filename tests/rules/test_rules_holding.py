@@ -16,10 +16,20 @@ def test_a_lane_keeps_its_order_and_other_lanes_leave_at_their_own_time() -> Non
     assert held.add(100, TO_BROKER, (b"a2",), lane="a") == 500  # never before the one ahead in its lane
     assert held.add(200, TO_BROKER, (b"b1",), lane="b") == 200
     assert held.full and held.lane_busy("a") and held.next_due_ns() == 200
-    assert [e.frames for e in held.pop_due(499)] == [(b"b1",)]
+    assert [e.frames for e in held.pop_due(499)] == [[b"b1"]]
     assert not held.lane_busy("b")
-    assert [e.frames for e in held.pop_due(500)] == [(b"a1",), (b"a2",)]
+    assert [e.frames for e in held.pop_due(500)] == [[b"a1"], [b"a2"]]
     assert not held.lane_busy("a") and held.next_due_ns() is None
+
+
+def test_a_stream_lane_gathers_what_follows_a_delayed_frame_and_bytes_count_towards_the_bound() -> None:
+    held = HoldQueue(byte_limit=10)
+    assert held.add(500, TO_BROKER, (b"delayed",), lane=TO_BROKER) == 500
+    assert held.add(300, TO_BROKER, (memoryview(b"run"),), lane=TO_BROKER) == 500  # behind it, in one entry
+    assert len(held) == 1 and held.full and held.last_due(TO_BROKER) == 500
+    assert held.add(900, TO_BROKER, (b"later",), lane=TO_BROKER) == 900  # its own, later time
+    [first] = held.pop_due(500)
+    assert first.stream and first.frames == [b"delayed", b"run"] and not held.full
 
 
 def test_rationed_flow_becomes_fewer_permits_now_and_later_grants_towards_the_broker() -> None:
