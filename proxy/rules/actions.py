@@ -6,7 +6,8 @@
   the ``request_id`` for every other request;
 - ``close``: CLOSE_PRODUCER / CLOSE_CONSUMER as a broker sends on a topic unload
   (``request_id`` -1, as ServerCnx does), and the same close as a request to the
-  broker so that the client's re-creation succeeds;
+  broker so that the client's re-creation succeeds (what happens in between:
+  :mod:`proxy.rules.unload`);
 - ``corrupt``: a damaged checksum, payload or metadata (the latter two re-encoded
   with a fresh checksum, so only the content is wrong);
 - ``rewrite``: fields of the sub-command set from a template;
@@ -28,7 +29,8 @@ from google.protobuf.message import Message
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.commands import SUB_FIELDS, sub_command
 from proxy.protocol.frame import Frame, encode_command, encode_payload_command
-from proxy.protocol.session import RESPONSES, Observation
+from proxy.protocol.session import RESPONSES
+from proxy.rules.unload import Kind
 
 T = api.BaseCommand.Type
 
@@ -84,21 +86,21 @@ def error_reply(frame: Frame, code: str, message: str) -> bytes | None:
     return None
 
 
-def close_frames(frame: Frame, observation: Observation | None,
-                 upstream_request_id: int) -> tuple[bytes, bytes] | None:
-    """(CLOSE to the client, CLOSE request to the broker) for the producer/consumer of ``frame``."""
+def close_frames(frame: Frame, upstream_request_id: int) -> tuple[Kind, int, bytes, bytes] | None:
+    """(kind, id, CLOSE to the client, CLOSE request to the broker) for the producer/consumer of ``frame``."""
     sub: Any = frame.sub
     if frame.type in PRODUCER_FRAMES:
         producer_id = sub.producer_id
-        return (encode_command(api.CommandCloseProducer(producer_id=producer_id,
+        return (Kind.PRODUCER, producer_id,
+                encode_command(api.CommandCloseProducer(producer_id=producer_id,
                                                         request_id=BROKER_INITIATED_REQUEST_ID)),
                 encode_command(api.CommandCloseProducer(producer_id=producer_id, request_id=upstream_request_id)))
     if frame.type in CONSUMER_FRAMES:
         consumer_id = sub.consumer_id
-        return (encode_command(api.CommandCloseConsumer(consumer_id=consumer_id,
+        return (Kind.CONSUMER, consumer_id,
+                encode_command(api.CommandCloseConsumer(consumer_id=consumer_id,
                                                         request_id=BROKER_INITIATED_REQUEST_ID)),
                 encode_command(api.CommandCloseConsumer(consumer_id=consumer_id, request_id=upstream_request_id)))
-    del observation
     return None
 
 

@@ -15,8 +15,9 @@ worked out once per distinct combination of those facts (:class:`_Candidates`), 
 rules that do not match cost nothing per frame however many there are.
 
 State kept here: per rule, the match and hit counters, the generator and the
-token buckets; per connection, the request ids of the close requests the proxy
-sent upstream (their replies are swallowed).  :meth:`RulesEngine.replace`
+token buckets; per connection, the producers and consumers a ``close`` rule
+unloaded (:mod:`proxy.rules.unload`: what is forwarded for them until the client
+re-creates them, and the broker's answers to the proxy's own close requests).  :meth:`RulesEngine.replace`
 swaps the rule set atomically and carries the state of every rule whose
 definition did not change.  Time comes in as ``now_ns``; there is no clock, no
 I/O and no trio here.
@@ -57,12 +58,11 @@ from proxy.rules.model import (
     Throttle,
 )
 from proxy.rules.throttle import TokenBucket, ration_permits
+from proxy.rules.unload import UNLOAD_TYPES, ConnectionUnloads
 from proxy.rules.verdict import PASS, Decision, Deferred
 
 T = api.BaseCommand.Type
 
-#: the answers to close requests the proxy sent upstream, which the engine swallows
-_CLOSE_ANSWERS: Final = frozenset({T.SUCCESS, T.ERROR})
 #: distinct fact combinations remembered per (direction, command type); then forgotten at once
 _MAX_REMEMBERED_FACTS: Final = 4096
 #: first request id of the close requests the proxy sends upstream (far above any client's)
@@ -133,12 +133,6 @@ class _Candidates:
         return met
 
 
-@dataclass(slots=True)
-class _ConnectionState:
-    #: request ids of close requests the proxy sent upstream; the broker's reply is swallowed
-    swallow: set[int] = field(default_factory=set)
-
-
 class RulesEngine:
     """Decides what happens to each frame; see the module docstring."""
 
@@ -148,7 +142,7 @@ class RulesEngine:
         self.seed: int = chosen if chosen is not None else choose_seed()
         self.seed_from_file = ruleset.seed is not None
         self._states: tuple[RuleState, ...] = tuple(RuleState(rule, self.seed) for rule in ruleset.rules)
-        self._connections: dict[int, _ConnectionState] = {}
+        self._connections: dict[int, ConnectionUnloads] = {}
         self._request_ids = itertools.count(PROXY_REQUEST_IDS_START)
         self._interest: dict[Direction, frozenset[int] | None] = {}
         #: per direction and command type, the rules that can match (evaluation skips the others)
@@ -228,19 +222,24 @@ class RulesEngine:
                 if states:
                     index[kind] = _Candidates(states)
             wanted: set[int] = set(index)
-            # the broker's answers to the proxy's own close requests are swallowed (see evaluate),
-            # also after the close rule that sent them is gone
-            closing = any(isinstance(s.rule.action, Close) for s in self._states) or \
-                any(conn.swallow for conn in self._connections.values())
-            if closing and direction is Direction.TO_CLIENT:
-                wanted |= _CLOSE_ANSWERS
+            # an unload follows the producer's or consumer's frames both ways (see unload.py),
+            # also after the close rule that began it is gone
+            if self._unloading():
+                wanted |= UNLOAD_TYPES[direction]
             everything = any(s.commands is None for s in in_direction)
             self._interest[direction] = None if everything else frozenset(wanted)
+
+    def _unloading(self) -> bool:
+        return any(isinstance(s.rule.action, Close) for s in self._states) or \
+            any(conn.active for conn in self._connections.values())
 
     # -- connections ------------------------------------------------------------------------------
     def connection_closed(self, conn_id: int) -> None:
         """Forget what was kept for one connection (its buckets with ``per: connection`` too)."""
-        self._connections.pop(conn_id, None)
+        unloads = self._connections.pop(conn_id, None)
+        if unloads is not None and unloads.active and not self._unloading():
+            self.generation += 1  # the last unload is over: the relay may look at fewer frames again
+            self._compute_interest()
         for state in self._states:
             for key in [k for k in state.buckets if isinstance(k, tuple) and len(k) > 1 and k[1] == conn_id]:
                 del state.buckets[key]
@@ -249,13 +248,11 @@ class RulesEngine:
     def evaluate(self, frame: Frame, direction: Direction, now_ns: int, *, conn_id: int = 0,
                  client: str | None = None, observation: Observation | None = None) -> Decision:
         """What to do with ``frame``, travelling in ``direction``, on connection ``conn_id``."""
-        conn = self._connections.get(conn_id)
-        if conn is not None and conn.swallow and direction is Direction.TO_CLIENT \
-                and frame.type in (T.SUCCESS, T.ERROR):
-            request_id = frame.sub.request_id  # type: ignore[attr-defined]
-            if request_id in conn.swallow:
-                conn.swallow.discard(request_id)
-                return Decision(forward=False)
+        unloads = self._connections.get(conn_id)
+        if unloads is not None:
+            unloaded = unloads.on_frame(frame, direction)
+            if unloaded is not None:
+                return unloaded
         index = self._to_broker if direction is Direction.TO_BROKER else self._to_client
         rules = index.get(frame.type)
         if rules is None:
@@ -330,12 +327,7 @@ class RulesEngine:
         if isinstance(action, Disconnect):
             return Decision(forward=False, close=action.how)
         if isinstance(action, Close):
-            request_id = next(self._request_ids)
-            frames = acts.close_frames(frame, observation, request_id)
-            if frames is None:
-                return None
-            self._connections.setdefault(conn_id, _ConnectionState()).swallow.add(request_id)
-            return Decision(forward=False, to_client=(frames[0],), to_broker=(frames[1],))
+            return self._unload(state.rule.name, frame, to_broker, conn_id)
         if isinstance(action, Corrupt):
             damaged = acts.corrupt(frame, action.what, state.rng)
             return None if damaged is None else Decision(replacement=damaged)
@@ -354,6 +346,25 @@ class RulesEngine:
         if isinstance(action, Slice):
             return Decision(slice_bytes=action.bytes)
         raise AssertionError(f"no verdict for action {action.NAME}")  # pragma: no cover
+
+    def _unload(self, rule: str, frame: Frame, to_broker: bool, conn_id: int) -> Decision | None:
+        """Begin unloading the producer or consumer of ``frame`` (see unload.py)."""
+        request_id = next(self._request_ids)
+        close = acts.close_frames(frame, request_id)
+        if close is None:
+            return None
+        kind, entity_id, to_client, upstream = close
+        unloads = self._connections.setdefault(conn_id, ConnectionUnloads())
+        if unloads.phase(kind, entity_id) is not None:
+            return None  # already being unloaded
+        was_unloading = self._unloading()
+        unloads.begin(kind, entity_id, request_id, to_client, rule)
+        if not was_unloading:
+            self.generation += 1
+            self._compute_interest()
+        # A frame on its way to the broker is not taken (the client resends it on the re-created
+        # producer); one on its way to the client left the broker before the unload: it arrives.
+        return Decision(forward=False, to_broker=(upstream,)) if to_broker else Decision(to_broker=(upstream,))
 
     def _throttle(self, state: RuleState, action: Throttle, frame: Frame, now_ns: int, conn_id: int,
                   facts: FrameFacts) -> Decision | None:

@@ -8,60 +8,18 @@ The topic names are the ones the files match on; each test runs on a fresh broke
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pulsar
-import pytest
+from official import AsyncSends, clients, official
 from rules_proxy import StackFactory
 
 from proxy.broker.embedded import ThreadedCluster
 
+__all__ = ["clients"]
+
 RULES = Path(__file__).parents[2] / "rules"
-LOGGER = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
-
-
-@pytest.fixture
-def clients() -> Iterator[list[pulsar.Client]]:
-    made: list[pulsar.Client] = []
-    yield made
-    for client in made:
-        client.close()
-
-
-def official(url: str, made: list[pulsar.Client], timeout_s: int = 30) -> pulsar.Client:
-    client = pulsar.Client(url, operation_timeout_seconds=timeout_s, logger=LOGGER)
-    made.append(client)
-    return client
-
-
-class AsyncSends:
-    """Many ``send_async`` in flight at once; records each receipt's latency and result."""
-
-    def __init__(self, producer: pulsar.Producer) -> None:
-        self.producer = producer
-        self.latencies: dict[int, float] = {}
-        self.results: dict[int, pulsar.Result] = {}
-        self.done = threading.Condition()
-
-    def send(self, count: int, start: int = 0, prefix: str = "m") -> None:
-        for index in range(start, start + count):
-            sent_at = time.monotonic()
-
-            def receipt(result: pulsar.Result, _: object, index: int = index, sent_at: float = sent_at) -> None:
-                with self.done:
-                    self.latencies[index] = time.monotonic() - sent_at
-                    self.results[index] = result
-                    self.done.notify_all()
-
-            self.producer.send_async(f"{prefix}-{index:06d}".encode(), receipt)
-
-    def wait(self, count: int, timeout_s: float = 60) -> None:
-        with self.done:
-            assert self.done.wait_for(lambda: len(self.results) >= count, timeout_s), \
-                f"{len(self.results)} of {count} receipts within {timeout_s} s"
 
 
 def rule_file(name: str) -> str:

@@ -9,6 +9,7 @@ from rules_helpers import TO_BROKER, TO_CLIENT, Session, frame, send_frame
 
 from proxy.cli import main
 from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.frame import frame_from_bytes
 from proxy.rules.engine import RulesEngine
 from proxy.rules.loader import load_rules_file
 
@@ -82,7 +83,16 @@ def test_flaky_producer_creation_refuses_the_first_two() -> None:
 
 def test_topic_unload_storm_closes_producers_sometimes() -> None:
     session = session_for("topic-unload-storm.yaml")
-    closes = sum(not session.decide(send_frame(1, i), TO_BROKER).forward for i in range(1000))
+    session.add_producer(1, "persistent://public/default/orders")
+    closes = 0
+    for i in range(1000):
+        decision = session.decide(send_frame(1, i), TO_BROKER)
+        if decision.to_broker:  # an unload: the broker answers it, the client re-creates the producer
+            closes += 1
+            request_id = frame_from_bytes(decision.to_broker[0]).command.close_producer.request_id
+            assert session.decide(frame(api.CommandSuccess(request_id=request_id)), TO_CLIENT).to_client
+            session.decide(frame(api.CommandProducer(topic="persistent://public/default/orders", producer_id=1,
+                                                     request_id=10_000 + i)), TO_BROKER)
     assert 5 <= closes <= 50
 
 

@@ -106,31 +106,67 @@ def test_disconnect_swallows_and_closes(how: str) -> None:
     assert not decision.forward and decision.close == how
 
 
-def test_close_on_send_closes_the_producer_on_both_sides_and_swallows_the_reply() -> None:
+def test_close_on_send_unloads_the_producer_as_a_broker_does() -> None:
+    """The SEND is not taken; receipts the broker still sends arrive; the client hears CLOSE_PRODUCER
+    only when the broker answered the proxy's close; nothing more for the id until it is re-created."""
     session = one_rule("close", "{command: [SEND]}")
+    session.add_producer(producer_id=1)
     decision = session.decide(send_frame(1, 3), TO_BROKER)
-    assert not decision.forward
-    to_client = decode(decision.to_client[0])
-    assert to_client.type == T.CLOSE_PRODUCER
-    assert (to_client.close_producer.producer_id, to_client.close_producer.request_id) == \
-        (1, BROKER_INITIATED_REQUEST_ID)
+    assert not decision.forward and decision.to_client == ()
     upstream = decode(decision.to_broker[0])
     assert upstream.type == T.CLOSE_PRODUCER and upstream.close_producer.producer_id == 1
     request_id = upstream.close_producer.request_id
     assert request_id >= PROXY_REQUEST_IDS_START
-    # the broker's SUCCESS for the proxy's close is swallowed; the client's own SUCCESS passes
-    swallowed = session.engine.evaluate(frame(api.CommandSuccess(request_id=request_id)), TO_CLIENT, 0, conn_id=1)
-    assert not swallowed.forward
-    assert session.engine.evaluate(frame(api.CommandSuccess(request_id=request_id)), TO_CLIENT, 0,
-                                   conn_id=1) is PASS
-    assert T.SUCCESS in (session.engine.interest(TO_CLIENT) or ())
+    interest = session.engine.interest(TO_CLIENT) or ()
+    assert T.SUCCESS in interest and T.SEND_RECEIPT in interest
+    # closing: the client's later SENDs for the id are not taken; the broker's receipts still arrive
+    assert not session.decide(send_frame(1, 4), TO_BROKER).forward
+    assert session.decide(frame(api.CommandSendReceipt(producer_id=1, sequence_id=2)), TO_CLIENT).forward
+    # the broker's SUCCESS for the proxy's close becomes the client's CLOSE_PRODUCER
+    answered = session.decide(frame(api.CommandSuccess(request_id=request_id)), TO_CLIENT)
+    assert not answered.forward
+    to_client = decode(answered.to_client[0])
+    assert to_client.type == T.CLOSE_PRODUCER
+    assert (to_client.close_producer.producer_id, to_client.close_producer.request_id) == \
+        (1, BROKER_INITIATED_REQUEST_ID)
+    # closed: nothing for the id in either direction; the client's own SUCCESS passes
+    assert not session.decide(send_frame(1, 5), TO_BROKER).forward
+    assert not session.decide(frame(api.CommandSendReceipt(producer_id=1, sequence_id=3)), TO_CLIENT).forward
+    assert session.decide(frame(api.CommandSuccess(request_id=request_id)), TO_CLIENT) is PASS
+    # the client re-creates the producer (same id): its frames pass again, and the rule may fire again
+    assert session.decide(frame(api.CommandProducer(topic=TOPIC, producer_id=1, request_id=7)), TO_BROKER) is PASS
+    again = session.decide(send_frame(1, 3), TO_BROKER)
+    assert not again.forward and decode(again.to_broker[0]).type == T.CLOSE_PRODUCER
 
 
-def test_close_on_flow_closes_the_consumer() -> None:
-    decision = one_rule("close", "{command: [FLOW]}").decide(
-        frame(api.CommandFlow(consumer_id=2, messagePermits=100)), TO_BROKER)
-    assert decode(decision.to_client[0]).type == T.CLOSE_CONSUMER
-    assert decode(decision.to_broker[0]).close_consumer.consumer_id == 2
+def test_close_on_a_receipt_lets_it_arrive_and_unloads_behind_it() -> None:
+    session = one_rule("close", "{command: [SEND_RECEIPT]}")
+    session.add_producer(producer_id=1)
+    decision = session.decide(frame(api.CommandSendReceipt(producer_id=1, sequence_id=0)), TO_CLIENT)
+    assert decision.forward and decode(decision.to_broker[0]).type == T.CLOSE_PRODUCER
+
+
+def test_a_producer_re_created_while_closing_is_not_closed_again() -> None:
+    session = one_rule("close", "{command: [SEND], times: 1}")
+    session.add_producer(producer_id=1)
+    request_id = decode(session.decide(send_frame(1, 0), TO_BROKER).to_broker[0]).close_producer.request_id
+    assert session.decide(frame(api.CommandCloseProducer(producer_id=1, request_id=9)), TO_BROKER) is PASS
+    late = session.decide(frame(api.CommandSuccess(request_id=request_id)), TO_CLIENT)
+    assert not late.forward and late.to_client == ()  # swallowed, and the client hears nothing
+
+
+def test_close_on_flow_unloads_the_consumer() -> None:
+    session = one_rule("close", "{command: [FLOW]}")
+    session.add_consumer(consumer_id=2)
+    decision = session.decide(frame(api.CommandFlow(consumer_id=2, messagePermits=100)), TO_BROKER)
+    upstream = decode(decision.to_broker[0]).close_consumer
+    assert not decision.forward and upstream.consumer_id == 2
+    assert session.decide(message_frame(2), TO_CLIENT).forward  # dispatched before the unload
+    assert not session.decide(frame(api.CommandAck(consumer_id=2, ack_type=api.CommandAck.Individual)),
+                              TO_BROKER).forward
+    answered = session.decide(frame(api.CommandSuccess(request_id=upstream.request_id)), TO_CLIENT)
+    assert decode(answered.to_client[0]).close_consumer.consumer_id == 2
+    assert not session.decide(message_frame(2), TO_CLIENT).forward
 
 
 @pytest.mark.parametrize("what", ["checksum", "payload", "metadata"])
@@ -371,10 +407,15 @@ def test_hook_adapter_addresses_frames_relative_to_the_sender() -> None:
     from proxy.rules.hook import to_verdict
     from proxy.server.hooks import FORWARD
 
+    session = one_rule("{error: {code: ServiceNotReady}}", "{command: [LOOKUP]}")
+    decision = session.decide(frame(api.CommandLookupTopic(topic=TOPIC, request_id=5)), TO_BROKER)
+    verdict = to_verdict(decision, TO_BROKER)
+    assert not verdict.forward and verdict.fired == ("r",)
+    assert verdict.to_sender == decision.to_client and verdict.to_receiver == decision.to_broker == ()
     session = one_rule("close", "{command: [MESSAGE]}")
     decision = session.decide(message_frame(2), TO_CLIENT)
     verdict = to_verdict(decision, TO_CLIENT)
-    assert not verdict.forward and verdict.fired == ("r",)
+    assert verdict.forward and verdict.fired == ("r",)
     assert verdict.to_receiver == decision.to_client and verdict.to_sender == decision.to_broker
     assert to_verdict(PASS, TO_BROKER) is FORWARD
 
