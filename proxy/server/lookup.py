@@ -11,8 +11,9 @@ TOPIC_MIGRATED.  The proxy never lets a real broker address reach a client:
 - ``proxy-through``: a Connect answer also gets ``proxy_through_service_url = true``;
   the client reconnects to its service URL and names the broker in CONNECT's
   ``proxy_to_broker_url``, which for the client is the same per-broker proxy address
-  (so it is still no real address).  Redirects are rewritten as in ``rewrite``:
-  clients follow a Redirect by dialling the named URL itself.
+  (so it is still no real address, and a client that ignores the flag still reaches
+  the broker).  The client never sees a Redirect: the proxy follows it itself
+  (``redirects``), so clients dial only the service URL.
 
 :class:`BrokerDirectory` maps brokers to listener addresses and back, and decides
 which ``proxy_to_broker_url`` values may be routed: a broker seen in a lookup

@@ -42,7 +42,7 @@ its rules can match.  FLOW permits are then not counted (``permits_exact`` is Fa
 from __future__ import annotations
 
 import enum
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
@@ -65,6 +65,7 @@ from proxy.server.hooks import (
     origin_of,
 )
 from proxy.server.lookup import BROKER_NAMING_TYPES, BrokerDirectory, rewrite_broker_urls
+from proxy.server.redirects import Redirected, failed_answer
 from proxy.server.scanner import FrameScanner, Piece
 
 # Command types as plain ints: the protobuf enum wrapper's attribute lookups are slow per frame.
@@ -75,6 +76,8 @@ TO_CLIENT: Final = Direction.TO_CLIENT
 MAX_PROTOCOL_VERSION: Final = max(v.number for v in api.ProtocolVersion.DESCRIPTOR.values)
 
 _PING_FRAME: Final = encode_command(api.CommandPing())
+#: proxy-through: the client's LOOKUPs kept until answered (to follow a Redirect); beyond it, the oldest go
+MAX_PENDING_LOOKUPS: Final = 4096
 
 
 # -- actions ---------------------------------------------------------------------------------
@@ -102,6 +105,13 @@ class Hold:
 
 
 @dataclass(frozen=True, slots=True)
+class FollowRedirect:
+    """proxy-through: look the topic up where the Redirect says, then call ``lookup_answered``."""
+
+    redirected: Redirected
+
+
+@dataclass(frozen=True, slots=True)
 class Close:
     """End the connection on both sides; ``reset`` sends RST to the client."""
 
@@ -110,7 +120,7 @@ class Close:
     hostile: bool = False
 
 
-Action = Send | OpenUpstream | Hold | Close
+Action = Send | OpenUpstream | Hold | FollowRedirect | Close
 
 
 class Phase(enum.Enum):
@@ -158,6 +168,10 @@ class ConnectionPipeline:
         self.broker: ServiceUrl | None = None
         #: CONNECT's proxy_to_broker_url, when the client named its broker (proxy-through)
         self.proxied_to: str | None = None
+        #: the CONNECT as sent upstream (proxy-through opens lookup connections with it)
+        self.upstream_connect: bytes | None = None
+        #: proxy-through: the client's LOOKUPs awaiting an answer, by request id
+        self._lookups: OrderedDict[int, api.CommandLookupTopic] = OrderedDict()
         self.phase = Phase.AWAITING_CONNECT
         self.hook = hook
         self.publish = publish
@@ -283,8 +297,11 @@ class ConnectionPipeline:
     def _on_frame(self, frame: Frame, direction: Direction, now_ns: int, actions: list[Action],
                   run: list[Piece | bytes]) -> bytes | None:
         """Handle one wanted frame; returns the bytes to forward in place, or None."""
-        observation = self._observe(frame, direction, now_ns)
         kind = frame.type
+        if self.settings.lookup_mode == "proxy-through" and kind in (T.LOOKUP, T.LOOKUP_RESPONSE) \
+                and self._proxy_through_lookup(frame, direction, actions):
+            return None  # a Redirect the proxy follows: the client never sees it
+        observation = self._observe(frame, direction, now_ns)
         data: bytes | None = frame.raw
         if kind == T.CONNECT and direction is TO_BROKER:
             data = self._on_connect(frame, actions, run)
@@ -328,6 +345,64 @@ class ConnectionPipeline:
             if verdict is not FORWARD:
                 return self._apply(verdict, frame, data, direction, now_ns, actions, run)
         return data
+
+    def _proxy_through_lookup(self, frame: Frame, direction: Direction, actions: list[Action]) -> bool:
+        """Remember the client's LOOKUPs; turn a Redirect answering one into FollowRedirect (True)."""
+        if frame.type == T.LOOKUP and direction is TO_BROKER:
+            self._lookups[frame.command.lookupTopic.request_id] = frame.command.lookupTopic
+            if len(self._lookups) > MAX_PENDING_LOOKUPS:
+                self._lookups.popitem(last=False)
+            return False
+        if frame.type != T.LOOKUP_RESPONSE or direction is not TO_CLIENT:
+            return False
+        answer = frame.command.lookupTopicResponse
+        lookup = self._lookups.pop(answer.request_id, None)
+        if answer.response != api.CommandLookupTopicResponse.Redirect:
+            return False
+        broker = self.directory.broker_url(answer.brokerServiceUrl, answer.brokerServiceUrlTls)
+        if lookup is None or broker is None:
+            self.inject(TO_CLIENT, [failed_answer(answer.request_id, "cannot follow the Redirect")], actions)
+            return True
+        actions.append(FollowRedirect(Redirected(lookup, broker, answer.authoritative)))
+        return True
+
+    def lookup_answered(self, answer: bytes, now_ns: int) -> list[Action]:
+        """proxy-through: the owner broker's answer to a lookup the proxy followed, for the client.
+
+        It goes to the client as the first broker's answer would have: observed, rewritten
+        (Connect with ``proxy_through_service_url``), shown to the hook (a delay or a drop
+        applies), and written between whole frames of the broker's stream.
+        """
+        actions: list[Action] = []
+        frame = frame_from_bytes(answer, 2**31)
+        observation = self._observe(frame, TO_CLIENT, now_ns)
+        data = rewrite_broker_urls(frame, self.directory, self.settings.lookup_mode) or frame.raw
+        if data is not frame.raw:
+            self._publish_proxy_frame(TO_CLIENT, data, now_ns)
+        verdict = FORWARD
+        hook_types = self._hook_types[TO_CLIENT]
+        if self.hook is not None and (hook_types is None or T.LOOKUP_RESPONSE in hook_types):
+            verdict = self.hook.on_frame(FrameContext(self.info, TO_CLIENT, now_ns, observation),
+                                         frame_from_bytes(data, 2**31))
+        due_ns = now_ns + int(verdict.delay_s * 1e9)
+        self._release_event(verdict.forward, verdict.fired, due_ns)
+        if not verdict.forward:
+            return actions
+        out = verdict.replacement if verdict.replacement is not None else data
+        if due_ns > now_ns:
+            self.held.add(due_ns, TO_CLIENT, [out])
+            actions.append(Hold(due_ns))
+        else:
+            self.inject(TO_CLIENT, [out], actions)
+        return actions
+
+    def lookup_failed(self, request_id: int, message: str, now_ns: int) -> list[Action]:
+        """proxy-through: following a Redirect failed; the client gets a Failed answer (ServiceNotReady)."""
+        actions: list[Action] = []
+        answer = failed_answer(request_id, message)
+        self.inject(TO_CLIENT, [answer], actions)
+        self._publish_proxy_frame(TO_CLIENT, answer, now_ns)
+        return actions
 
     def _observe(self, frame: Frame, direction: Direction, now_ns: int) -> Observation | None:
         observation = None
@@ -378,7 +453,8 @@ class ConnectionPipeline:
         self._refresh_wanted()
         self._flush(TO_BROKER, run, actions)
         actions.append(OpenUpstream(broker))
-        return encode_command(cmd) if changed else frame.raw
+        self.upstream_connect = encode_command(cmd) if changed else frame.raw
+        return self.upstream_connect
 
     def _on_connected(self, frame: Frame) -> None:
         if self.phase is not Phase.CONNECTING:
@@ -406,8 +482,9 @@ class ConnectionPipeline:
             # never before its lane's last frame, nor before what its direction's stream holds
             due_ns = self.held.release_at(self.held.release_at(due_ns, lane), direction)
         self._release_event(verdict.forward, verdict.fired, due_ns if in_lane else None)
-        if verdict.to_sender:
-            answers = [self._towards(back, extra) for extra in verdict.to_sender]
+        answers = [self._towards(back, extra) for extra in verdict.to_sender
+                   if not (back is TO_CLIENT and self._follows(extra, actions))]
+        if answers:
             self.inject(back, list(answers), actions)
             for extra in answers:
                 self._publish_proxy_frame(back, extra, now_ns)
@@ -435,6 +512,16 @@ class ConnectionPipeline:
         if verdict.close is not None:
             actions.append(Close(f"closed by rule ({verdict.close})", reset=verdict.close == "reset"))
         return None
+
+    def _follows(self, data: bytes, actions: list[Action]) -> bool:
+        """proxy-through: a rule's Redirect answer is followed by the proxy like the broker's (True)."""
+        if self.settings.lookup_mode != "proxy-through":
+            return False
+        try:
+            frame = frame_from_bytes(data, 2**31)
+        except ProtocolError:
+            return False
+        return self._proxy_through_lookup(frame, TO_CLIENT, actions)
 
     def _towards(self, direction: Direction, data: bytes) -> bytes:
         """A frame the proxy writes itself: lookup answers to the client are rewritten too."""
@@ -489,6 +576,8 @@ class ConnectionPipeline:
             if direction is TO_BROKER:
                 if self.phase is Phase.AWAITING_CONNECT:
                     wanted.add(T.CONNECT)
+                if self.settings.lookup_mode == "proxy-through":
+                    wanted.add(T.LOOKUP)  # to follow the Redirect that may answer it
                 if self.settings.verify_checksums:
                     wanted.add(T.SEND)
             else:

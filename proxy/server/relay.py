@@ -12,6 +12,8 @@ Plain-socket directions are normally served by the server's
 :class:`~proxy.server.reactor.Reactor` (many connections per wake-up) and fall back
 to their own task whenever something has to wait; TLS directions always use their
 task.  A peer's EOF is passed on as a half-close (see :meth:`Relay.peer_finished`).
+In ``proxy-through`` mode a Redirect is followed in a task of its own (``redirects``),
+so the connection's other frames keep flowing meanwhile.
 
 Held frames (a rule's delay, a throttle's lane, deferred FLOW permits; see
 ``holding``) are released by one extra task per connection, started on the first
@@ -50,11 +52,13 @@ from proxy.server.pipeline import (
     Action,
     Close,
     ConnectionPipeline,
+    FollowRedirect,
     Hold,
     OpenUpstream,
     Send,
 )
 from proxy.server.reactor import Reactor
+from proxy.server.redirects import LookupFailed, LookupLinks
 from proxy.server.transport import RECV_SIZE, SocketTransport, Transport
 from proxy.server.upstream import UpstreamUnavailable, open_upstream
 
@@ -96,6 +100,8 @@ class Relay:
     _held_changed: trio.Event | None = None
     #: set by the release task when it has made room in a full hold queue
     _held_room: trio.Event = field(default_factory=trio.Event)
+    #: proxy-through: the proxy's own connections for following Redirects (opened on the first)
+    _lookup_links: LookupLinks | None = None
 
     @property
     def info(self) -> ConnectionInfo:
@@ -105,6 +111,11 @@ class Relay:
     def upstream_local_address(self) -> str | None:
         """The proxy's own address on its connection to the broker (what the broker sees as peer)."""
         return self.upstream.local_address if self.upstream is not None else None
+
+    @property
+    def lookup_local_addresses(self) -> list[str]:
+        """proxy-through: the proxy's own addresses on the connections it follows Redirects over."""
+        return self._lookup_links.local_addresses if self._lookup_links is not None else []
 
     async def run(self) -> None:
         hub = self.server.observers
@@ -121,6 +132,8 @@ class Relay:
                 await self.client.aclose(reset=ending.reset)
                 if self.upstream is not None:
                     await self.upstream.aclose()
+                if self._lookup_links is not None:
+                    await self._lookup_links.aclose()
             fields = {"conn": self.info.conn_id, "client": self.info.client, "broker": self.info.broker_url,
                       "reason": ending.reason, "bytes_from_client": self.pipeline.bytes_in[TO_BROKER],
                       "bytes_from_broker": self.pipeline.bytes_in[TO_CLIENT]}
@@ -229,6 +242,9 @@ class Relay:
                 await self._open_upstream(action.broker)
             elif type(action) is Hold:
                 await self._held(action)
+            elif type(action) is FollowRedirect:
+                assert self._nursery is not None
+                self._nursery.start_soon(self._follow_redirect, action)
             elif type(action) is Close:
                 self.end(_Ending(action.reason, reset=action.reset, hostile=action.hostile,
                                  level="warning" if action.hostile else "info"))
@@ -268,6 +284,25 @@ class Relay:
                     await self._carry_out(actions)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             self.end(_Ending(f"write of held frames failed: {exc}"))
+
+    async def _follow_redirect(self, action: FollowRedirect) -> None:
+        """proxy-through: ask the brokers the Redirects name, then answer the client (see ``redirects``)."""
+        if self._lookup_links is None:
+            assert self.pipeline.upstream_connect is not None  # a LOOKUP came after CONNECT
+            self._lookup_links = LookupLinks(self.pipeline.upstream_connect, self.server.upstream_tls_context,
+                                             self.pipeline.directory.broker_url)
+        lookup = action.redirected.lookup
+        try:
+            answer = await self._lookup_links.follow(action.redirected)
+        except LookupFailed as exc:
+            log.info("proxy-through: lookup failed", conn=self.info.conn_id, topic=lookup.topic, reason=str(exc))
+            actions = self.pipeline.lookup_failed(lookup.request_id, str(exc), self._clock())
+        else:
+            actions = self.pipeline.lookup_answered(answer, self._clock())
+        try:
+            await self._carry_out(actions)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self.end(_Ending(f"client connection lost: {exc}"))
 
     async def _open_upstream(self, broker: ServiceUrl) -> None:
         self.pipeline.info = ConnectionInfo(self.info.conn_id, self.info.client, self.info.listener, str(broker))

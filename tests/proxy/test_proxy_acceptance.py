@@ -17,6 +17,9 @@ import pytest
 from proxy_harness import ProxyFactory, ThreadedProxy, TlsMaterial
 
 from proxy.broker import ClusterConfig, ThreadedCluster
+from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.session import Direction
+from proxy.server.hooks import ConnectionEvent, FrameEvent
 
 MESSAGES = 10_000
 
@@ -74,7 +77,9 @@ def broker_peers(cluster: ThreadedCluster) -> set[str]:
 
 
 def proxy_upstream_addresses(proxy: ThreadedProxy) -> set[str]:
-    return set(proxy.call(lambda: {r.upstream_local_address for r in proxy.server.relays}))
+    """The proxy's own addresses towards brokers: relays' upstreams and proxy-through lookup connections."""
+    return set(proxy.call(lambda: {address for r in proxy.server.relays
+                                   for address in (r.upstream_local_address, *r.lookup_local_addresses)}))
 
 
 def check_every_message_once(received: list[bytes]) -> None:
@@ -153,3 +158,39 @@ def test_a_broker_killed_mid_stream_is_survived_without_loss(cluster: ThreadedCl
         assert proxy.server.accepted_connections > accepted_at_kill[0]
     finally:
         client.close()
+
+
+class SeenByClients:
+    """An observer: the listener every connection came in on, and every LOOKUP answer sent to a client."""
+
+    def __init__(self) -> None:
+        self.listeners: set[str] = set()
+        self.lookup_answers: list[Any] = []
+
+    def on_connection(self, event: ConnectionEvent) -> None:
+        self.listeners.add(event.connection.listener)
+
+    def on_frame(self, event: FrameEvent) -> None:
+        if event.frame.type == api.BaseCommand.LOOKUP_RESPONSE and event.direction is Direction.TO_CLIENT:
+            self.lookup_answers.append((event.origin, event.frame.command.lookupTopicResponse))
+
+
+def test_proxy_through_follows_redirects_so_clients_dial_only_the_service_url(
+        cluster: ThreadedCluster, proxy_factory: ProxyFactory) -> None:
+    """4 partitions over 3 brokers: every lookup the client sees is Connect via the service URL."""
+    seen = SeenByClients()
+    proxy = proxy_factory(cluster.service_url, lookup="proxy-through", server_options={"observers": [seen]})
+    client = client_for(proxy.service_url)
+    try:
+        received = produce_and_consume(client, "persistent://public/default/through-redirects", count=2000)
+    finally:
+        client.close()
+    assert len(set(received)) == 2000
+    owners = cluster.call(lambda: {cluster.cluster.owner(f"persistent://public/default/through-redirects"
+                                                         f"-partition-{i}").index for i in range(4)})
+    assert len(owners) >= 2  # the partitions live on several brokers: the bootstrap broker redirected
+    # the client connected to the service URL only: no per-broker listener was ever dialled
+    assert seen.listeners == {str(proxy.address)}
+    answers = [answer for origin, answer in seen.lookup_answers if origin.value == "proxy"]
+    assert answers and all(a.response == api.CommandLookupTopicResponse.Connect and a.proxy_through_service_url
+                           for a in answers)

@@ -20,6 +20,7 @@ from proxy.server.pipeline import (
     MAX_PROTOCOL_VERSION,
     Close,
     ConnectionPipeline,
+    FollowRedirect,
     Hold,
     OpenUpstream,
     PipelineSettings,
@@ -131,6 +132,26 @@ def test_proxy_through_sets_the_flag_and_routes_the_alias_back_to_the_broker() -
     actions = follow.receive(TO_BROKER, named, 0)
     assert actions[0] == OpenUpstream(ServiceUrl.parse("pulsar://10.0.0.7:6650"))
     assert not frame_from_bytes(sent(actions, TO_BROKER)).command.connect.HasField("proxy_to_broker_url")
+
+
+def test_proxy_through_hands_a_redirect_to_the_relay_to_follow_and_the_client_sees_only_connect() -> None:
+    p = pipeline("proxy-through")
+    connected(p)
+    p.receive(TO_BROKER, encode_command(api.CommandLookupTopic(topic="persistent://public/default/t",
+                                                               request_id=3)), 0)
+    actions = p.receive(TO_CLIENT, lookup(LookupType.Redirect), 0)
+    assert sent(actions, TO_CLIENT) == b""
+    [follow] = [a for a in actions if isinstance(a, FollowRedirect)]
+    redirected = follow.redirected
+    assert (redirected.lookup.topic, redirected.lookup.request_id) == ("persistent://public/default/t", 3)
+    assert str(redirected.broker) == "pulsar://10.0.0.7:6650" and redirected.authoritative
+    owner = lookup(LookupType.Connect, "pulsar://10.0.0.8:6650", "pulsar+ssl://10.0.0.8:6651")
+    answer = frame_from_bytes(sent(p.lookup_answered(owner, 1), TO_CLIENT)).command.lookupTopicResponse
+    assert answer.response == LookupType.Connect and answer.proxy_through_service_url and answer.request_id == 3
+    assert "10.0.0.8" not in answer.brokerServiceUrl
+    # a Redirect answering no LOOKUP the proxy saw cannot be followed: Failed, never the Redirect
+    stray = frame_from_bytes(sent(p.receive(TO_CLIENT, lookup(LookupType.Redirect), 2), TO_CLIENT))
+    assert stray.command.lookupTopicResponse.response == LookupType.Failed
 
 
 def test_proxy_through_refuses_brokers_neither_seen_nor_allowed() -> None:

@@ -13,7 +13,7 @@ from proxy_fake_broker import CONNECT, FakeBroker, handshake, receive_frames
 
 from proxy.config.proxy_config import HostPort, LimitsConfig, ProxyConfig, ServiceUrl
 from proxy.pb import PulsarApi_pb2 as api
-from proxy.protocol.frame import FrameDecoder, encode_command, encode_payload_command
+from proxy.protocol.frame import Frame, FrameDecoder, encode_command, encode_payload_command
 from proxy.protocol.session import Direction
 from proxy.server.app import ProxyServer
 
@@ -255,3 +255,35 @@ async def test_a_fast_writer_that_closes_gets_every_byte_through(nursery: trio.N
             await trio.sleep(0.02)
         assert len(broker.received) == len(CONNECT) + 40 * len(block)
         await stream.aclose()
+
+
+async def test_proxy_through_follows_redirects_and_gives_up_after_ten_hops(nursery: trio.Nursery) -> None:
+    """A broker that redirects ``loop-*`` topics to itself forever, and answers others after one hop."""
+    broker = FakeBroker()
+
+    def answer(frame: Frame) -> bytes:
+        lookup = frame.command.lookupTopic
+        done = lookup.topic.startswith("one-hop") and lookup.authoritative
+        return encode_command(api.CommandLookupTopicResponse(
+            request_id=lookup.request_id, brokerServiceUrl=broker.url, authoritative=True,
+            response=api.CommandLookupTopicResponse.Connect if done else api.CommandLookupTopicResponse.Redirect))
+
+    broker.lookup_answer = answer
+    await nursery.start(broker.serve)
+    config = ProxyConfig(upstream=ServiceUrl.parse(broker.url), listen=HostPort("127.0.0.1", 0), lookup="proxy-through")
+    server: ProxyServer = await nursery.start(ProxyServer(config).run)
+    with trio.fail_after(10):
+        stream, decoder = await handshake(server.main_address.port)
+        await stream.send_all(encode_command(api.CommandLookupTopic(topic="loop-a", request_id=7)) +
+                              encode_command(api.CommandLookupTopic(topic="one-hop-b", request_id=8)))
+        answers = {f.command.lookupTopicResponse.request_id: f.command.lookupTopicResponse
+                   for f in await receive_frames(stream, decoder, 2)}
+    assert answers[8].response == api.CommandLookupTopicResponse.Connect and answers[8].proxy_through_service_url
+    assert answers[7].response == api.CommandLookupTopicResponse.Failed
+    assert (answers[7].error, answers[7].message) == (api.ServerError.ServiceNotReady,
+                                                       "Reached max number of redirections")
+    lookups = [f.command.lookupTopic for f in broker.frames if f.type == T.LOOKUP]
+    loop = [lookup for lookup in lookups if lookup.topic == "loop-a"]
+    assert len(loop) == 1 + 10  # the client's, then ten hops
+    assert not loop[0].authoritative and all(hop.authoritative for hop in loop[1:])  # as the Redirects said
+    await stream.aclose()
