@@ -216,11 +216,10 @@ class Topic:
             return self.ledger.first_entry_id
         if ledger_id > self.ledger.ledger_id or entry_id == _INT64_MAX:
             return self.ledger.next_entry_id
-        # a reader starts after its start message; a batch is sent again so the
-        # client can skip the messages up to the given batch index
-        if message_id.HasField("batch_index") and message_id.batch_index >= 0:
-            return max(entry_id, self.ledger.first_entry_id)
-        return max(entry_id + 1, self.ledger.first_entry_id)
+        # As Pulsar's broker does (it takes every start id as a batch id and steps back one entry),
+        # the start entry itself is delivered: the client drops the start message unless its
+        # start is inclusive, and inside a batch the messages up to the given batch index.
+        return max(entry_id, self.ledger.first_entry_id)
 
     def subscription(self, name: str, sub_type: int, durable: bool, start_entry: int) -> Subscription:
         existing = self.subscriptions.get(name)

@@ -193,9 +193,8 @@ class Consumer(ReconnectingHandle):
             cmd.metadata.add(key=name, value=value)
         start = self._resume_position()
         if start is not None:
-            if start.batch_index < 0 and self._inclusive_start() and start not in (EARLIEST, LATEST):
-                # A position with no batch index makes the broker start after it; ask from the one before.
-                start = MessageId(start.ledger_id, start.entry_id - 1, -1, start.partition)
+            # The broker delivers from the start entry itself; what precedes the start (the start
+            # message too, unless inclusive) is dropped here (see _skip_position).
             cmd.start_message_id.CopyFrom(start.to_proto())
         try:
             await connection.request(cmd)

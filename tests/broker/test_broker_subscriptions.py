@@ -141,6 +141,25 @@ def test_reader_from_earliest_from_a_message_id_and_from_latest(client: pulsar.C
     assert latest.read_next(TIMEOUT_MS).data() == b"10"
 
 
+@pytest.mark.parametrize("batching", [False, True], ids=["single", "batched"])
+def test_reader_with_an_inclusive_start_begins_at_that_message(client: pulsar.Client, batching: bool) -> None:
+    """As the real broker does, the start entry itself is delivered; the client drops it only if exclusive."""
+    topic = f"readers-inclusive-{batching}"
+    producer = client.create_producer(topic, batching_enabled=batching, batching_max_messages=4,
+                                      batching_max_publish_delay_ms=50)
+    receipts: list[pulsar.MessageId] = []
+    for i in range(12):
+        producer.send_async(f"{i}".encode(), lambda _, msg_id: receipts.append(msg_id))
+    producer.flush()
+    ids = sorted(receipts, key=lambda m: (m.ledger_id(), m.entry_id(), m.batch_index()))
+    inclusive = client.create_reader(topic, ids[5], start_message_id_inclusive=True)
+    assert [int(inclusive.read_next(TIMEOUT_MS).data()) for _ in range(7)] == list(range(5, 12))
+    exclusive = client.create_reader(topic, ids[5])
+    assert [int(exclusive.read_next(TIMEOUT_MS).data()) for _ in range(6)] == list(range(6, 12))
+    first = client.create_reader(topic, ids[0], start_message_id_inclusive=True)
+    assert first.read_next(TIMEOUT_MS).data() == b"0"
+
+
 def test_reader_with_batches_has_message_available(client: pulsar.Client) -> None:
     producer = client.create_producer("readers-batch", batching_enabled=True, batching_max_publish_delay_ms=50)
     for i in range(20):
