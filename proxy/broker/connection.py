@@ -32,7 +32,7 @@ from proxy.broker.topic import Producer, Topic, signed64
 from proxy.errors import BrokerError, ChecksumMismatch, ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.commands import wrap
-from proxy.protocol.frame import Frame, encode_command
+from proxy.protocol.frame import Frame, crc32c, encode_command
 from proxy.protocol.session import ConnectionState, Direction, SessionTracker
 
 T = api.BaseCommand.Type
@@ -62,6 +62,12 @@ def message_frame(command: api.BaseCommand, section: bytes) -> bytes:
     """A MESSAGE frame: the command, then a stored payload section with its original checksum."""
     body: bytes = command.SerializeToString()
     return _HEADER.pack(4 + len(body) + len(section), len(body)) + body + section
+
+
+def topic_list_hash(topics: list[str]) -> str:
+    """Pulsar's ``TopicList.calculateHash``: CRC32C of the sorted names joined by commas, as Guava prints it
+    (the four bytes little-endian, in hex)."""
+    return crc32c(",".join(sorted(topics)).encode()).to_bytes(4, "little").hex()
 
 
 class BrokerConnection:
@@ -221,8 +227,15 @@ class BrokerConnection:
         topics = self.cluster.topics_of_namespace(
             cmd.namespace, persistent=cmd.mode in (mode.PERSISTENT, mode.ALL),
             non_persistent=cmd.mode in (mode.NON_PERSISTENT, mode.ALL))
-        self._reply(api.CommandGetTopicsOfNamespaceResponse(request_id=cmd.request_id, topics=topics,
-                                                            filtered=False, changed=True))
+        # As Pulsar's ServerCnx: the list's hash always; when the client already holds that list
+        # (its topics_hash matches) nothing changed and no topics are sent.  A topics_pattern is
+        # not evaluated here (as with enableBrokerSideSubscriptionPatternEvaluation=false: a
+        # client's regex never runs in the broker), so the list is not filtered.
+        digest = topic_list_hash(topics)
+        unchanged = cmd.HasField("topics_hash") and cmd.topics_hash == digest
+        self._reply(api.CommandGetTopicsOfNamespaceResponse(
+            request_id=cmd.request_id, topics=[] if unchanged else topics, filtered=False, changed=not unchanged,
+            topics_hash=digest))
 
     # producers --------------------------------------------------------------------
 

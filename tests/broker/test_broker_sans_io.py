@@ -8,7 +8,7 @@ from proxy.broker.cluster import Cluster, ClusterConfig
 from proxy.broker.connection import BrokerConnection
 from proxy.errors import ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
-from proxy.protocol.frame import Frame, FrameDecoder, encode_command, frame_from_bytes
+from proxy.protocol.frame import Frame, FrameDecoder, crc32c, encode_command, frame_from_bytes
 
 
 def make(brokers: int = 2) -> tuple[Cluster, list[BrokerConnection]]:
@@ -58,3 +58,26 @@ def test_partitioned_metadata_auto_creates_partitioned_topics_when_configured() 
         f"persistent://public/default/auto-partition-{i}" for i in range(3)]
     [again] = roundtrip(conn, api.CommandPartitionedTopicMetadata(topic="auto-partition-1", request_id=2))
     assert again.command.partitionMetadataResponse.partitions == 0
+
+
+def test_topic_list_polls_carry_pulsars_hash_and_nothing_when_the_client_holds_the_list() -> None:
+    """GET_TOPICS_OF_NAMESPACE as Pulsar's ServerCnx answers it (pattern consumers poll with it)."""
+    cluster, (conn, _) = make()
+    roundtrip(conn, api.CommandConnect(client_version="t", protocol_version=21))
+    cluster.get_topic("persistent://public/default/listed-a")
+    ask = api.CommandGetTopicsOfNamespace(namespace="public/default", request_id=1)
+    [first] = roundtrip(conn, ask)
+    answer = first.command.getTopicsOfNamespaceResponse
+    assert list(answer.topics) == ["persistent://public/default/listed-a"] and answer.changed
+    # TopicList.calculateHash: CRC32C over the sorted names joined by ",", printed as Guava does
+    expected = crc32c(b"persistent://public/default/listed-a").to_bytes(4, "little").hex()
+    assert answer.topics_hash == expected and not answer.filtered
+    ask.request_id, ask.topics_hash = 2, answer.topics_hash
+    [again] = roundtrip(conn, ask)
+    assert not again.command.getTopicsOfNamespaceResponse.changed
+    assert list(again.command.getTopicsOfNamespaceResponse.topics) == []
+    cluster.get_topic("persistent://public/default/listed-b")
+    ask.request_id = 3
+    [grown] = roundtrip(conn, ask)
+    assert grown.command.getTopicsOfNamespaceResponse.changed
+    assert len(grown.command.getTopicsOfNamespaceResponse.topics) == 2

@@ -11,6 +11,9 @@ import pulsar
 import pytest
 
 from proxy.broker import ThreadedCluster
+from proxy.config.proxy_config import HostPort, ProxyConfig, ServiceUrl
+from proxy.server.app import ProxyServer
+from proxy.server.threaded import ThreadedProxy
 
 TIMEOUT_MS = 10_000
 
@@ -92,10 +95,10 @@ def test_terminated_topic_refuses_sends_and_new_producers(broker: ThreadedCluste
         client.close()
 
 
-def test_regex_subscription_finds_topics_created_later(broker: ThreadedCluster,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    # pulsar-client's Python wrapper accepts pattern_auto_discovery_period but never
-    # passes it on; set it on the configuration object the wrapper creates
+@pytest.fixture
+def discovery_every_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pulsar-client 3.13's Python wrapper accepts ``pattern_auto_discovery_period`` but never passes it
+    on (the C++ core then polls every 60 s); set it on the configuration object the wrapper creates."""
     real_configuration = _pulsar.ConsumerConfiguration
 
     def configuration() -> _pulsar.ConsumerConfiguration:
@@ -104,6 +107,9 @@ def test_regex_subscription_finds_topics_created_later(broker: ThreadedCluster,
         return conf
 
     monkeypatch.setattr(_pulsar, "ConsumerConfiguration", configuration)
+
+
+def test_regex_subscription_finds_topics_created_later(broker: ThreadedCluster, discovery_every_second: None) -> None:
     client = pulsar.Client(broker.service_url, operation_timeout_seconds=5)
     try:
         client.create_producer("regex-a").send(b"a")
@@ -115,6 +121,33 @@ def test_regex_subscription_finds_topics_created_later(broker: ThreadedCluster,
         assert consumer.receive(TIMEOUT_MS).data() == b"b"
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("via", ["broker", "proxy"])
+def test_a_pattern_consumer_receives_a_topic_created_after_it_subscribed(
+        broker_cluster, discovery_every_second: None, via: str) -> None:  # type: ignore[no-untyped-def]
+    """The issue's trial: subscribe to prefix.*, then a producer creates prefix+'later' and sends 5."""
+    cluster: ThreadedCluster = broker_cluster(brokers=2)
+    config = ProxyConfig(upstream=ServiceUrl.parse(cluster.service_url), listen=HostPort("127.0.0.1", 0))
+    proxy = ThreadedProxy(ProxyServer(config)).start() if via == "proxy" else None
+    url = proxy.service_url if proxy is not None else cluster.service_url
+    client = pulsar.Client(url, operation_timeout_seconds=10)
+    prefix = f"persistent://public/default/pattern-{via}-"
+    try:
+        client.create_producer(prefix + "first").send(b"first")
+        consumer = client.subscribe(re.compile(prefix + ".*"), "rx", pattern_auto_discovery_period=1,
+                                    initial_position=pulsar.InitialPosition.Earliest)
+        assert consumer.receive(TIMEOUT_MS).data() == b"first"
+        producer = client.create_producer(prefix + "later", batching_enabled=False)
+        for i in range(5):
+            producer.send_async(b"later %d" % i, None)
+        producer.flush()
+        got = [consumer.receive(TIMEOUT_MS).data() for _ in range(5)]
+        assert got == [b"later %d" % i for i in range(5)]
+    finally:
+        client.close()
+        if proxy is not None:
+            proxy.stop()
 
 
 def test_schema_is_stored_versioned_and_checked_by_consumers(broker: ThreadedCluster) -> None:
