@@ -5,11 +5,13 @@ Frames are taken in capture-time order across connections; every recorded frame
 in its direction, with its wire size (payloads zero-filled when they were not
 recorded).  A connection's handshake is placed at its recorded start, its FIN
 exchange at its recorded end (none if the recording stopped while it was open).
-Connections with no recorded addresses get stand-ins: client 192.0.2.x, broker
-198.51.100.1:6650 (documentation ranges).  The output path is checked before
-anything is read, and the capture is written under a temporary name and renamed
-into place only when complete (:mod:`proxy.recording.output`); what the reader
-skipped in a damaged recording is in :attr:`ExportSummary.report`.
+Each conversation runs between the recorded client and the broker the proxy routed
+the connection to; connections with no recorded addresses (a client that left before
+CONNECT) get stand-ins: client 192.0.2.x, broker 198.51.100.1:6650 (documentation
+ranges).  ``recordings/pulsar.lua`` is a Wireshark dissector for what is inside.  The
+output path is checked before anything is read, and the capture is written under a
+temporary name and renamed into place only when complete (:mod:`proxy.recording.output`);
+what the reader skipped in a damaged recording is in :attr:`ExportSummary.report`.
 """
 
 from __future__ import annotations

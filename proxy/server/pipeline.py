@@ -56,6 +56,7 @@ from proxy.protocol.session import Direction, Observation, SessionTracker, accou
 from proxy.server.holding import HoldQueue
 from proxy.server.hooks import (
     FORWARD,
+    ConnectionEvent,
     ConnectionInfo,
     FrameContext,
     FrameEvent,
@@ -160,7 +161,8 @@ class ConnectionPipeline:
 
     def __init__(self, info: ConnectionInfo, *, settings: PipelineSettings, directory: BrokerDirectory,
                  default_broker: ServiceUrl, now_ns: int, hook: FrameHook | None = None,
-                 publish: Callable[[FrameEvent], None] | None = None, observations: bool = True) -> None:
+                 publish: Callable[[FrameEvent | ConnectionEvent], None] | None = None,
+                 observations: bool = True) -> None:
         self.info = info
         self.settings = settings
         self.directory = directory
@@ -175,6 +177,8 @@ class ConnectionPipeline:
         self.phase = Phase.AWAITING_CONNECT
         self.hook = hook
         self.publish = publish
+        #: the connection's "opened" event went to the observers (once routed: it names the broker)
+        self.announced = False
         # Telemetry: a received frame's event is held until the verdict is known, so that it
         # carries the rules that fired and when the frame left (after the delays ahead of it).
         self._held_event: FrameEvent | None = None
@@ -305,6 +309,7 @@ class ConnectionPipeline:
         data: bytes | None = frame.raw
         if kind == T.CONNECT and direction is TO_BROKER:
             data = self._on_connect(frame, actions, run)
+            self.announce()
         elif kind == T.CONNECTED and direction is TO_CLIENT:
             self._on_connected(frame)
         elif self.phase is Phase.AWAITING_CONNECT:
@@ -404,6 +409,14 @@ class ConnectionPipeline:
         self._publish_proxy_frame(TO_CLIENT, answer, now_ns)
         return actions
 
+    def announce(self) -> None:
+        """Tell the observers the connection opened (at most once; from CONNECT on, naming its broker)."""
+        if self.announced:
+            return
+        self.announced = True
+        if self.publish is not None:
+            self.publish(ConnectionEvent(self.info, self.started_ns, closed=False))
+
     def _observe(self, frame: Frame, direction: Direction, now_ns: int) -> Observation | None:
         observation = None
         tracker = self.tracker
@@ -449,6 +462,9 @@ class ConnectionPipeline:
             cmd.connect.protocol_version = MAX_PROTOCOL_VERSION
             changed = True
         self.broker = broker
+        self.info = replace(self.info, broker_url=str(broker))
+        if self._held_event is not None:  # the CONNECT itself is the routed connection's first frame
+            self._held_event = replace(self._held_event, connection=self.info)
         self.phase = Phase.CONNECTING
         self._refresh_wanted()
         self._flush(TO_BROKER, run, actions)

@@ -119,8 +119,6 @@ class Relay:
 
     async def run(self) -> None:
         hub = self.server.observers
-        if hub.active:
-            hub.publish(ConnectionEvent(self.info, self._clock(), closed=False))
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -149,6 +147,7 @@ class Relay:
                 except Exception as exc:  # a hook bug must not break the teardown
                     log.warning("hook failed on connection close", conn=self.info.conn_id, error=repr(exc))
             if hub.active:
+                self.pipeline.announce()  # a connection that never sent CONNECT opened too
                 hub.publish(ConnectionEvent(self.info, self._clock(), closed=True, reason=ending.reason))
 
     def end(self, ending: _Ending) -> None:
@@ -305,7 +304,6 @@ class Relay:
             self.end(_Ending(f"client connection lost: {exc}"))
 
     async def _open_upstream(self, broker: ServiceUrl) -> None:
-        self.pipeline.info = ConnectionInfo(self.info.conn_id, self.info.client, self.info.listener, str(broker))
         self.upstream = await open_upstream(broker, self.server.upstream_tls_context)
         log.debug("upstream connected", conn=self.info.conn_id, broker=str(broker))
         assert self._nursery is not None

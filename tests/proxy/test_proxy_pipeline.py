@@ -14,7 +14,7 @@ from proxy.protocol.session import Direction
 from proxy.rules.engine import RulesEngine
 from proxy.rules.hook import RulesHook
 from proxy.rules.loader import load_rules_text
-from proxy.server.hooks import DROP, ConnectionInfo, FrameContext, FrameEvent, Origin, Verdict
+from proxy.server.hooks import DROP, ConnectionEvent, ConnectionInfo, FrameContext, FrameEvent, Origin, Verdict
 from proxy.server.lookup import BrokerDirectory, UnroutableBroker
 from proxy.server.pipeline import (
     MAX_PROTOCOL_VERSION,
@@ -303,15 +303,19 @@ def test_a_frame_never_overtakes_a_delayed_one_before_it_in_its_direction() -> N
     assert sent(p.receive(TO_CLIENT, receipt(2), SECOND), TO_CLIENT) == receipt(2)
 
 
-def test_observers_get_every_frame_and_what_the_proxy_changed() -> None:
-    events: list[FrameEvent] = []
-    p = pipeline(events=events)
+def test_observers_hear_the_routed_connection_open_then_every_frame_and_what_the_proxy_changed() -> None:
+    events: list[FrameEvent | ConnectionEvent] = []
+    p = pipeline(events=events)  # type: ignore[arg-type]
     connected(p)
     p.receive(TO_CLIENT, lookup(LookupType.Connect), 0)
-    assert [(e.frame.type_name, e.origin) for e in events] == [
+    opened, *frames = events
+    assert isinstance(opened, ConnectionEvent) and not opened.closed
+    assert opened.connection.broker_url == str(UPSTREAM)  # the broker CONNECT routed it to
+    assert [(e.frame.type_name, e.origin) for e in frames] == [  # type: ignore[union-attr]
         ("CONNECT", Origin.CLIENT), ("CONNECTED", Origin.BROKER),
         ("LOOKUP_RESPONSE", Origin.BROKER), ("LOOKUP_RESPONSE", Origin.PROXY)]
-    assert events[3].frame.command.lookupTopicResponse.brokerServiceUrl == "pulsar://proxy.example:40001"
+    assert all(e.connection.broker_url == str(UPSTREAM) for e in frames)
+    assert frames[3].frame.command.lookupTopicResponse.brokerServiceUrl == "pulsar://proxy.example:40001"  # type: ignore[union-attr]
 
 
 def test_proxy_frames_are_never_spliced_into_a_frame_passing_through() -> None:
@@ -342,8 +346,9 @@ def test_observers_that_read_no_observation_get_every_frame_without_the_session_
     producer = encode_command(api.CommandProducer(topic="persistent://t/n/a", producer_id=1, request_id=2))
     assert sent(p.receive(TO_BROKER, producer, 0), TO_BROKER) == producer
     assert p.tracker is None
-    assert [e.frame.type for e in events] == [T.CONNECT, T.CONNECTED, T.PRODUCER]
-    assert all(e.observation is None and e.frame._command is None for e in events[2:])
+    frames = [e for e in events if isinstance(e, FrameEvent)]
+    assert [e.frame.type for e in frames] == [T.CONNECT, T.CONNECTED, T.PRODUCER]
+    assert all(e.observation is None and e.frame._command is None for e in frames[2:])
 
 
 def test_observers_by_default_get_the_session_trackers_observation() -> None:

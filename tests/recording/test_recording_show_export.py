@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 import shutil
 import subprocess
 from collections import Counter
@@ -14,11 +15,17 @@ from pathlib import Path
 import pytest
 from recording_sessions import BASE_NS, TOPIC, record_sessions, session
 
+from proxy.broker.cluster import ClusterConfig
+from proxy.broker.embedded import ThreadedCluster
 from proxy.cli import main
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.frame import frame_from_bytes
 from proxy.recording.export import export_pcap
+from proxy.recording.reader import open_recordings
 from proxy.recording.show import ShowOptions, show
+from proxy.replay.rig import RecordingProxy, official_session
+
+DISSECTOR = Path(__file__).resolve().parents[2] / "recordings" / "pulsar.lua"
 
 
 @pytest.fixture
@@ -183,3 +190,59 @@ def test_message_fields_keep_proto_names() -> None:
     fields = message_fields(api.CommandLookupTopicResponse(request_id=1, brokerServiceUrl="pulsar://b:6650",
                                                            response=api.CommandLookupTopicResponse.Redirect))
     assert fields == {"request_id": 1, "brokerServiceUrl": "pulsar://b:6650", "response": "Redirect"}
+
+
+def _official_recording(tmp_path: Path, brokers: int = 2) -> tuple[Path, set[str]]:
+    """The official client produces and consumes on a 2-partition topic through a recording proxy."""
+    cluster = ThreadedCluster(ClusterConfig(brokers=brokers, auto_partitions=2)).start()
+    try:
+        with RecordingProxy(cluster.service_url, tmp_path / "rec") as proxy:
+            official_session(proxy.service_url, "persistent://public/default/pcap-brokers", "s", 50)
+        assert proxy.recorder is not None
+        return proxy.recording_path, set(cluster.addresses)
+    finally:
+        cluster.stop()
+
+
+def test_recordings_keep_each_connections_broker_in_the_index_and_the_opened_record(tmp_path: Path) -> None:
+    recording, brokers = _official_recording(tmp_path)
+    [rec] = open_recordings(recording).recordings
+    assert rec.index is not None and rec.index.connections
+    index_brokers = {f"{c.broker.host}:{c.broker.port}" for c in rec.index.connections if c.HasField("broker")}
+    assert len(index_brokers) >= 2 and index_brokers <= brokers  # every partition's owner, and the bootstrap
+    assert all(c.HasField("broker") for c in rec.index.connections)
+    opened = [r.opened for r in rec.records() if r.HasField("opened")]
+    assert {f"{o.broker.host}:{o.broker.port}" for o in opened} == index_brokers
+
+
+@pytest.mark.skipif(shutil.which("tshark") is None,
+                    reason="tshark is not installed (bash scripts/setup.sh or apt-get install -y tshark)")
+def test_the_pcap_of_an_official_client_recording_shows_the_real_brokers_and_decodes_as_pulsar(
+        tmp_path: Path) -> None:
+    recording, brokers = _official_recording(tmp_path)
+    out = tmp_path / "official.pcapng"
+    assert main(["export", str(recording), "--pcap", str(out)]) == 0
+    conv = _tshark("-r", str(out), "-q", "-z", "conv,tcp")
+    seen = set(re.findall(r"<-> (127\.0\.0\.1:\d+)", conv)) | set(re.findall(r"^(127\.0\.0\.1:\d+)\s+<->", conv, re.M))
+    assert seen & brokers and "198.51.100.1" not in conv
+    # the shipped dissector, on the brokers' ports, as FORMAT.md says: every frame decodes
+    decode_as = [arg for address in sorted(brokers)
+                 for arg in ("-d", f"tcp.port=={address.rsplit(':', 1)[1]},pulsar")]
+    text = _tshark("-X", f"lua_script:{DISSECTOR}", "-r", str(out), *decode_as)
+    assert "Pulsar: CONNECT" in text and "Pulsar: SEND_RECEIPT" in text and "Pulsar: MESSAGE" in text
+    assert "Malformed" not in text, text
+    damaged = _tshark("-X", f"lua_script:{DISSECTOR}", "-r", str(_damaged_copy(out, tmp_path)), *decode_as)
+    assert "Malformed" in damaged  # and it would say so
+
+
+def _damaged_copy(pcap: Path, tmp_path: Path) -> Path:
+    """The pcap with the checksum magic of every payload section broken (0x0e01 -> 0x0e0f)."""
+    data = pcap.read_bytes()
+    damaged = tmp_path / "damaged.pcapng"
+    damaged.write_bytes(data.replace(b"\x0e\x01", b"\x0e\x0f"))
+    return damaged
+
+
+def test_the_shipped_dissector_names_every_command_the_protocol_defines() -> None:
+    table = dict(re.findall(r"\[(\d+)\] = \"([A-Z_]+)\"", DISSECTOR.read_text(encoding="utf-8")))
+    assert {int(k): v for k, v in table.items()} == {int(v): n for n, v in api.BaseCommand.Type.items()}
