@@ -80,8 +80,15 @@ def _read_token(path: str | None) -> str | None:
 
 
 def connection_rows(server: ProxyServer) -> list[dict[str, Any]]:
-    """``GET /connections``: peers, producers, consumers, topics, bytes and permits per connection."""
+    """``GET /connections``: peers, producers, consumers, topics, bytes and permits per connection.
+
+    Outstanding FLOW permits come from telemetry, which sees every frame (the admin API
+    always has it, for /metrics): the same count as ``pulsar_tap_outstanding_permits``.
+    The relay's own session tracker follows FLOW and MESSAGE only when something on the
+    relay path needs them, so it is the fallback.
+    """
     rows = []
+    telemetry = server.telemetry.telemetry if server.telemetry is not None else None
     for relay in list(server.relays):
         pipeline = relay.pipeline
         info = pipeline.info
@@ -89,12 +96,12 @@ def connection_rows(server: ProxyServer) -> list[dict[str, Any]]:
         producers: list[dict[str, Any]] = [] if tracker is None else [
             {"producer_id": p.producer_id, "topic": p.topic, "producer_name": p.producer_name}
             for p in tracker.producers.values()]
-        # Permits are counted only when the tracker observes every FLOW and MESSAGE (observers
-        # that read observations); for the rules alone it does not, and the rows say "unknown".
-        exact = pipeline.permits_exact or tracker is None
+        counted = telemetry.permits(info.conn_id) if telemetry is not None else None
+        exact = counted is not None or pipeline.permits_exact or tracker is None
         consumers: list[dict[str, Any]] = [] if tracker is None else [
             {"consumer_id": c.consumer_id, "topic": c.topic, "subscription": c.subscription,
-             "sub_type": c.sub_type, "consumer_name": c.consumer_name, "permits": c.permits if exact else None}
+             "sub_type": c.sub_type, "consumer_name": c.consumer_name,
+             "permits": (counted.get(c.consumer_id, 0) if counted is not None else c.permits) if exact else None}
             for c in tracker.consumers.values()]
         rows.append({
             "conn_id": info.conn_id, "client": info.client, "listener": info.listener,

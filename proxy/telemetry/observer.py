@@ -77,6 +77,11 @@ class Telemetry:
                 self.metrics.rules_fired(fired)
         self._publish(conn_id, outcome)
 
+    def permits(self, conn_id: int) -> dict[int, int]:
+        """consumer id -> outstanding FLOW permits on one connection, as the permits gauge counts them."""
+        timeline = self._timelines.get(conn_id)
+        return {} if timeline is None else timeline.permits_by_consumer()
+
     def connection_closed(self, conn_id: int, ts_ns: int, reason: str | None = None) -> None:
         timeline = self._timelines.pop(conn_id, None)
         if timeline is None:

@@ -200,6 +200,13 @@ class ConnectionTimeline:
     def outstanding_permits(self) -> int:
         return sum(cycle.remaining for cycles in self._cycles.values() for cycle in cycles)
 
+    def permits_by_consumer(self) -> dict[int, int]:
+        """consumer id -> FLOW permits granted and not yet used, for every consumer on the connection."""
+        permits = dict.fromkeys(self.session.consumers, 0)
+        for consumer_id, cycles in self._cycles.items():
+            permits[consumer_id] = sum(cycle.remaining for cycle in cycles)
+        return permits
+
     def frame(self, frame: Frame, direction: Direction, origin: str, received_ns: int,
               forwarded_ns: int | None = None, fired: tuple[str, ...] = ()) -> FrameOutcome:
         """Account for one frame; ``forwarded_ns`` is when it left the proxy (None: not forwarded/unknown)."""

@@ -393,3 +393,39 @@ def test_every_ready_rule_file_loads_in_a_running_proxy(path: Path, broker: Thre
     body = stack.admin.get("/rules").json()
     assert [rule["name"] for rule in body["rules"]] == [rule.name for rule in expected.rules]
     assert body["seed"] == expected.seed
+
+
+# -- GET /connections ---------------------------------------------------------------------------------
+def _outstanding_permits_metric(stack: ThreadedStack) -> float:
+    assert stack.admin is not None
+    text = stack.admin.get("/metrics").text
+    [value] = [float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("pulsar_tap_outstanding_permits") and not line.startswith("#")]
+    return value
+
+
+@pytest.mark.parametrize("rules", ["rules: []\n", (Path(__file__).parents[2] / "rules" / "demo.yaml").read_text()],
+                         ids=["no-rules", "demo-rules"])
+def test_connections_always_report_each_consumers_permits_as_metrics_count_them(
+        broker: ThreadedCluster, rules_proxy: StackFactory, clients, rules: str) -> None:  # type: ignore[no-untyped-def]
+    stack = rules_proxy(broker.service_url, rules)
+    client = client_for(stack, clients)
+    name = topic("permits")
+    consumer = client.subscribe(name, "s", receiver_queue_size=100)
+    prod = producer(client, name)
+    for i in range(30):
+        prod.send(f"p{i}".encode())
+    receive_all(consumer, 30)
+    assert stack.admin is not None
+    deadline = time.monotonic() + 10
+    while True:  # the counts settle once the last MESSAGE and FLOW crossed the proxy
+        rows = stack.admin.get("/connections").json()["connections"]
+        consumers = [c for row in rows for c in row["consumers"]]
+        total = sum(row["permits"] for row in rows)
+        if (consumers and total == _outstanding_permits_metric(stack)) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert [c["topic"] for c in consumers] == [name]
+    assert all(isinstance(c["permits"], int) for c in consumers)
+    assert 0 < consumers[0]["permits"] <= 100  # the queue's permits, less what is still on its way
+    assert total == consumers[0]["permits"] == _outstanding_permits_metric(stack)
