@@ -37,7 +37,8 @@ def to_verdict(decision: Decision, direction: Direction) -> Verdict:
     later = tuple(Later(d.after_s, d.to_broker == to_broker, d.data) for d in decision.deferred)
     return Verdict(forward=decision.forward, replacement=decision.replacement, to_sender=to_sender,
                    to_receiver=to_receiver, delay_s=decision.delay_s, lane=decision.lane, later=later,
-                   slice_bytes=decision.slice_bytes, close=decision.close, fired=decision.fired)
+                   slice_bytes=decision.slice_bytes, close=decision.close, fired=decision.fired,
+                   marks=decision.marks)
 
 
 class RulesHook:

@@ -342,10 +342,12 @@ def _build_action(s: _Section, name: str, commands: frozenset[int] | None) -> Ac
         done(("label",))
         put("label", lambda: s.text("label", None))
         return Mark(out.get("label"))
-    # slice
-    done(("bytes",))
-    put("bytes", lambda: s.number("bytes", 1, low=1, integer=True))
-    return Slice(int(out.get("bytes") or 1))
+    if name == "slice":
+        done(("bytes",))
+        put("bytes", lambda: s.number("bytes", 1, low=1, integer=True))
+        return Slice(int(out.get("bytes") or 1))
+    # an action the model names but this loader cannot build: refused, never taken for another
+    raise s.c.error(s.line_of_self(), s.path, f"unknown action {name!r} (expected one of: {', '.join(ACTIONS)})")
 
 
 def _rewrite(s: _Section, commands: frozenset[int] | None) -> Action:

@@ -95,6 +95,8 @@ class Verdict:
     close: str | None = None
     #: names of the rules that fired, for observers (span events, metrics)
     fired: tuple[str, ...] = field(default=())
+    #: labels of ``mark`` rules that fired: tags for the trace span of this frame
+    marks: tuple[str, ...] = field(default=())
 
 
 FORWARD: Final = Verdict()
@@ -146,6 +148,8 @@ class FrameEvent:
     fired: tuple[str, ...] = ()
     #: when the frame left the proxy: ``ts_ns`` plus the rule delays ahead of it (None: not forwarded)
     forwarded_ns: int | None = None
+    #: labels of ``mark`` rules that fired on it (the span of its request or delivery carries them)
+    marks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

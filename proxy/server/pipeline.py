@@ -390,7 +390,7 @@ class ConnectionPipeline:
             verdict = self.hook.on_frame(FrameContext(self.info, TO_CLIENT, now_ns, observation),
                                          frame_from_bytes(data, 2**31))
         due_ns = now_ns + int(verdict.delay_s * 1e9)
-        self._release_event(verdict.forward, verdict.fired, due_ns)
+        self._release_event(verdict.forward, verdict.fired, due_ns, verdict.marks)
         if not verdict.forward:
             return actions
         out = verdict.replacement if verdict.replacement is not None else data
@@ -434,15 +434,16 @@ class ConnectionPipeline:
         return observation
 
     def _release_event(self, forwarded: bool = True, fired: tuple[str, ...] = (),
-                       forwarded_ns: int | None = None) -> None:
+                       forwarded_ns: int | None = None, marks: tuple[str, ...] = ()) -> None:
         """Publish the held event of the frame being handled (telemetry; see __init__)."""
         event, self._held_event = self._held_event, None
         if event is None or self.publish is None:
             return
         if forwarded_ns is None:
             forwarded_ns = event.forwarded_ns
-        if fired or not forwarded or event.forwarded_ns != forwarded_ns:
-            event = replace(event, fired=fired or event.fired, forwarded_ns=forwarded_ns if forwarded else None)
+        if fired or marks or not forwarded or event.forwarded_ns != forwarded_ns:
+            event = replace(event, fired=fired or event.fired, forwarded_ns=forwarded_ns if forwarded else None,
+                            marks=marks or event.marks)
         self.publish(event)
 
     def _on_connect(self, frame: Frame, actions: list[Action], run: list[Piece | bytes]) -> bytes:
@@ -497,7 +498,7 @@ class ConnectionPipeline:
         if in_lane:
             # never before its lane's last frame, nor before what its direction's stream holds
             due_ns = self.held.release_at(self.held.release_at(due_ns, lane), direction)
-        self._release_event(verdict.forward, verdict.fired, due_ns if in_lane else None)
+        self._release_event(verdict.forward, verdict.fired, due_ns if in_lane else None, verdict.marks)
         answers = [self._towards(back, extra) for extra in verdict.to_sender
                    if not (back is TO_CLIENT and self._follows(extra, actions))]
         if answers:

@@ -52,7 +52,7 @@ class Telemetry:
 
     def frame(self, conn_id: int, direction: Direction, frame: Frame, received_ns: int, *,
               forwarded_ns: int | None = None, origin: str | None = None, fired: tuple[str, ...] = (),
-              broker: str | None = None) -> None:
+              broker: str | None = None, marks: tuple[str, ...] = ()) -> None:
         """One frame crossed (``origin`` defaults to the sender its direction implies)."""
         self.frames_seen += 1
         if origin is None:
@@ -67,7 +67,7 @@ class Telemetry:
                 self.spans.connection_routed(conn_id, self._peers[conn_id])
         if self.spans is None and self.metrics is None:
             return
-        outcome = timeline.frame(frame, direction, origin, received_ns, forwarded_ns, fired)
+        outcome = timeline.frame(frame, direction, origin, received_ns, forwarded_ns, fired, marks)
         if self.metrics is not None:
             command = type_name(frame.type)
             self.metrics.frame(command, direction.value, origin, frame.size)
@@ -144,4 +144,4 @@ class TelemetryObserver:
     def on_frame(self, event: FrameEvent) -> None:
         self.telemetry.frame(event.connection.conn_id, event.direction, event.frame, event.ts_ns,
                              forwarded_ns=event.forwarded_ns, origin=event.origin.value, fired=event.fired,
-                             broker=_broker_of(event.connection))
+                             broker=_broker_of(event.connection), marks=event.marks)

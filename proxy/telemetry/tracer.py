@@ -19,7 +19,8 @@ covers exactly what the client experienced, injected delays included):
 - a SEND whose message properties carry W3C ``traceparent`` joins that trace (the
   connection span is then a link), and further batch entries' contexts are links;
 - each fired rule is a span event named ``rule`` (``rule.name``), and the list of
-  rules is the ``pulsar.rules`` attribute.
+  rules is the ``pulsar.rules`` attribute; the labels of ``mark`` rules are the
+  ``pulsar.marks`` attribute.
 
 Sampling: ``sample`` is the probability of recording a request or delivery span,
 drawn from a seeded generator; connection spans are always recorded; a span that
@@ -205,6 +206,8 @@ class SpanWriter:
             attributes["pulsar.lookup.broker_url"] = exchange.lookup_broker_url
         if exchange.rules:
             attributes["pulsar.rules"] = list(dict.fromkeys(rule.name for rule in exchange.rules))
+        if exchange.marks:
+            attributes["pulsar.marks"] = list(dict.fromkeys(exchange.marks))
         return attributes
 
     # -- deliveries -----------------------------------------------------------------------
@@ -236,6 +239,8 @@ class SpanWriter:
             attributes["messaging.client.id"] = cycle.consumer_name
         if cycle.rules:
             attributes["pulsar.rules"] = list(dict.fromkeys(rule.name for rule in cycle.rules))
+        if cycle.marks:
+            attributes["pulsar.marks"] = list(dict.fromkeys(cycle.marks))
         parent, links = self._parent_and_links(cycle.conn_id, ())
         span = self.tracer.start_span(DELIVERY_SPAN, context=parent, kind=SpanKind.CONSUMER, attributes=attributes,
                                       links=links, start_time=cycle.flow_received_ns)

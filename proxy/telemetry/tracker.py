@@ -80,6 +80,8 @@ class RequestTiming:
     rules: list[FiredRule] = field(default_factory=list)
     traces: tuple[TraceContext, ...] = ()
     authoritative: bool | None = None
+    #: labels of ``mark`` rules that fired on the request
+    marks: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -98,6 +100,8 @@ class Exchange:
     subscription: str | None = None
     lookup_answer: str | None = None
     lookup_broker_url: str | None = None
+    #: labels of ``mark`` rules that fired on the request or its answer
+    marks: list[str] = field(default_factory=list)
 
     @property
     def command(self) -> str:
@@ -156,6 +160,8 @@ class DeliveryCycle:
     complete: bool = False
     ended_by: str | None = None  # "permits used" | "consumer closed" | "connection closed"
     rules: list[FiredRule] = field(default_factory=list)
+    #: labels of ``mark`` rules that fired on the FLOW or the MESSAGEs
+    marks: list[str] = field(default_factory=list)
 
     @property
     def remaining(self) -> int:
@@ -208,7 +214,8 @@ class ConnectionTimeline:
         return permits
 
     def frame(self, frame: Frame, direction: Direction, origin: str, received_ns: int,
-              forwarded_ns: int | None = None, fired: tuple[str, ...] = ()) -> FrameOutcome:
+              forwarded_ns: int | None = None, fired: tuple[str, ...] = (),
+              marks: tuple[str, ...] = ()) -> FrameOutcome:
         """Account for one frame; ``forwarded_ns`` is when it left the proxy (None: not forwarded/unknown)."""
         out = FrameOutcome()
         kind = frame.type
@@ -228,16 +235,18 @@ class ConnectionTimeline:
         out.topic = observation.topic
         placed = False
         if direction is Direction.TO_BROKER or kind == T.PING:
-            placed = self._start_request(frame, kind, command, direction, received_ns, forwarded_ns, rules)
+            placed = self._start_request(frame, kind, command, direction, received_ns, forwarded_ns, rules, marks)
         if observation.completed is not None:
-            out.exchanges.append(self._finish(observation.completed, frame, direction, origin, received_ns,
-                                              forwarded_ns, rules))
+            exchange = self._finish(observation.completed, frame, direction, origin, received_ns, forwarded_ns,
+                                    rules)
+            exchange.marks.extend(marks)
+            out.exchanges.append(exchange)
             placed = True
         if kind == T.FLOW and direction is Direction.TO_BROKER:
-            out.permits_delta += self._grant(frame, received_ns, forwarded_ns, rules)
+            out.permits_delta += self._grant(frame, received_ns, forwarded_ns, rules, marks)
             placed = True
         elif kind == T.MESSAGE and direction is Direction.TO_CLIENT:
-            placed = self._deliver(frame, forwarded_ns or received_ns, rules, out) or placed
+            placed = self._deliver(frame, forwarded_ns or received_ns, rules, out, marks) or placed
         if kind in (T.SEND, T.MESSAGE):
             out.messages = _message_count(frame, kind)
         self._count_ids(out)
@@ -261,11 +270,11 @@ class ConnectionTimeline:
 
     # -- requests -------------------------------------------------------------------------
     def _start_request(self, frame: Frame, kind: int, command: str, direction: Direction, received_ns: int,
-                       forwarded_ns: int | None, rules: list[FiredRule]) -> bool:
+                       forwarded_ns: int | None, rules: list[FiredRule], marks: tuple[str, ...]) -> bool:
         key = _request_key(frame, kind)
         if key is None:
             return False
-        timing = RequestTiming(command, received_ns, forwarded_ns, frame.size, list(rules))
+        timing = RequestTiming(command, received_ns, forwarded_ns, frame.size, list(rules), marks=list(marks))
         if kind == T.PING:
             self._pings[direction].append(timing)
             return True
@@ -286,7 +295,7 @@ class ConnectionTimeline:
         else:
             timing = self._timings.pop(_key_of(pair), None)
         exchange = Exchange(self.conn_id, pair, timing, received_ns, forwarded_ns, origin,
-                            [*(timing.rules if timing else ()), *rules])
+                            [*(timing.rules if timing else ()), *rules], marks=list(timing.marks) if timing else [])
         if pair.producer_id is not None and (producer := self.session.producers.get(pair.producer_id)):
             exchange.producer_name = producer.producer_name
         if pair.consumer_id is not None and (consumer := self.session.consumers.get(pair.consumer_id)):
@@ -302,13 +311,15 @@ class ConnectionTimeline:
         return exchange
 
     # -- delivery cycles ------------------------------------------------------------------
-    def _grant(self, frame: Frame, received_ns: int, forwarded_ns: int | None, rules: list[FiredRule]) -> int:
+    def _grant(self, frame: Frame, received_ns: int, forwarded_ns: int | None, rules: list[FiredRule],
+               marks: tuple[str, ...]) -> int:
         flow = frame.command.flow
         consumer = self.session.consumers.get(flow.consumer_id)
         cycle = DeliveryCycle(self.conn_id, flow.consumer_id, consumer.topic if consumer else None,
                               consumer.subscription if consumer else None,
                               consumer.consumer_name if consumer else None,
-                              flow.messagePermits, received_ns, forwarded_ns, rules=list(rules))
+                              flow.messagePermits, received_ns, forwarded_ns, rules=list(rules),
+                              marks=list(marks))
         cycles = self._cycles.setdefault(flow.consumer_id, deque())
         cycles.append(cycle)
         if len(cycles) > MAX_OPEN_CYCLES:
@@ -316,7 +327,8 @@ class ConnectionTimeline:
             cycles[0].permits += oldest.remaining
         return int(flow.messagePermits)
 
-    def _deliver(self, frame: Frame, ts_ns: int, rules: list[FiredRule], out: FrameOutcome) -> bool:
+    def _deliver(self, frame: Frame, ts_ns: int, rules: list[FiredRule], out: FrameOutcome,
+                 marks: tuple[str, ...]) -> bool:
         consumer_id = frame.command.message.consumer_id
         cycles = self._cycles.get(consumer_id)
         if not cycles:
@@ -325,6 +337,7 @@ class ConnectionTimeline:
         out.permits_delta -= min(used, sum(c.remaining for c in cycles))
         cycle = cycles[0]
         cycle.rules.extend(rules)
+        cycle.marks.extend(marks)
         cycle.frames += 1
         cycle.bytes += frame.size
         if cycle.first_message_ns is None:

@@ -195,3 +195,16 @@ def test_json_bodies_have_keys_but_no_lines() -> None:
     assert isinstance(info.value, ConfigError)
     document = ruleset_from_data([{"name": "y", "action": "drop"}])
     assert document.names() == ["y"] and document.seed is None
+
+
+def test_an_action_name_the_loader_cannot_build_is_an_error_never_another_action(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A name the model knows but the loader has no builder for is refused, not taken for ``slice``."""
+    from proxy.rules import loader, model
+
+    monkeypatch.setitem(loader.ACTIONS, "teleport", model.Slice)
+    with pytest.raises(RuleFileError) as refused:
+        load_rules_text("rules:\n  - name: a\n    action: {teleport: {bytes: 3}}\n", "new.yaml")
+    assert [e.format() for e in refused.value.errors] == [
+        "new.yaml:3: rules[0].action.teleport: unknown action 'teleport' (expected one of: "
+        f"{', '.join(loader.ACTIONS)})"]

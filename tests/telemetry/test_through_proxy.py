@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pulsar
@@ -54,12 +55,12 @@ def topic_owned_by(cluster: ThreadedCluster, index: int, prefix: str) -> str:
     raise AssertionError("no topic name found")
 
 
-def run_traffic(cluster: ThreadedCluster, exporter: InMemorySpanExporter, topics: list[str],
+def run_traffic(cluster: ThreadedCluster, exporter: InMemorySpanExporter, topics: list[str], rules: str = SLOW_RULES,
                 **client_options: Any) -> tuple[list[ReadableSpan], TelemetryPipeline]:
     pipeline = build_telemetry(span_exporter=exporter, seed=3)
     config = ProxyConfig(upstream=ServiceUrl.parse(cluster.service_url), listen=HostPort("127.0.0.1", 0),
                          limits=LimitsConfig(drain_seconds=0.5))
-    hook = RulesHook(RulesEngine(load_rules_text(SLOW_RULES)))
+    hook = RulesHook(RulesEngine(load_rules_text(rules)))
     proxy = ThreadedProxy(ProxyServer(config, hook=hook, observers=[pipeline.observer]), "telemetry-test-proxy")
     url = proxy.start().service_url
     try:
@@ -232,3 +233,18 @@ def test_thousands_of_pipelined_sends_through_a_proxy_with_telemetry_all_arrive(
     assert sends == count
     assert server.observers.dropped == 0
     pipeline.shutdown()
+
+
+def test_the_mark_actions_label_tags_the_span_with_the_demo_rules(cluster: ThreadedCluster) -> None:
+    """rules/demo.yaml marks lookups ``label: demo-lookup``: every LOOKUP span carries the label."""
+    exporter = InMemorySpanExporter()
+    demo = (Path(__file__).resolve().parents[2] / "rules" / "demo.yaml").read_text(encoding="utf-8")
+    topic = topic_owned_by(cluster, 1, "marked")
+    spans, pipeline = run_traffic(cluster, exporter, [topic], rules=demo)
+    try:
+        lookups = [s for s in spans if s.name == "LOOKUP"]
+        assert lookups and all(s.attributes["pulsar.marks"] == ("demo-lookup",) for s in lookups)
+        assert all("mark-lookups" in s.attributes["pulsar.rules"] for s in lookups)
+        assert not any("pulsar.marks" in s.attributes for s in spans if s.name == "SEND")
+    finally:
+        pipeline.shutdown()
