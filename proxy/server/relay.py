@@ -95,6 +95,8 @@ class Relay:
     _nursery: trio.Nursery | None = None
     _client_pump: _ReactorPump | None = None
     _finished: set[Direction] = field(default_factory=set)
+    #: "client" or "broker": whose EOF came first (the log names it as the one who closed)
+    _first_to_close: str | None = None
     _clock: Callable[[], int] = field(default=time.time_ns)
     #: set to wake the release task (new frames held)
     _held_changed: trio.Event | None = None
@@ -167,10 +169,13 @@ class Relay:
         and the kernel would discard the last bytes the proxy forwarded.
         """
         who = "client" if direction is TO_BROKER else "broker"
+        if not self._finished:
+            self._first_to_close = who
         self._finished.add(direction)
         target = self.upstream if direction is TO_BROKER else self.client
         if len(self._finished) == 2 or target is None:
-            self.end(_Ending(f"{who} closed the connection"))
+            # the side that closed first ended the connection; the other only answered its FIN
+            self.end(_Ending(f"{self._first_to_close or who} closed the connection"))
             return
         try:
             await target.send_eof()

@@ -24,6 +24,7 @@ class FakeBroker:
     max_message_size: int | None = None
     answer_pings: bool = True
     read_after_handshake: bool = True
+    close_after_handshake: bool = False
     receipt_delay: float = 0.0
     lookup_answer: Callable[[Frame], bytes] | None = None
     received: bytearray = field(default_factory=bytearray)
@@ -59,6 +60,8 @@ class FakeBroker:
                         await self._answer(frame, stream, nursery)
                         if frame.type == T.CONNECT and not self.read_after_handshake:
                             await trio.sleep_forever()
+                        if frame.type == T.CONNECT and self.close_after_handshake:
+                            return
         except* (trio.BrokenResourceError, trio.ClosedResourceError, ProtocolError):
             pass  # the proxy went away (possibly with a reset, unread receipts in its buffer)
         finally:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pulsar
 import pytest
+import structlog
 from proxy_harness import ProxyFactory, ThreadedProxy, TlsMaterial
 
 from proxy.broker import ClusterConfig, ThreadedCluster
@@ -194,3 +195,18 @@ def test_proxy_through_follows_redirects_so_clients_dial_only_the_service_url(
     answers = [answer for origin, answer in seen.lookup_answers if origin.value == "proxy"]
     assert answers and all(a.response == api.CommandLookupTopicResponse.Connect and a.proxy_through_service_url
                            for a in answers)
+
+
+def test_an_official_clients_close_is_logged_as_the_client_closing(cluster: ThreadedCluster,
+                                                                     proxy_factory: ProxyFactory) -> None:
+    proxy = proxy_factory(cluster.service_url)
+    with structlog.testing.capture_logs() as logs:
+        client = client_for(proxy.service_url)
+        producer = client.create_producer("persistent://public/default/closing", batching_enabled=False)
+        producer.send(b"one")
+        client.close()
+        deadline = time.monotonic() + 10
+        while len([e for e in logs if e.get("event") == "connection closed"]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    reasons = [e["reason"] for e in logs if e.get("event") == "connection closed"]
+    assert len(reasons) >= 2 and set(reasons) == {"client closed the connection"}

@@ -8,6 +8,7 @@ import socket
 from collections.abc import AsyncIterator
 
 import pytest
+import structlog
 import trio
 from proxy_fake_broker import CONNECT, FakeBroker, handshake, receive_frames
 
@@ -287,3 +288,38 @@ async def test_proxy_through_follows_redirects_and_gives_up_after_ten_hops(nurse
     assert len(loop) == 1 + 10  # the client's, then ten hops
     assert not loop[0].authoritative and all(hop.authoritative for hop in loop[1:])  # as the Redirects said
     await stream.aclose()
+
+
+def _closing_reasons(logs: list[dict[str, object]]) -> list[object]:
+    return [entry["reason"] for entry in logs if entry.get("event") == "connection closed"]
+
+
+async def _logged_closing_reasons(logs: list[dict[str, object]]) -> list[object]:
+    """The reasons logged for closed connections, once there is one (the log line ends the relay)."""
+    for _ in range(1000):
+        if _closing_reasons(logs):
+            break
+        await trio.sleep(0.01)
+    return _closing_reasons(logs)
+
+
+@pytest.mark.parametrize("reactor", [True, False], ids=["reactor", "task-per-direction"])
+async def test_a_client_that_closes_after_connected_is_logged_as_the_client_closing(
+        nursery: trio.Nursery, reactor: bool) -> None:
+    broker = FakeBroker()
+    server = await start(nursery, broker, reactor)
+    with structlog.testing.capture_logs() as logs, trio.fail_after(10):
+        stream, _ = await handshake(server.main_address.port)
+        await stream.aclose()  # the client's FIN; the broker answers with its own
+        assert await _logged_closing_reasons(logs) == ["client closed the connection"]
+
+
+@pytest.mark.parametrize("reactor", [True, False], ids=["reactor", "task-per-direction"])
+async def test_a_broker_that_closes_is_logged_as_the_broker_closing(nursery: trio.Nursery, reactor: bool) -> None:
+    broker = FakeBroker(close_after_handshake=True)
+    server = await start(nursery, broker, reactor)
+    with structlog.testing.capture_logs() as logs, trio.fail_after(10):
+        stream, _ = await handshake(server.main_address.port)
+        assert await stream.receive_some(1024) == b""  # the broker's FIN, passed on
+        await stream.aclose()
+        assert await _logged_closing_reasons(logs) == ["broker closed the connection"]
