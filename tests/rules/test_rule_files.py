@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pulsar
-from official import AsyncSends, clients, official
+from official import AsyncSends, clients, official, read_back
 from rules_proxy import StackFactory
 
 from proxy.broker.embedded import ThreadedCluster
@@ -58,3 +58,153 @@ def test_slow_broker_delays_every_receipt_and_answer_by_200ms_side_by_side_and_n
     # one receipt per 200 ms would take 40 s; in flight side by side it takes about one delay
     assert elapsed < 10, elapsed
     assert min(stream.latencies.values()) >= 0.145
+
+
+def stack_for(broker: ThreadedCluster, rules_proxy: StackFactory, name: str):  # type: ignore[no-untyped-def]
+    return rules_proxy(broker.service_url, rule_file(name))
+
+
+# -- broken-lookups.yaml -----------------------------------------------------------------------
+def test_broken_lookups_fail_three_times_then_answer_late_and_the_client_gets_through(
+        broker: ThreadedCluster, rules_proxy: StackFactory, clients: list[pulsar.Client]) -> None:
+    """Three lookups fail (MetadataError), partition metadata fails one time in three, successful
+    lookups come 500 ms late; the client retries until it gets through, and then sends as usual."""
+    stack = stack_for(broker, rules_proxy, "broken-lookups.yaml")
+    client = official(stack.service_url, clients)
+    producers = []
+    for index in range(4):
+        started = time.monotonic()
+        producers.append(client.create_producer(f"persistent://public/default/lookups-{index}",
+                                                batching_enabled=False))
+        assert time.monotonic() - started >= 0.45  # its lookup answer was held 500 ms
+    hits = stack.hits()
+    assert hits["lookup-metadata-error"] == 3
+    assert hits["partitions-not-ready"] >= 1 and hits["slow-lookups"] >= 4
+    for producer in producers:
+        sends = AsyncSends(producer)
+        sends.send(50)
+        sends.wait()
+
+
+# -- consumer-throttling.yaml ------------------------------------------------------------------
+def _consume(consumer: pulsar.Consumer, count: int) -> float:
+    """Seconds to receive (and acknowledge) ``count`` messages."""
+    started = time.monotonic()
+    for _ in range(count):
+        consumer.acknowledge(consumer.receive(timeout_millis=20_000))
+    return time.monotonic() - started
+
+
+def test_consumer_throttling_paces_orders_consumers_at_50_per_second_and_not_producers(
+        broker: ThreadedCluster, rules_proxy: StackFactory, clients: list[pulsar.Client]) -> None:
+    stack = stack_for(broker, rules_proxy, "consumer-throttling.yaml")
+    client = official(stack.service_url, clients)
+    count = 150
+    elapsed: dict[str, float] = {}
+    for name in ("orders-east", "payments"):
+        topic = f"persistent://public/default/{name}"
+        consumer = client.subscribe(topic, "s", receiver_queue_size=1000)
+        sends = AsyncSends(client.create_producer(topic, batching_enabled=False))
+        started = time.monotonic()
+        sends.send(count)
+        sends.wait()
+        elapsed[f"produce {name}"] = time.monotonic() - started
+        elapsed[f"consume {name}"] = _consume(consumer, count)
+    # 150 messages at most 50 per second each take ~3 s; the rule's burst lets a few through at once
+    assert elapsed["consume orders-east"] >= 2.0, elapsed
+    assert elapsed["consume payments"] < elapsed["consume orders-east"] / 2, elapsed  # not an orders topic
+    assert elapsed["produce orders-east"] < elapsed["consume orders-east"] / 2, elapsed  # producers not slowed
+    assert stack.hits()["slow-dispatch"] >= 1
+
+
+# -- demo.yaml ---------------------------------------------------------------------------------
+def test_demo_rules_disturb_the_client_and_lose_nothing(
+        broker: ThreadedCluster, rules_proxy: StackFactory, clients: list[pulsar.Client]) -> None:
+    """One creation refused, a few receipts 10 ms late, one unload after 400 SENDs, lookups marked:
+    the client retries, re-creates and resends, and the traffic completes without loss."""
+    stack = stack_for(broker, rules_proxy, "demo.yaml")
+    topic = "persistent://public/default/demo-orders"
+    producer = official(stack.service_url, clients).create_producer(topic, batching_enabled=False,
+                                                                    send_timeout_millis=30_000)
+    sends = AsyncSends(producer)
+    for burst in range(10):
+        sends.send(100, start=100 * burst)
+    sends.wait()
+    hits = stack.hits()
+    assert hits["flaky-producer-creation"] == 1 and hits["one-unload"] == 1
+    assert hits["slow-receipts"] >= 10 and hits["mark-lookups"] >= 1
+    assert read_back(broker.service_url, topic, len(sends.sent), clients) == sends.sent
+
+
+# -- flaky-producer-creation.yaml --------------------------------------------------------------
+def test_flaky_producer_creation_refuses_twice_then_sometimes_and_every_creation_succeeds(
+        broker: ThreadedCluster, rules_proxy: StackFactory, clients: list[pulsar.Client]) -> None:
+    stack = stack_for(broker, rules_proxy, "flaky-producer-creation.yaml")
+    client = official(stack.service_url, clients)
+    producers = [client.create_producer(f"persistent://public/default/flaky-{i}", batching_enabled=False)
+                 for i in range(8)]
+    hits = stack.hits()
+    assert hits["not-ready-twice"] == 2 and hits["sometimes-not-ready"] >= 1
+    for producer in producers:
+        sends = AsyncSends(producer)
+        sends.send(20)
+        sends.wait()
+
+
+# -- lossy-topic.yaml --------------------------------------------------------------------------
+def test_lossy_topic_loses_and_doubles_receipts_and_damages_deliveries_of_telemetry_only(
+        broker: ThreadedCluster, rules_proxy: StackFactory, clients: list[pulsar.Client]) -> None:
+    """5% of telemetry's receipts lost (the client recovers and resends), 2% doubled, a few MESSAGEs
+    with a bad checksum; another topic is not touched."""
+    stack = stack_for(broker, rules_proxy, "lossy-topic.yaml")
+    client = official(stack.service_url, clients)
+    telemetry = "persistent://public/default/telemetry"
+    consumer = client.subscribe(telemetry, "readings", receiver_queue_size=50)
+    sends = AsyncSends(client.create_producer(telemetry, batching_enabled=False, send_timeout_millis=30_000))
+    sends.send(200)
+    sends.wait()  # every send succeeds in the end: a lost receipt costs a resend, not a message
+    hits = stack.hits()
+    assert hits["lost-receipts"] >= 3 and hits["duplicated-receipts"] >= 1
+    stored = read_back(broker.service_url, telemetry, len(sends.sent), clients)
+    assert set(stored) == set(sends.sent)  # at least once each (a resent message may be stored twice)
+    received: set[bytes] = set()
+    try:
+        while True:
+            message = consumer.receive(timeout_millis=1_000)
+            received.add(message.data())
+            consumer.acknowledge(message)
+    except pulsar.Timeout:
+        pass
+    damaged = stack.hits()["corrupted-deliveries"]
+    assert damaged >= 1  # the client noticed the bad checksums and dropped those deliveries
+    assert len(received) >= len(sends.sent) - damaged
+    other = AsyncSends(client.create_producer("persistent://public/default/metrics", batching_enabled=False))
+    before = stack.hits()
+    other.send(100)
+    other.wait()
+    assert stack.hits() == before
+
+
+# -- topic-unload-storm.yaml -------------------------------------------------------------------
+def test_topic_unload_storm_closes_producers_and_consumers_and_no_message_is_lost_or_reordered(
+        broker: ThreadedCluster, rules_proxy: StackFactory, clients: list[pulsar.Client]) -> None:
+    stack = stack_for(broker, rules_proxy, "topic-unload-storm.yaml")
+    client = official(stack.service_url, clients)
+    topic = "persistent://public/default/storm"
+    consumer = client.subscribe(topic, "s", receiver_queue_size=20)  # small: many FLOWs
+    sends = AsyncSends(client.create_producer(topic, batching_enabled=False, send_timeout_millis=30_000))
+    for burst in range(6):
+        sends.send(100, start=100 * burst)
+    first_seen: list[bytes] = []
+    seen: set[bytes] = set()
+    while len(seen) < len(sends.sent):
+        message = consumer.receive(timeout_millis=20_000)
+        consumer.acknowledge(message)
+        if message.data() not in seen:  # an unloaded consumer gets what it had not acknowledged again
+            seen.add(message.data())
+            first_seen.append(message.data())
+    sends.wait()
+    hits = stack.hits()
+    assert hits["unload-producers"] >= 3 and hits["unload-consumers"] >= 3
+    assert first_seen == sends.sent  # nothing lost, nothing out of order
+    assert read_back(broker.service_url, topic, len(sends.sent), clients) == sends.sent  # stored once each
