@@ -453,22 +453,34 @@ def test_an_error_rule_on_responses_tracks_acks_so_their_errors_keep_their_topic
     assert sent(p.receive(TO_CLIENT, error, 0), TO_CLIENT) == b""
 
 
-def test_connections_rows_say_permits_are_unknown_when_flow_and_message_are_not_counted() -> None:
+def test_connections_rows_take_permits_from_telemetry_and_else_only_from_an_exact_tracker() -> None:
+    """With telemetry (the admin API always has it) permits are counted whatever the relay tracks;
+    without it, the relay's tracker is used only when it sees every FLOW and MESSAGE."""
     from types import SimpleNamespace
 
     from proxy.server.stack import connection_rows
+    from proxy.telemetry import build_telemetry
 
     rows = {}
-    for name, events in (("rules only", None), ("observers", [])):
+    for name, events, with_telemetry in (("rules only", None, False), ("observers", [], False),
+                                         ("rules only, telemetry", None, True)):
         p = pipeline(hook=rules_hook("rules: []\n"), events=events)
-        connected(p)
+        telemetry = build_telemetry() if with_telemetry else None
+        frames = [(TO_BROKER, CONNECT), (TO_CLIENT, CONNECTED)]
         subscribe, success, flow, _, _ = consumer_frames()
-        p.receive(TO_BROKER, subscribe, 0)
-        p.receive(TO_CLIENT, success, 0)
-        p.receive(TO_BROKER, flow, 0)
-        server = SimpleNamespace(relays=[SimpleNamespace(pipeline=p, upstream_local_address=None)])
+        frames += [(TO_BROKER, subscribe), (TO_CLIENT, success), (TO_BROKER, flow)]
+        for direction, data in frames:
+            p.receive(direction, data, 0)
+            if telemetry is not None:
+                telemetry.telemetry.frame(p.info.conn_id, direction, frame_from_bytes(data), 0)
+        server = SimpleNamespace(relays=[SimpleNamespace(pipeline=p, upstream_local_address=None)],
+                                 telemetry=telemetry)
         (rows[name],) = connection_rows(server)  # type: ignore[arg-type]
+        if telemetry is not None:
+            telemetry.shutdown()
     for row in rows.values():
         assert [c["consumer_id"] for c in row["consumers"]] == [2] and row["topics"] == ["persistent://public/default/t"]
     assert rows["rules only"]["permits"] is None and rows["rules only"]["consumers"][0]["permits"] is None
     assert rows["observers"]["permits"] == 10 and rows["observers"]["consumers"][0]["permits"] == 10
+    assert rows["rules only, telemetry"]["permits"] == 10
+    assert rows["rules only, telemetry"]["consumers"][0]["permits"] == 10

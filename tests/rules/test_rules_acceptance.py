@@ -12,16 +12,17 @@ import statistics
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pulsar
 import pytest
+from official import clients, official
 from rules_proxy import StackFactory, ThreadedStack
 
 from proxy.broker.embedded import ThreadedCluster
 
-LOGGER = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+__all__ = ["clients"]
+
 RULE_FILES = sorted((Path(__file__).parents[2] / "rules").glob("*.yaml"))
 
 
@@ -29,18 +30,8 @@ def topic(name: str) -> str:
     return f"persistent://public/default/{name}-{uuid.uuid4().hex[:8]}"
 
 
-@pytest.fixture
-def clients() -> Iterator[list[pulsar.Client]]:
-    made: list[pulsar.Client] = []
-    yield made
-    for client in made:
-        client.close()
-
-
 def client_for(stack: ThreadedStack, made: list[pulsar.Client], timeout_s: int = 10) -> pulsar.Client:
-    client = pulsar.Client(stack.service_url, operation_timeout_seconds=timeout_s, logger=LOGGER)
-    made.append(client)
-    return client
+    return official(stack.service_url, made, timeout_s)
 
 
 def producer(client: pulsar.Client, name: str, **options: object) -> pulsar.Producer:
