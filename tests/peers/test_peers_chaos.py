@@ -122,8 +122,6 @@ def _answers_after_close(frames: list[dict[str, Any]]) -> list[str]:
             and close["ts_ns"] < f["ts_ns"] and (recreated is None or f["ts_ns"] < recreated)]
 
 
-@pytest.mark.xfail(strict=True, reason="issue #13 item 2: after CLOSE_PRODUCER the proxy still forwards the "
-                                       "producer's SENDs and their receipts")
 @pytest.mark.parametrize("client", CHAOS_CLIENTS)
 def test_close_producer_is_recreated_and_nothing_is_lost_duplicated_or_reordered(
         client: str, chaos: Any, dedup_namespace: str) -> None:
@@ -158,7 +156,6 @@ def test_disconnect_reconnects_through_the_proxy(client: str, chaos: Any, dedup_
     assert len(producer_conns) == 2, "the producer came back on a new connection through the proxy"
 
 
-@pytest.mark.xfail(strict=True, reason="issue #13 item 3: delay accumulates along a connection")
 @pytest.mark.parametrize("client", CHAOS_CLIENTS)
 def test_delay_makes_each_receipt_late_by_its_own_delay(client: str, chaos: Any) -> None:
     delay_ms, messages = 200, 20

@@ -40,7 +40,6 @@ from real_pulsar import CLIENTS, ClientRun, start_client
 MESSAGES = 10_000
 PARTITIONS = 4
 MODES = ("direct", "rewrite", "proxy-through")
-ISSUE_13_ITEM_4 = "issue #13 item 4: proxy-through hands clients a Redirect to a per-broker listener"
 
 
 def _cells() -> list[object]:
@@ -48,10 +47,7 @@ def _cells() -> list[object]:
     for client in CLIENTS:
         for upstream in ("real", "embedded"):
             for mode in MODES:
-                # two embedded brokers answer Redirect; the real standalone is one broker and never does
-                marks = [pytest.mark.xfail(strict=True, reason=ISSUE_13_ITEM_4)] \
-                    if (upstream, mode) == ("embedded", "proxy-through") else []
-                cells.append(pytest.param(client, upstream, mode, id=f"{client}-{upstream}-{mode}", marks=marks))
+                cells.append(pytest.param(client, upstream, mode, id=f"{client}-{upstream}-{mode}"))
     return cells
 
 
