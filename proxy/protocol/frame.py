@@ -396,20 +396,24 @@ def encode_command(cmd: api.BaseCommand | Message) -> bytes:
     return _HEADER.pack(len(body) + 4, len(body)) + body
 
 
+def encode_payload_section(metadata: api.MessageMetadata | bytes, payload: bytes) -> bytes:
+    """A payload section as a broker stores it: ``[0x0e01][CRC32C][size][MessageMetadata][payload]``."""
+    meta = metadata if isinstance(metadata, bytes) else metadata.SerializeToString()
+    checked = _U32.pack(len(meta)) + meta + payload
+    return _U16.pack(MAGIC_CHECKSUM) + _U32.pack(crc32c(checked)) + checked
+
+
 def encode_payload_command(cmd: api.BaseCommand | Message, metadata: api.MessageMetadata | bytes,
                            payload: bytes, *,
                            broker_entry_metadata: api.BrokerEntryMetadata | bytes | None = None) -> bytes:
     """A payload frame (SEND or MESSAGE) with a freshly computed CRC32C."""
     body = _command_bytes(cmd)
-    meta = metadata if isinstance(metadata, bytes) else metadata.SerializeToString()
-    checked = _U32.pack(len(meta)) + meta + payload
     parts = [b"", body]
     if broker_entry_metadata is not None:
         bem = (broker_entry_metadata if isinstance(broker_entry_metadata, bytes)
                else broker_entry_metadata.SerializeToString())
         parts.append(_U16.pack(MAGIC_BROKER_ENTRY_METADATA) + _U32.pack(len(bem)) + bem)
-    parts.append(_U16.pack(MAGIC_CHECKSUM) + _U32.pack(crc32c(checked)))
-    parts.append(checked)
+    parts.append(encode_payload_section(metadata, payload))
     total = sum(len(p) for p in parts) + 4
     parts[0] = _HEADER.pack(total, len(body))
     return b"".join(parts)
@@ -437,6 +441,6 @@ def frame_from_bytes(data: bytes, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES", "DEFAULT_MAX_MESSAGE_SIZE", "FRAME_PADDING", "MAGIC_BROKER_ENTRY_METADATA",
     "MAGIC_CHECKSUM", "SUB_FIELDS", "Frame", "FrameDecoder", "PayloadSection", "crc32c", "decode_command",
-    "encode_command", "encode_payload_command", "escape_bad_utf8", "escape_text", "frame_from_bytes",
-    "parse_payload_section", "peek_type", "reencode",
+    "encode_command", "encode_payload_command", "encode_payload_section", "escape_bad_utf8", "escape_text",
+    "frame_from_bytes", "parse_payload_section", "peek_type", "reencode",
 ]

@@ -4,7 +4,14 @@ A marker is a message whose MessageMetadata has ``marker_type`` set; its payload
 one of the PulsarMarkers messages.  Replicated subscriptions use four of them
 (snapshot request, response, snapshot, update), transactions three more (commit
 marker payloads are opaque to us).  Messages copied by geo-replication carry
-``replicated_from`` (the source cluster) and ``replicate_to``.
+``replicated_from`` (the source cluster) and ``replicate_to``.  :func:`marker_label`
+names a marker in one line (type, snapshot or subscription, cluster@position).
+
+:func:`marker_metadata` writes a marker's MessageMetadata as Pulsar's ``Markers``
+does: producer name ``pulsar.marker``, sequence id 0, the publish time, the marker
+type, and ``replicate_to`` when the marker is meant for one cluster only (a
+snapshot response goes back to the cluster that asked; a completed snapshot stays
+in its own cluster; requests and subscription updates go everywhere).
 """
 
 from __future__ import annotations
@@ -24,6 +31,10 @@ SNAPSHOT_RESPONSE: Final = markers.REPLICATED_SUBSCRIPTION_SNAPSHOT_RESPONSE
 SNAPSHOT: Final = markers.REPLICATED_SUBSCRIPTION_SNAPSHOT
 UPDATE: Final = markers.REPLICATED_SUBSCRIPTION_UPDATE
 
+#: the producer name on every marker a broker writes (Pulsar's ``Markers.newMessage``)
+MARKER_PRODUCER_NAME: Final = "pulsar.marker"
+#: the prefix of replicator producer names (Pulsar's ``replicatorPrefix``)
+REPLICATOR_PREFIX: Final = "pulsar.repl"
 #: MarkerType value -> name
 MARKER_NAMES: Final[dict[int, str]] = {v.number: v.name for v in markers.MarkerType.DESCRIPTOR.values}
 
@@ -41,6 +52,33 @@ def marker_name(marker_type: int) -> str:
 
 def is_marker(metadata: api.MessageMetadata) -> bool:
     return bool(metadata.HasField("marker_type"))
+
+
+def marker_value(name: str) -> int:
+    """The MarkerType value of a name (``REPLICATED_SUBSCRIPTION_SNAPSHOT``); KeyError when unknown."""
+    for value, known in MARKER_NAMES.items():
+        if known == name:
+            return value
+    raise KeyError(name)
+
+
+def is_replicator(producer_name: str | None) -> bool:
+    """Whether a producer name is a geo-replicator's (``pulsar.repl.<local>--><remote>``)."""
+    return producer_name is not None and producer_name.startswith(REPLICATOR_PREFIX + ".")
+
+
+def replicator_name(local_cluster: str, remote_cluster: str) -> str:
+    """The producer name a replicator uses on the remote cluster, as Pulsar's GeoPersistentReplicator."""
+    return f"{REPLICATOR_PREFIX}.{local_cluster}-->{remote_cluster}"
+
+
+def marker_metadata(marker_type: int, publish_time_ms: int, replicate_to: str | None = None) -> api.MessageMetadata:
+    """The MessageMetadata of a marker a broker writes into its own topic."""
+    metadata = api.MessageMetadata(producer_name=MARKER_PRODUCER_NAME, sequence_id=0,
+                                   publish_time=publish_time_ms, marker_type=marker_type)
+    if replicate_to is not None:
+        metadata.replicate_to.append(replicate_to)
+    return metadata
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,3 +128,24 @@ def replication_of(metadata: api.MessageMetadata) -> Replication:
         metadata.replicated_from if metadata.HasField("replicated_from") else None,
         tuple(metadata.replicate_to),
     )
+
+
+def _at(message_id: markers.MarkersMessageIdData) -> str:
+    return f"{message_id.ledger_id}:{message_id.entry_id}"
+
+
+def marker_label(marker: Marker) -> str:
+    """One line naming a marker's type, its snapshot or subscription, and each cluster with its position."""
+    body = marker.body
+    short = marker.name.removeprefix("REPLICATED_SUBSCRIPTION_")
+    if isinstance(body, markers.ReplicatedSubscriptionsSnapshotRequest):
+        return f"{short} {body.snapshot_id[:8]} from {body.source_cluster}"
+    if isinstance(body, markers.ReplicatedSubscriptionsSnapshotResponse):
+        return f"{short} {body.snapshot_id[:8]} {body.cluster.cluster}@{_at(body.cluster.message_id)}"
+    if isinstance(body, markers.ReplicatedSubscriptionsSnapshot):
+        clusters = " ".join(f"{c.cluster}@{_at(c.message_id)}" for c in body.clusters)
+        return f"{short} {body.snapshot_id[:8]} local@{_at(body.local_message_id)} {clusters}".rstrip()
+    if isinstance(body, markers.ReplicatedSubscriptionsUpdate):
+        clusters = " ".join(f"{c.cluster}@{_at(c.message_id)}" for c in body.clusters)
+        return f"{short} {body.subscription_name} {clusters}".rstrip()
+    return short
