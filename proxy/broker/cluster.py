@@ -9,16 +9,21 @@ death); LOOKUP on any other broker answers Redirect to the owner, and producers
 or consumers that reach a non-owner get ServiceNotReady so they look up again.
 New topics are created on first use; with ``auto_partitions`` set, a topic first
 seen through PARTITIONED_METADATA is created partitioned (Pulsar's
-``allowAutoTopicCreationType=partitioned``).
+``allowAutoTopicCreationType=partitioned``).  A cluster that geo-replicates
+(:attr:`ClusterConfig.geo`) gives every topic a :class:`~proxy.broker.replication.TopicGeo`
+and tells :attr:`Cluster.topic_listeners` (the replication service) about each new topic.
 """
 
 from __future__ import annotations
 
 import itertools
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
 from proxy.broker.naming import TopicName, stable_topic_hash
+from proxy.broker.replication import GeoSettings, TopicGeo
 from proxy.broker.topic import Topic
 from proxy.errors import BrokerError
 from proxy.protocol.frame import DEFAULT_MAX_MESSAGE_SIZE
@@ -41,6 +46,8 @@ class ClusterConfig:
     auth_token: str | None = None
     keepalive_seconds: float = 30.0
     auto_create: bool = True
+    #: geo-replication to other clusters (None: this cluster replicates nothing)
+    geo: GeoSettings | None = None
 
 
 @dataclass
@@ -71,6 +78,11 @@ class Cluster:
         self.owners: dict[str, int] = {}
         self._ledger_ids = itertools.count(1)
         self._producer_names = itertools.count(0)
+        self.geo: GeoSettings | None = None
+        #: called with every topic created (and, when replication starts, every existing one)
+        self.topic_listeners: list[Callable[[Topic], None]] = []
+        if config.geo is not None:
+            self.start_geo(config.geo)
         for name, partitions in config.topics.items():
             self.create_topic(name, partitions)
 
@@ -149,7 +161,25 @@ class Cluster:
             topic = Topic(full, topic_name.partition_index, next(self._ledger_ids),
                           self.config.retention_mb * 1024 * 1024, dedup=self.config.deduplication)
             self.topics[full] = topic
+            self._topic_created(topic)
         return topic
+
+    def _topic_created(self, topic: Topic) -> None:
+        if self.geo is not None:
+            topic.geo = TopicGeo(topic, self.geo, lambda: int(time.time() * 1000))
+        for listener in self.topic_listeners:
+            listener(topic)
+
+    def start_geo(self, settings: GeoSettings) -> None:
+        """Replicate every topic from now on (existing ones from their current end), as configured."""
+        if self.geo is not None:
+            raise BrokerError("NotAllowedError", "geo-replication is already configured")
+        if settings.local_cluster != self.config.cluster_name:
+            raise BrokerError("NotAllowedError", f"replication settings are for cluster {settings.local_cluster}, "
+                                                 f"not {self.config.cluster_name}")
+        self.geo = settings
+        for topic in self.topics.values():
+            self._topic_created(topic)
 
     def resolve(self, name: str) -> list[Topic]:
         """The topics a name stands for: the partitions of a partitioned topic, else itself."""

@@ -352,6 +352,9 @@ class BrokerConnection:
                 start_id = cmd.start_message_id if cmd.HasField("start_message_id") else None
                 start = topic.start_position(start_id, cmd.initialPosition == api.CommandSubscribe.Earliest)
             subscription = topic.subscription(cmd.subscription, cmd.subType, durable, start)
+            if durable and cmd.replicate_subscription_state and topic.geo is not None \
+                    and topic.geo.ensure_controller() is not None:
+                subscription.replicated = True
             name = cmd.consumer_name or f"{self.cluster.config.cluster_name}-consumer-{cmd.consumer_id}"
             consumer = Consumer(cmd.consumer_id, name, cmd.priority_level, self, self.connection_id)
             if cmd.HasField("consumer_epoch"):

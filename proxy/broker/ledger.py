@@ -36,6 +36,10 @@ class Entry:
     sticky_key: bytes
     #: the chunk metadata when this entry is one chunk of a large message
     chunk_uuid: str = ""
+    #: MessageMetadata.marker_type (0: not a marker); markers are never dispatched to consumers
+    marker_type: int = 0
+    #: the cluster a geo-replicated entry came from ("" for one produced here)
+    replicated_from: str = ""
     size: int = field(default=0)
 
     def __post_init__(self) -> None:
@@ -92,6 +96,8 @@ class Ledger:
             publish_time=metadata.publish_time,
             sticky_key=sticky_key_of(metadata),
             chunk_uuid=metadata.uuid if metadata.HasField("uuid") else "",
+            marker_type=metadata.marker_type,
+            replicated_from=metadata.replicated_from,
         )
         self._next_id += 1
         self._entries.append(entry)

@@ -19,6 +19,11 @@ Pulsar semantics this module reproduces (``Consumer``, ``PersistentDispatcher*``
   unacknowledged messages) puts entries back into the replay set and, for Shared and
   Key_Shared, counts ``redelivery_count`` per entry; Exclusive and Failover report 0, as
   Pulsar's single-active-consumer dispatchers track no redeliveries.
+- **Markers** (entries with ``marker_type``) are never delivered: the dispatcher
+  acknowledges them as it passes them and tells the topic (a replicated
+  subscription keeps the snapshots it passes); the topic also hears whenever the
+  mark-delete position moves (replicated subscriptions, see
+  :mod:`proxy.broker.replicated_subscriptions`).
 
 Nothing here does I/O: messages and notifications go to a :class:`ConsumerSink`,
 implemented by the per-connection broker session.
@@ -113,6 +118,8 @@ class Subscription:
         self._active: Consumer | None = None
         self.messages_out = 0
         self.bytes_out = 0
+        #: replicate_subscription_state: the mark-delete position follows to other clusters
+        self.replicated = False
 
     @property
     def is_shared(self) -> bool:
@@ -198,6 +205,26 @@ class Subscription:
         self.dispatch()
 
     def ack(self, consumer: Consumer, ack_type: int, message_ids: list[api.MessageIdData]) -> None:
+        mark_delete = self.cursor.mark_delete
+        try:
+            self._ack(ack_type, message_ids)
+        finally:
+            if self.cursor.mark_delete != mark_delete:
+                self.topic.mark_delete_moved(self)
+        self.dispatch()
+
+    def mark_delete_to(self, entry_id: int) -> None:
+        """Acknowledge everything up to ``entry_id`` on the subscription's behalf (a replicated update)."""
+        mark_delete = self.cursor.mark_delete
+        for done in self.cursor.ack_cumulative(entry_id):
+            self._forget(done)
+        for owned in [e for e in self._owner if e <= entry_id]:
+            self._forget(owned)
+        if self.cursor.mark_delete != mark_delete:
+            self.topic.mark_delete_moved(self)
+        self.dispatch()
+
+    def _ack(self, ack_type: int, message_ids: list[api.MessageIdData]) -> None:
         if ack_type == api.CommandAck.Cumulative:
             if self.is_shared:
                 raise BrokerError("ActionNotAllowed", "Cumulative ack is not allowed for Shared subscriptions")
@@ -224,7 +251,6 @@ class Subscription:
                     self._ack_batch_part(entry_id, list(mid.ack_set), entry.num_messages)
                 elif self.cursor.ack_individual(entry_id) or entry_id in self._owner:
                     self._forget(entry_id)
-        self.dispatch()
 
     def _entry_of(self, mid: api.MessageIdData) -> int | None:
         """The entry a client's message id names, or None when it names none of this topic's."""
@@ -319,6 +345,22 @@ class Subscription:
         consumer.sink.send_message(consumer, entry, self.redelivery_counts.get(entry_id, 0), ack_set)
         return True
 
+    def _next_new_entry(self) -> int | None:
+        """The next never-dispatched entry, passing over markers (acknowledged, never delivered)."""
+        while True:
+            entry_id = self.cursor.next_new_entry()
+            if entry_id is None:
+                return None
+            entry = self.topic.ledger.get(entry_id)
+            if entry is None or not entry.marker_type:
+                return entry_id
+            self.cursor.read_position = entry_id + 1
+            mark_delete = self.cursor.mark_delete
+            self.cursor.ack_individual(entry_id)
+            self.topic.marker_dispatched(self, entry)
+            if self.cursor.mark_delete != mark_delete:
+                self.topic.mark_delete_moved(self)
+
     def _next_replay(self) -> int | None:
         if not self.cursor.has_replay:
             return None
@@ -332,7 +374,7 @@ class Subscription:
                 self.cursor.take_replay(replay)
                 self._send(consumer, replay)
                 continue
-            entry_id = self.cursor.next_new_entry()
+            entry_id = self._next_new_entry()
             if entry_id is None:
                 return
             self.cursor.read_position = entry_id + 1
@@ -357,7 +399,7 @@ class Subscription:
                 self.cursor.take_replay(replay)
                 self._send(consumer, replay)
                 continue
-            entry_id = self.cursor.next_new_entry()
+            entry_id = self._next_new_entry()
             if entry_id is None:
                 # give the turn back so the next message starts with the same consumer
                 self._round_robin = (self._round_robin - 1) % len(self.consumers)
@@ -395,7 +437,7 @@ class Subscription:
         while True:
             if not any(c.can_take(self.max_unacked, True) and id(c) not in blocked for c in self.consumers):
                 return
-            new_id = self.cursor.next_new_entry()
+            new_id = self._next_new_entry()
             if new_id is None:
                 return
             owner = self._key_owner(new_id)

@@ -9,19 +9,26 @@ other exists (ProducerFenced); WaitForExclusive is queued until the topic is
 free; ExclusiveWithFencing closes every other producer; a producer name already
 connected is refused (ProducerBusy).  A terminated topic takes no more messages
 (TopicTerminatedError) and tells caught-up consumers REACHED_END_OF_TOPIC.
+Markers the broker writes for itself (replicated subscriptions) are stored like
+messages but never deduplicated; a geo-replicator's messages (producer
+``pulsar.repl.*``) are deduplicated by their original producer name and sequence id.
 Nothing here does I/O: producers are closed through a :class:`ProducerSink`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from proxy.broker.cursor import Cursor
 from proxy.broker.ledger import Entry, Ledger
 from proxy.broker.subscription import Subscription
 from proxy.errors import BrokerError
 from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.markers import is_replicator
+
+if TYPE_CHECKING:
+    from proxy.broker.replication import TopicGeo
 
 AccessMode = api.ProducerAccessMode
 SHARED_ACCESS: Final = AccessMode.Shared
@@ -92,6 +99,8 @@ class Topic:
         self.exclusive_producer: str | None = None
         self.epoch = 0
         self.stats = TopicStats()
+        #: geo-replication of this topic (None unless the cluster replicates; see proxy.broker.replication)
+        self.geo: TopicGeo | None = None
 
     # -- producers ----------------------------------------------------------------
 
@@ -171,22 +180,48 @@ class Topic:
             raise BrokerError("TopicTerminatedError", "Topic was already terminated")
         if not producer.ready:
             raise BrokerError("ProducerBusy", "Producer is not ready to publish (waiting for exclusive access)")
-        if self.dedup_enabled:
+        if self.dedup_enabled and not metadata.HasField("marker_type"):  # markers are never deduplicated
+            # a replicator's messages are deduplicated by their original producer name, as
+            # Pulsar does for producers named pulsar.repl.* (its "replication dedup V1")
+            name = metadata.producer_name if is_replicator(producer.producer_name) else producer.producer_name
             highest = metadata.highest_sequence_id if metadata.HasField("highest_sequence_id") else 0
             highest = max(highest, metadata.sequence_id)
-            last = self.last_sequence.get(producer.producer_name, -1)
+            last = self.last_sequence.get(name, -1)
             if metadata.sequence_id <= last:
                 return None
-            self.last_sequence[producer.producer_name] = highest
+            self.last_sequence[name] = highest
         entry = self.ledger.append(section, metadata)
         producer.messages_in += entry.num_messages
         producer.bytes_in += entry.size
         self.stats.messages_in += entry.num_messages
         self.stats.bytes_in += entry.size
         self._sample(now_ns)
+        self._appended(entry)
+        return entry
+
+    def publish_marker(self, section: bytes, metadata: api.MessageMetadata) -> Entry:
+        """Store a marker the broker writes for itself (replicated subscriptions)."""
+        if self.terminated:
+            raise BrokerError("TopicTerminatedError", "Topic was already terminated")
+        entry = self.ledger.append(section, metadata)
+        self._appended(entry)
+        return entry
+
+    def _appended(self, entry: Entry) -> None:
         for subscription in list(self.subscriptions.values()):
             subscription.dispatch()
-        return entry
+        if self.geo is not None:
+            self.geo.appended(entry)
+
+    # -- what subscriptions tell the topic (geo-replication listens) ---------------------
+
+    def marker_dispatched(self, subscription: Subscription, entry: Entry) -> None:
+        if self.geo is not None:
+            self.geo.marker_dispatched(subscription, entry)
+
+    def mark_delete_moved(self, subscription: Subscription) -> None:
+        if self.geo is not None:
+            self.geo.mark_delete_moved(subscription)
 
     def _sample(self, now_ns: int) -> None:
         samples = self.stats.samples
