@@ -170,6 +170,8 @@ def topic_stats(topic: Topic) -> dict[str, Any]:
             "msgOutCounter": sub.messages_out,
             "bytesOutCounter": sub.bytes_out,
             "msgRateOut": 0.0,
+            "isReplicated": sub.replicated,
+            "markDeletePosition": f"{topic.ledger.ledger_id}:{sub.cursor.mark_delete}",
             "consumers": [{
                 "consumerName": c.consumer_name,
                 "availablePermits": c.permits,
@@ -192,7 +194,30 @@ def topic_stats(topic: Topic) -> dict[str, Any]:
         "subscriptions": subscriptions,
         "deduplicationStatus": "Enabled" if topic.dedup_enabled else "Disabled",
         "topicEpoch": topic.epoch,
+        "replication": replication_stats(topic),
     }
+
+
+def replication_stats(topic: Topic) -> dict[str, Any]:
+    """Per remote cluster, Pulsar's ReplicatorStats fields (plus evicted and marker counts)."""
+    geo = topic.geo
+    if geo is None:
+        return {}
+    now_ms = int(time.time() * 1000)
+    stats: dict[str, Any] = {}
+    for remote, replicator in geo.replicators.items():
+        counters = replicator.stats
+        stats[remote] = {
+            "connected": replicator.connected(),
+            "replicationBacklog": replicator.backlog(),
+            "replicationDelayInSeconds": replicator.delay_ms(now_ms) // 1000,
+            "msgOutCounter": counters.messages_out,
+            "bytesOutCounter": counters.bytes_out,
+            "markersOutCounter": counters.markers_out,
+            "msgEvictedCounter": counters.messages_evicted,
+            "producerName": replicator.producer_name,
+        }
+    return stats
 
 
 def _merge_stats(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -211,6 +236,18 @@ def _merge_stats(parts: list[dict[str, Any]]) -> dict[str, Any]:
             for key in ("msgBacklog", "unackedMessages", "msgOutCounter", "bytesOutCounter"):
                 into[key] += sub[key]
             into["consumers"].extend(sub["consumers"])
+        for remote, replicator in part.get("replication", {}).items():
+            remotes = merged.setdefault("replication", {})
+            if remote not in remotes:
+                remotes[remote] = {**replicator}
+                continue
+            total = remotes[remote]
+            total["connected"] = total["connected"] and replicator["connected"]
+            total["replicationDelayInSeconds"] = max(total["replicationDelayInSeconds"],
+                                                     replicator["replicationDelayInSeconds"])
+            for key in ("replicationBacklog", "msgOutCounter", "bytesOutCounter", "markersOutCounter",
+                        "msgEvictedCounter"):
+                total[key] += replicator[key]
     return merged
 
 

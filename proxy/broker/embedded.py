@@ -3,7 +3,9 @@
 :class:`ClusterRunner` owns the nodes of a cluster inside a Trio nursery and
 offers the operations tests and tools need: unload or terminate a topic, kill a
 broker (its connections drop as on a crash; its topics move to the live brokers
-at the next lookup) and restart it on the same port; :func:`open_cluster` runs
+at the next lookup) and restart it on the same port, replicate to other clusters
+(:class:`~proxy.broker.replicator.ReplicationService`, from the start when the
+config says so, or from :meth:`ClusterRunner.start_replication` on); :func:`open_cluster` runs
 one in the caller's Trio loop for an ``async with``.  :class:`ThreadedCluster`
 runs a runner on its own Trio loop in a background thread, so a blocking client
 (the official ``pulsar`` client) can be used from the caller's thread; its
@@ -20,6 +22,8 @@ from typing import Any, TypeVar
 import trio
 
 from proxy.broker.cluster import Cluster, ClusterConfig
+from proxy.broker.replication import GeoSettings
+from proxy.broker.replicator import ReplicationService
 from proxy.broker.server import BrokerNode
 from proxy.errors import PulsarTapError
 
@@ -39,6 +43,8 @@ class ClusterRunner:
         self.cluster = Cluster(config)
         self.nodes = [BrokerNode(self.cluster, self.cluster.add_broker(config.host, port)) for port in ports]
         self._nursery: trio.Nursery | None = None
+        #: geo-replication, once started (proxy.broker.replicator.ReplicationService)
+        self.replication: ReplicationService | None = None
 
     @property
     def addresses(self) -> list[str]:
@@ -53,8 +59,19 @@ class ClusterRunner:
             if self.admin is not None:
                 from proxy.broker.admin import serve_admin
                 self.admin_address = await nursery.start(serve_admin, self.cluster, *self.admin)
+            if self.config.geo is not None:
+                await self.start_replication(self.config.geo)
             task_status.started(self.addresses)
             await trio.sleep_forever()
+
+    async def start_replication(self, settings: GeoSettings) -> None:
+        """Replicate every topic to the remote clusters of ``settings`` from now on."""
+        if self._nursery is None:
+            raise PulsarTapError("the cluster is not running")
+        if self.replication is not None:
+            raise PulsarTapError("replication is already running")
+        self.replication = ReplicationService(self.cluster, settings)
+        await self._nursery.start(self.replication.run)
 
     def kill_broker(self, index: int) -> None:
         self.nodes[index].kill()
@@ -215,6 +232,9 @@ class ThreadedCluster:
 
     def restart_broker(self, index: int) -> None:
         self.call_async(self.runner.restart_broker, index)
+
+    def start_replication(self, settings: GeoSettings) -> None:
+        self.call_async(self.runner.start_replication, settings)
 
     def __enter__(self) -> ThreadedCluster:
         return self.start()

@@ -277,7 +277,7 @@ class TopicGeo:
         #: Unix ms of the last data (non-marker) message published here
         self.last_data_ms = 0
         #: called after every append (the Trio replicators wait on it)
-        self.wakeups: list[Callable[[], None]] = []
+        self.wakeups: list[Callable[[], object]] = []
 
     # -- the topic's hooks ----------------------------------------------------------------------
 

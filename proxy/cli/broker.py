@@ -6,6 +6,8 @@ connections, lowest port first; ``--ready-file`` also writes the addresses as
 JSON.  SIGINT or SIGTERM stop the cluster cleanly with exit status 0 (a second
 signal too, with no traceback).  A busy port is one line naming it (``--listen``
 port, one of the consecutive broker ports, or ``--admin``), exit status 2.
+``--replicate-to NAME=URL`` geo-replicates every topic to another cluster
+(:mod:`proxy.broker.replicator`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from proxy.broker.replication import GeoSettings
 
 NAME = "broker"
 HELP = "run the embedded in-memory Pulsar broker (a cluster of N brokers)"
@@ -30,6 +36,22 @@ examples:
   pulsar-tap broker --listen 127.0.0.1:6650 --brokers 3 --partitions 4 --admin 127.0.0.1:8080
   pulsar-tap broker --topic orders=4 --topic persistent://acme/ns/audit --ready-file /tmp/ready.json
   pulsar-tap broker --auth-token token.txt --keepalive 10
+
+geo-replication (two clusters replicating to each other; put `pulsar-tap run` on a link
+to delay, cut or drop what crosses it):
+  pulsar-tap broker --cluster A --listen 127.0.0.1:6650 --replicate-to B=pulsar://127.0.0.1:6660
+  pulsar-tap broker --cluster B --listen 127.0.0.1:6660 --replicate-to A=pulsar://127.0.0.1:6650
+
+  Every topic is copied to every remote cluster by a producer named
+  pulsar.repl.<local>--><remote> (messages carry replicated_from; messages that came
+  from another cluster are never copied again, and replicate_to is honoured).
+  Subscriptions created with replicate_subscription_state follow to the other
+  clusters: a consumer moving to another cluster resumes at, or at most one snapshot
+  period plus one replication round trip before, where it left.
+  Backlog policy: a replicator that falls more than --replication-backlog messages
+  behind (remote down, slow link) skips the oldest messages it has not sent yet; they
+  are counted as evicted in the topic stats and never reach that cluster.  With
+  --deduplication, what a replicator sends twice after a broken link is stored once.
 """
 EPILOG = """\
 exit status:
@@ -94,6 +116,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "(default 30; 0 disables)")
     parser.add_argument("--deduplication", action="store_true",
                         help="drop messages whose sequence id a producer name already stored")
+    parser.add_argument("--replicate-to", metavar="NAME=URL", action="append", default=[],
+                        help="geo-replicate every topic to cluster NAME at pulsar://HOST:PORT; repeatable")
+    parser.add_argument("--snapshot-period", metavar="MS", type=_positive, default=1000,
+                        help="replicated subscriptions: take a snapshot this often while data flows "
+                             "(default 1000, Pulsar's replicatedSubscriptionsSnapshotFrequencyMillis)")
+    parser.add_argument("--no-replicated-subscriptions", action="store_true",
+                        help="ignore replicate_subscription_state (Pulsar's enableReplicatedSubscriptions=false)")
+    parser.add_argument("--replication-backlog", metavar="MESSAGES", type=_positive, default=100_000,
+                        help="most messages a replicator may fall behind; past it the oldest unsent are "
+                             "skipped (default 100000)")
     parser.add_argument("--ready-file", metavar="PATH",
                         help='write {"listen": ["HOST:PORT", ...], "admin": "HOST:PORT"|null} once ready')
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
@@ -130,11 +162,45 @@ def build_config(args: argparse.Namespace) -> tuple[object, list[int], tuple[str
             raise UsageError(f"--auth-token: {args.auth_token} is empty")
     if args.max_message_size < 1024:
         raise UsageError("--max-message-size: must be at least 1024 bytes")
+    geo = _geo_settings(args)
     config = ClusterConfig(cluster_name=args.cluster, host=host, brokers=args.brokers,
                            auto_partitions=args.partitions, topics=topics,
                            max_message_size=args.max_message_size, retention_mb=args.retention_mb,
-                           deduplication=args.deduplication, auth_token=token, keepalive_seconds=args.keepalive)
+                           deduplication=args.deduplication, auth_token=token, keepalive_seconds=args.keepalive,
+                           geo=geo)
     return config, ports, admin
+
+
+def _geo_settings(args: argparse.Namespace) -> GeoSettings | None:
+    """The GeoSettings of the replication flags, None without --replicate-to."""
+    from proxy.broker.replicated_subscriptions import SnapshotSettings
+    from proxy.broker.replication import GeoSettings
+    from proxy.client.names import parse_service_url
+    from proxy.errors import PulsarTapError, UsageError
+
+    if not args.replicate_to:
+        return None
+    remotes: dict[str, str] = {}
+    for value in args.replicate_to:
+        name, sep, url = value.partition("=")
+        if not sep or not name or not url:
+            raise UsageError(f"--replicate-to: expected NAME=pulsar://HOST:PORT, got {value!r}")
+        if name == args.cluster:
+            raise UsageError(f"--replicate-to: {name} is this cluster's own name (--cluster)")
+        if name in remotes:
+            raise UsageError(f"--replicate-to: cluster {name} given twice")
+        try:
+            parse_service_url(url)
+        except PulsarTapError as exc:
+            raise UsageError(f"--replicate-to {name}: {exc}") from None
+        remotes[name] = url
+    if args.snapshot_period < 10:
+        raise UsageError("--snapshot-period: must be at least 10 ms")
+    if args.replication_backlog < 1:
+        raise UsageError("--replication-backlog: must be at least 1")
+    return GeoSettings(args.cluster, remotes, SnapshotSettings(period_ms=args.snapshot_period),
+                       replicated_subscriptions=not args.no_replicated_subscriptions,
+                       backlog_limit=args.replication_backlog)
 
 
 def write_ready_file(path: str, listen: list[str], admin: str | None) -> None:

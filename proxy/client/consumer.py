@@ -74,6 +74,8 @@ class ConsumerConfig:
     read_compacted: bool = False
     priority_level: int | None = None
     properties: dict[str, str] = field(default_factory=dict)
+    #: geo-replication: the subscription's position follows to the other clusters
+    replicate_subscription_state: bool = False
 
     def __post_init__(self) -> None:
         if self.subscription_type not in SUBSCRIPTION_TYPES:
@@ -187,6 +189,8 @@ class Consumer(ReconnectingHandle):
         )
         if self.config.read_compacted:
             cmd.read_compacted = True
+        if self.config.replicate_subscription_state:
+            cmd.replicate_subscription_state = True
         if self.config.priority_level is not None:
             cmd.priority_level = self.config.priority_level
         for name, value in self.config.properties.items():

@@ -237,12 +237,7 @@ class Producer(ReconnectingHandle):
                          event_time: int = 0, sequence_id: int | None = None,
                          ordering_key: bytes | None = None) -> Receipt:
         """Queue one message; waits only for room under the pending-message limit."""
-        if self._closing:
-            raise ClientClosed(f"{self!r} is closed")
-        await self._acquire()
-        if self._closing:
-            self._release(1)
-            raise ClientClosed(f"{self!r} is closed")
+        await self._admit()
         receipt = Receipt()
         msg = OutgoingMessage(bytes(payload), receipt, key, dict(properties or {}), event_time, ordering_key)
         if sequence_id is not None:
@@ -261,6 +256,33 @@ class Producer(ReconnectingHandle):
         else:
             self._send_single(msg, max_size)
         return receipt
+
+    async def send_entry(self, metadata: api.MessageMetadata, payload: bytes, num_messages: int = 1) -> Receipt:
+        """Queue an already-built message (what a geo-replicator forwards): its metadata and payload as they are.
+
+        The SEND carries this producer's next sequence id; the metadata keeps its own (the
+        original producer's, which the remote broker deduplicates on).  It takes one slot of
+        the pending-message limit whatever ``num_messages`` (a batch) says, as Pulsar's
+        replicator producer counts entries.
+        """
+        await self._admit()
+        receipt = Receipt()
+        sequence_id = self._next_sequence_id
+        self._next_sequence_id += 1
+        self._last_receipt = receipt
+        cmd = api.CommandSend(producer_id=self.producer_id, sequence_id=sequence_id, num_messages=num_messages)
+        frame = encode_payload_command(cmd, metadata, payload)
+        self._enqueue(PendingSend(sequence_id, sequence_id, frame, 1, self._deadline(), [receipt]))
+        return receipt
+
+    async def _admit(self) -> None:
+        """Take one slot of the pending-message limit; refuse once the producer is closing."""
+        if self._closing:
+            raise ClientClosed(f"{self!r} is closed")
+        await self._acquire()
+        if self._closing:
+            self._release(1)
+            raise ClientClosed(f"{self!r} is closed")
 
     async def _acquire(self) -> None:
         if self._slots is None:
