@@ -53,6 +53,9 @@ THROTTLEABLE: Final = frozenset({T.SEND, T.FLOW})
 REDIRECTABLE: Final = frozenset({T.LOOKUP})
 
 #: the commands an action applies to when the rule names none (None: any command)
+#: the commands whose payload can be a replication marker (what ``match.marker`` looks at)
+MARKER_CARRIERS: Final = frozenset({T.SEND, T.MESSAGE})
+
 DEFAULT_COMMANDS: Final[dict[str, frozenset[int] | None]] = {
     "error": ANSWERABLE, "close": CLOSABLE, "corrupt": CORRUPTIBLE, "throttle": THROTTLEABLE,
     "redirect": REDIRECTABLE,

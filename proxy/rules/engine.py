@@ -92,6 +92,8 @@ class RuleState:
         match = self.rule.match
         self.commands = match.commands if match.commands is not None else \
             acts.DEFAULT_COMMANDS.get(self.rule.action.NAME)
+        if match.markers is not None:  # markers travel only in SEND and MESSAGE
+            self.commands = acts.MARKER_CARRIERS if self.commands is None else self.commands & acts.MARKER_CARRIERS
         if isinstance(self.rule.action, Rewrite) and match.commands is not None:
             for command in match.commands:
                 template = acts.rewrite_template(command, self.rule.action.fields)

@@ -1,8 +1,10 @@
 """Rule files (YAML) and admin bodies (JSON or YAML) into a :class:`RuleSet`, validated.
 
 Every problem is collected, not just the first: unknown keys (pointing at their
-own line), unknown command names, unknown ServerError codes, bad globs and
-regexes, bad CIDRs, out-of-range numbers, duplicate names, and actions that
+own line), unknown command names, unknown ServerError codes, unknown marker types
+(``match.marker``: MarkerType names of PulsarMarkers.proto, e.g.
+``REPLICATED_SUBSCRIPTION_SNAPSHOT_RESPONSE``, matched on SEND and MESSAGE only),
+bad globs and regexes, bad CIDRs, out-of-range numbers, duplicate names, and actions that
 cannot act on the commands the rule selects.  Each becomes a
 :class:`~proxy.errors.ConfigError` naming the file, the line (from
 :mod:`proxy.config.yaml_lines`) and the dotted key (``rules[2].action.delay.ms``);
@@ -24,6 +26,7 @@ from proxy.config.yaml_lines import CannotRead, LineList, LineMap, load_file, lo
 from proxy.errors import ConfigError
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.commands import TYPE_VALUES, type_name
+from proxy.protocol.markers import MARKER_NAMES
 from proxy.rules import actions as acts
 from proxy.rules.model import (
     ACTIONS,
@@ -51,7 +54,7 @@ from proxy.rules.model import (
 TOP_KEYS: Final = ("seed", "rules")
 RULE_KEYS: Final = ("name", "match", "action")
 MATCH_KEYS: Final = ("command", "direction", "topic", "subscription", "producer_name", "consumer_name", "client",
-                     "probability", "after", "times")
+                     "marker", "probability", "after", "times")
 SERVER_ERRORS: Final = tuple(v.name for v in api.ServerError.DESCRIPTOR.values)
 _SERVICE_URL = re.compile(r"^pulsar(\+ssl)?://[^/?#\s]+:\d{1,5}/?$")
 
@@ -196,26 +199,42 @@ def _pattern(section: _Section, name: str) -> TextPattern | None:
     raise section.fail(name, f"must be a glob string or {{regex: ...}}, not {_type_word(value)}")
 
 
-def _commands(section: _Section) -> frozenset[int] | None:
-    if "command" not in section.data or section.data["command"] is None:
+def _type_names(section: _Section, key: str, values: dict[str, int], what: str,
+                known: str = "") -> frozenset[int] | None:
+    """``key``: one name of ``values`` or a non-empty list of them (case-insensitive), as values."""
+    if key not in section.data or section.data[key] is None:
         return None
-    value = section.data["command"]
+    value = section.data[key]
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not items:
-        raise section.fail("command", "must be a command type name or a non-empty list of them")
+        raise section.fail(key, f"must be a {what} name or a non-empty list of them")
     result: set[int] = set()
     bad = False
     for index, item in enumerate(items):
-        if not isinstance(item, str) or item.upper() not in TYPE_VALUES:
-            line = _line(value, index) if isinstance(value, list) else section.line("command")
-            section.c.error(line, section.key("command") + (f"[{index}]" if isinstance(value, list) else ""),
-                            f"unknown command type {item!r}")
+        if not isinstance(item, str) or item.upper() not in values:
+            line = _line(value, index) if isinstance(value, list) else section.line(key)
+            section.c.error(line, section.key(key) + (f"[{index}]" if isinstance(value, list) else ""),
+                            f"unknown {what} {item!r}{known}")
             bad = True
         else:
-            result.add(TYPE_VALUES[item.upper()])
+            result.add(values[item.upper()])
     if bad:
         raise _Invalid()
     return frozenset(result)
+
+
+def _commands(section: _Section) -> frozenset[int] | None:
+    return _type_names(section, "command", TYPE_VALUES, "command type")
+
+
+_MARKER_VALUES: Final = {name: value for value, name in MARKER_NAMES.items() if value}
+
+
+def _markers(section: _Section, commands: frozenset[int] | None) -> frozenset[int] | None:
+    found = _type_names(section, "marker", _MARKER_VALUES, "marker type", f" (one of: {', '.join(_MARKER_VALUES)})")
+    if found is not None and commands is not None and not commands & acts.MARKER_CARRIERS:
+        raise section.fail("marker", "markers travel only in SEND and MESSAGE; add one of them to match.command")
+    return found
 
 
 def _match(c: _Collector, data: Any, path: str, line: int | None) -> Match:
@@ -240,6 +259,7 @@ def _match(c: _Collector, data: Any, path: str, line: int | None) -> Match:
     for name in ("topic", "subscription", "producer_name", "consumer_name"):
         s.run(lambda name=name: found.__setitem__(name, _pattern(s, name)))  # type: ignore[misc]
     s.run(client)
+    s.run(lambda: found.__setitem__("markers", _markers(s, found.get("commands"))))
     s.run(lambda: found.__setitem__("probability", s.number("probability", 1.0, low=0.0, high=1.0)))
     s.run(lambda: found.__setitem__("after", s.number("after", 0, low=0, integer=True)))
     s.run(lambda: found.__setitem__("times", s.number("times", None, low=1, integer=True)))
@@ -247,7 +267,7 @@ def _match(c: _Collector, data: Any, path: str, line: int | None) -> Match:
         raise _Invalid()
     return Match(commands=found["commands"], direction=found["direction"], topic=found["topic"],
                  subscription=found["subscription"], producer_name=found["producer_name"],
-                 consumer_name=found["consumer_name"], client=found.get("client"),
+                 consumer_name=found["consumer_name"], client=found.get("client"), markers=found["markers"],
                  probability=float(found["probability"]), after=int(found["after"]),
                  times=None if found["times"] is None else int(found["times"]))
 

@@ -1,7 +1,8 @@
 """Does a frame meet a rule's ``match``?  The criteria other than the counters.
 
-Command type and direction are read from the frame; topic, subscription and
-producer/consumer name come from the session's id maps (the
+Command type and direction are read from the frame, and so is the replication
+marker type of a SEND or MESSAGE (from its MessageMetadata, decoded only for rules
+that ask); topic, subscription and producer/consumer name come from the session's id maps (the
 :class:`~proxy.protocol.session.Observation` of the frame), so a SEND that only
 carries a ``producer_id`` matches a topic glob, with the fields of the command
 itself as the fallback for requests that name their topic.  The client address
@@ -14,6 +15,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Any, Final
 
+from proxy.errors import ProtocolError
 from proxy.protocol.frame import Frame
 from proxy.protocol.session import Direction, Observation
 from proxy.rules.model import IPNetwork, Match, TextPattern
@@ -44,7 +46,7 @@ class FrameFacts:
     """
 
     __slots__ = ("frame", "direction", "observation", "client_address", "_sub", "_topic", "_subscription",
-                 "_producer_name", "_consumer_name", "_client_host")
+                 "_producer_name", "_consumer_name", "_client_host", "_marker")
 
     def __init__(self, frame: Frame, direction: Direction, observation: Observation | None,
                  client_address: str | None) -> None:
@@ -54,6 +56,7 @@ class FrameFacts:
         self.client_address = client_address
         self._sub = self._topic = self._subscription = self._producer_name = self._consumer_name = _UNSET
         self._client_host = _UNSET
+        self._marker = _UNSET
 
     @property
     def sub(self) -> Any:
@@ -110,6 +113,20 @@ class FrameFacts:
         return result
 
     @property
+    def marker(self) -> int | None:
+        """The MarkerType of a SEND or MESSAGE that carries a marker; None for anything else."""
+        if self._marker is _UNSET:
+            self._marker = None
+            try:
+                section = self.frame.payload
+                if section is not None and section.metadata.HasField("marker_type"):
+                    self._marker = section.metadata.marker_type
+            except ProtocolError:
+                pass  # an undecodable payload carries no marker we can tell
+        result: int | None = self._marker
+        return result
+
+    @property
     def client_host(self) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
         if self._client_host is _UNSET:
             self._client_host = _host_of(self.client_address)
@@ -120,7 +137,7 @@ class FrameFacts:
 #: (Match field, the FrameFacts attribute it tests): everything criteria_met reads besides
 #: the command type and the direction
 CRITERIA_FACTS: Final = (("topic", "topic"), ("subscription", "subscription"), ("producer_name", "producer_name"),
-                         ("consumer_name", "consumer_name"), ("client", "client_host"))
+                         ("consumer_name", "consumer_name"), ("client", "client_host"), ("markers", "marker"))
 
 #: (pattern, is regex, text) -> matched; topics and names repeat, so each is matched once
 _PATTERN_RESULTS: dict[tuple[str, bool, str], bool] = {}
@@ -161,5 +178,7 @@ def criteria_met(match: Match, commands: frozenset[int] | None, facts: FrameFact
     if match.producer_name is not None and not _matches(match.producer_name, facts.producer_name):
         return False
     if match.consumer_name is not None and not _matches(match.consumer_name, facts.consumer_name):
+        return False
+    if match.markers is not None and facts.marker not in match.markers:
         return False
     return match.client is None or _in_network(facts.client_host, match.client)

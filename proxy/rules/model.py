@@ -2,8 +2,8 @@
 
 A :class:`RuleSet` holds the rules in evaluation order and the file's ``seed``.
 Each :class:`Rule` has a name, a :class:`Match` (command types, direction, topic,
-subscription, producer/consumer name, client CIDR, probability, ``after``,
-``times``) and exactly one action.  Actions are small frozen dataclasses, one per
+subscription, producer/consumer name, client CIDR, replication marker types,
+probability, ``after``, ``times``) and exactly one action.  Actions are small frozen dataclasses, one per
 action of the rule language; ``record`` and ``mark`` *compose* with other rules,
 every other action *bears* a verdict.  Everything here can be compared (hot reload
 keeps the counters of rules that did not change) and turned back into the
@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Final
 import re2
 
 from proxy.protocol.commands import type_name
+from proxy.protocol.markers import marker_name
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -123,6 +124,8 @@ class Match:
     producer_name: TextPattern | None = None
     consumer_name: TextPattern | None = None
     client: IPNetwork | None = None
+    #: MarkerType values: only SEND/MESSAGE frames carrying one of these markers match
+    markers: frozenset[int] | None = None
     probability: float = 1.0
     after: int = 0
     times: int | None = None
@@ -138,6 +141,8 @@ class Match:
                 data[key] = pattern.to_data()
         if self.client is not None:
             data["client"] = str(self.client)
+        if self.markers is not None:
+            data["marker"] = sorted(marker_name(m) for m in self.markers)
         data["probability"] = self.probability
         data["after"] = self.after
         if self.times is not None:

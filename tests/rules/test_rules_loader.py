@@ -87,7 +87,7 @@ rules:
         "chaos.yaml:10: rules[0].match.probability: must be between 0 and 1, not 1.5",
         "chaos.yaml:11: rules[0].match.times: must be >= 1, not 0",
         "chaos.yaml:12: rules[0].match.flavour: unknown key (expected one of: command, direction, topic, "
-        "subscription, producer_name, consumer_name, client, probability, after, times)",
+        "subscription, producer_name, consumer_name, client, marker, probability, after, times)",
         "chaos.yaml:13: rules[0].action.delay.ms: must be >= 0, not -5",
         "chaos.yaml:15: rules[1].action.error.code: unknown ServerError 'NoSuchError'",
         "chaos.yaml:17: rules[2].action.explode: unknown action 'explode' (expected one of: delay, drop, error, "
