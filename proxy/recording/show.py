@@ -1,8 +1,10 @@
 """The ``show`` command's work: filter a recording's timeline and print it, as text or JSON Lines.
 
 Text lines read ``TIME  conn N  C->B  COMMAND  topic  fields  size  [messages]
-latency  rules``; colours (ANSI) only when asked or when stdout is a terminal and
-``NO_COLOR`` is unset.  Filters (connection, topic — full or short names, as the
+latency  rules``, and for geo-replication traffic the marker (type, snapshot or
+subscription, cluster@position) or the cluster a message was replicated from;
+colours (ANSI) only when asked or when stdout is a terminal and ``NO_COLOR`` is
+unset.  Filters (connection, topic — full or short names, as the
 broker reads them, partitions included —, command, time range, request id,
 producer name, sequence id) apply after decoding, so topics and producer names
 are resolved for id-only commands even when their PRODUCER/SUBSCRIBE is filtered
@@ -209,6 +211,8 @@ def format_entry(entry: TimelineEntry, color: bool) -> str:
             detail += f", {entry.compression}"
         detail += f", payload {entry.payload_size} B]"
         parts.append(detail)
+    if entry.replication is not None:
+        parts.append(paint(replication_text(entry.replication), _MAGENTA))
     if entry.completed is not None:
         latency = f"latency {format_latency(entry.completed.latency_ns)}"
         if entry.completed.error_code:
@@ -223,6 +227,18 @@ def format_entry(entry: TimelineEntry, color: bool) -> str:
     if entry.error:
         parts.append(paint(f"!! {entry.error}", _RED))
     return "  ".join(parts)
+
+
+def replication_text(facts: dict[str, object]) -> str:
+    """``marker SNAPSHOT_RESPONSE 1b2c3d4e B@7:120 from B to A``, or ``replicated from A``."""
+    origin = facts.get("replicated_from")
+    targets = facts.get("replicate_to")
+    text = f"marker {facts.get('label') or facts['marker']}" if "marker" in facts else "replicated"
+    if origin:
+        text += f" from {origin}"
+    if isinstance(targets, list) and targets:
+        text += " to " + ",".join(str(t) for t in targets)
+    return text
 
 
 class _Printer:

@@ -11,7 +11,11 @@ their requests, so a response carries the latency since its request.
 SPEC.md fixes it: ``ts_ns``, ``conn``, ``direction``, ``origin``, ``command``,
 ``size``, ``fields`` (sub-command fields named as in PulsarApi.proto, enums as
 names, bytes as base64) and, for SEND/MESSAGE, ``num_messages``,
-``compression`` and ``payload_size``.  Nothing here does I/O.
+``compression`` and ``payload_size``.  Geo-replication traffic adds
+``replication``: ``replicated_from``, ``replicate_to``, ``publish_time`` and, for a
+replication marker, ``marker`` (its MarkerType name), ``marker_fields`` (the decoded
+PulsarMarkers message: snapshot id, clusters and their positions) and ``label``.
+Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from google.protobuf.message import Message
 
 from proxy.errors import ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol import markers
 from proxy.protocol.commands import sub_command, type_name
 from proxy.protocol.session import Direction, RequestPair, SessionTracker
 from proxy.recording.reader import RecordedFrame
@@ -68,6 +73,8 @@ class TimelineEntry:
     num_messages: int | None = None
     compression: str | None = None
     payload_size: int | None = None
+    #: geo-replication facts of a SEND/MESSAGE (replicated_from, replicate_to, marker...), if any
+    replication: dict[str, JsonValue] | None = None
     #: why the frame could not be decoded, if it could not
     error: str | None = None
     #: the producer's name, from the frame or from the PRODUCER/PRODUCER_SUCCESS of its producer id
@@ -100,6 +107,8 @@ class TimelineEntry:
             obj["request"] = self.completed.request_command
             if self.completed.error_code is not None:
                 obj["error_code"] = self.completed.error_code
+        if self.replication is not None:
+            obj["replication"] = self.replication
         if frame.rules:
             obj["rules"] = list(frame.rules)
         if frame.redacted:
@@ -155,11 +164,39 @@ class TimelineBuilder:
                 entry.producer_name = metadata.producer_name
             entry.compression = api.CompressionType.Name(metadata.compression)
             entry.payload_size = len(section.payload)
+            entry.replication = replication_facts(metadata, None if recorded.payload_stripped else section.payload)
         return entry
 
     def entries(self, frames: Iterable[RecordedFrame]) -> Iterator[TimelineEntry]:
         for recorded in frames:
             yield self.entry(recorded)
+
+
+def replication_facts(metadata: api.MessageMetadata, payload: bytes | None) -> dict[str, JsonValue] | None:
+    """What a message says about geo-replication (None for an ordinary message).
+
+    ``payload`` is None when the recording holds no payloads: a marker is then named but not decoded.
+    """
+    is_marker = markers.is_marker(metadata)
+    if not (is_marker or metadata.HasField("replicated_from") or len(metadata.replicate_to)):
+        return None
+    facts: dict[str, JsonValue] = {"publish_time": metadata.publish_time}
+    if metadata.HasField("replicated_from"):
+        facts["replicated_from"] = metadata.replicated_from
+    if len(metadata.replicate_to):
+        facts["replicate_to"] = list(metadata.replicate_to)
+    if is_marker:
+        facts["marker"] = markers.marker_name(metadata.marker_type)
+        if payload is not None:
+            try:
+                marker = markers.decode_marker(metadata, payload)
+            except ProtocolError as exc:
+                facts["marker_error"] = str(exc)
+            else:
+                facts["label"] = markers.marker_label(marker)
+                if marker.body is not None:
+                    facts["marker_fields"] = message_fields(marker.body)
+    return facts
 
 
 def build_timeline(frames: Iterable[RecordedFrame]) -> Iterator[TimelineEntry]:
@@ -197,4 +234,4 @@ def summary_fields(fields: dict[str, JsonValue]) -> str:
 
 
 __all__ = ["SUMMARY_FIELDS", "TimelineBuilder", "TimelineEntry", "build_timeline", "message_fields",
-           "summary_fields"]
+           "replication_facts", "summary_fields"]

@@ -20,7 +20,10 @@ covers exactly what the client experienced, injected delays included):
   connection span is then a link), and further batch entries' contexts are links;
 - each fired rule is a span event named ``rule`` (``rule.name``), and the list of
   rules is the ``pulsar.rules`` attribute; the labels of ``mark`` rules are the
-  ``pulsar.marks`` attribute.
+  ``pulsar.marks`` attribute;
+- a geo-replicator's SEND (producer ``pulsar.repl.*``) carries
+  ``pulsar.replication=true``, ``pulsar.replication.source_cluster`` and, for a
+  replicated-subscription marker, ``pulsar.replication.marker`` (its MarkerType name).
 
 Sampling: ``sample`` is the probability of recording a request or delivery span,
 drawn from a seeded generator; connection spans are always recorded; a span that
@@ -204,6 +207,12 @@ class SpanWriter:
             attributes["pulsar.lookup.response"] = exchange.lookup_answer
         if exchange.lookup_broker_url:
             attributes["pulsar.lookup.broker_url"] = exchange.lookup_broker_url
+        if exchange.request is not None and exchange.request.replication is not None:
+            source, marker = exchange.request.replication
+            attributes["pulsar.replication"] = True
+            attributes["pulsar.replication.source_cluster"] = source
+            if marker is not None:
+                attributes["pulsar.replication.marker"] = marker
         if exchange.rules:
             attributes["pulsar.rules"] = list(dict.fromkeys(rule.name for rule in exchange.rules))
         if exchange.marks:

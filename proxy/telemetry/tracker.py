@@ -13,6 +13,8 @@ for PING) and adds what telemetry needs on top:
 - W3C trace context (``traceparent`` / ``tracestate``) found in a SEND's message
   properties, batch entries included;
 - LOOKUP answers (Connect, Redirect, Failed) and the broker they point at;
+- for a SEND of a geo-replicator (producer ``pulsar.repl.*``), the cluster the
+  message comes from and the replication marker it carries, if any;
 - consumer delivery cycles: a FLOW grants permits, the MESSAGEs that follow use
   them (a batch uses one permit per entry, as brokers count), and the cycle ends
   when the permits are used up, the consumer goes away or the connection closes;
@@ -34,6 +36,7 @@ from proxy.errors import ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.commands import type_name
 from proxy.protocol.frame import Frame
+from proxy.protocol.markers import is_replicator, marker_name
 from proxy.protocol.message import decode_messages
 from proxy.protocol.session import Direction, RequestPair, SessionTracker
 
@@ -82,6 +85,8 @@ class RequestTiming:
     authoritative: bool | None = None
     #: labels of ``mark`` rules that fired on the request
     marks: list[str] = field(default_factory=list)
+    #: a geo-replicator's SEND: (the cluster it comes from, the MarkerType name it carries or None)
+    replication: tuple[str, str | None] | None = None
 
 
 @dataclass(slots=True)
@@ -278,8 +283,12 @@ class ConnectionTimeline:
         if kind == T.PING:
             self._pings[direction].append(timing)
             return True
-        if kind == T.SEND and self.inspect_trace_context:
-            timing.traces = _trace_contexts(frame)
+        if kind == T.SEND:
+            if self.inspect_trace_context:
+                timing.traces = _trace_contexts(frame)
+            producer = self.session.producers.get(frame.command.send.producer_id)
+            if producer is not None and is_replicator(producer.producer_name):
+                timing.replication = _replication_of(frame)
         elif kind == T.LOOKUP:
             timing.authoritative = frame.command.lookupTopic.authoritative
         self._timings[key] = timing
@@ -447,3 +456,16 @@ def _from_properties(properties: dict[str, str]) -> TraceContext | None:
     if not parent:
         return None
     return TraceContext(parent, properties.get(TRACESTATE))
+
+
+def _replication_of(frame: Frame) -> tuple[str, str | None]:
+    """A replicator's SEND: the cluster its message comes from and the marker it carries."""
+    try:
+        section = frame.payload
+        metadata = section.metadata if section is not None else None
+    except ProtocolError:
+        metadata = None
+    if metadata is None:
+        return "", None
+    marker = marker_name(metadata.marker_type) if metadata.HasField("marker_type") else None
+    return metadata.replicated_from, marker
