@@ -38,13 +38,24 @@ examples:
   pulsar-tap demo
   pulsar-tap demo --seconds 30 --rate 2000 --out /tmp/tap-demo
   pulsar-tap demo --sample        # just decode a bundled capture of the official client
+  pulsar-tap demo --geo           # two geo-replicated clusters, pulsar-tap on the WAN link
+
+--geo: clusters A and B replicate every topic to each other; each replicator goes
+through a pulsar-tap proxy with the rules of rules/wan-degradation.yaml (2 s of
+latency, then the link cut and kept down for >= 10 s).  A producer on A sends at
+--rate for --seconds; a consumer of a replicated subscription on A stops after
+--fail-over-after of the messages, and the same subscription is then opened on B.
+Prints the replication lag per second (from the link's recording), the snapshot
+markers on each link, and the failover position error: how many messages B gives
+the consumer again.  Try --rules rules/wan-lost-snapshots.yaml to see what losing
+the snapshot responses costs.
 """
 
 EPILOG = """\
 exit status:
   0    done, or stopped by SIGINT/SIGTERM (the summary and the recording cover what ran)
   1    messages were lost (sent but never received)
-  2    bad arguments, rules/demo.yaml not found
+  2    bad arguments, rules/demo.yaml (--geo: rules/wan-degradation.yaml) not found
 """
 
 SAMPLE_RESOURCE = "sample_client_frames.bin"
@@ -54,13 +65,23 @@ PARTITIONS = 4
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seconds", type=float, default=10.0, help="how long to send (default 10)")
-    parser.add_argument("--rate", type=int, default=500, help="messages per second in total (default 500)")
+    # --seconds, --rate and --out default differently with --geo (see run)
+    parser.add_argument("--seconds", type=float, help="how long to send (default 10; --geo: 20)")
+    parser.add_argument("--rate", type=int, help="messages per second in total (default 500; --geo: 200)")
     parser.add_argument("--size", type=int, default=256, help="message size in bytes (default 256)")
-    parser.add_argument("--out", default="pulsar-tap-demo", metavar="DIR",
-                        help="where the recording goes (default ./pulsar-tap-demo; created if missing)")
-    parser.add_argument("--rules", metavar="FILE", help="rule file (default rules/demo.yaml of the checkout)")
+    parser.add_argument("--out", metavar="DIR",
+                        help="where the recording goes (default ./pulsar-tap-demo, --geo: ./pulsar-tap-geo-demo; "
+                             "created if missing)")
+    parser.add_argument("--rules", metavar="FILE",
+                        help="rule file (default rules/demo.yaml of the checkout, --geo: rules/wan-degradation.yaml)")
     parser.add_argument("--sample", action="store_true", help="only decode the bundled sample of client frames")
+    parser.add_argument("--geo", action="store_true",
+                        help="two geo-replicated clusters with pulsar-tap on the link (default --seconds 20 "
+                             "--rate 200, rules/wan-degradation.yaml)")
+    parser.add_argument("--snapshot-period", metavar="MS", type=int, default=1000,
+                        help="--geo: replicated-subscription snapshot period (default 1000)")
+    parser.add_argument("--fail-over-after", metavar="FRACTION", type=float, default=0.6,
+                        help="--geo: the consumer leaves A after this share of the messages (default 0.6)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,6 +90,11 @@ def run(args: argparse.Namespace) -> int:
     if args.sample:
         print_sample()
         return 0
+    if args.geo:
+        return _geo(args)
+    args.seconds = 10.0 if args.seconds is None else args.seconds
+    args.rate = 500 if args.rate is None else args.rate
+    args.out = "pulsar-tap-demo" if args.out is None else args.out
     if args.seconds <= 0 or args.rate <= 0 or args.size <= 0:
         raise UsageError("--seconds, --rate and --size must be positive")
     import trio
@@ -83,14 +109,33 @@ def run(args: argparse.Namespace) -> int:
     return trio.run(_demo, args, rules)
 
 
-def _default_rules() -> Path:
+def _geo(args: argparse.Namespace) -> int:
+    import trio
+
+    from proxy.cli.demo_geo import run_demo
+    from proxy.errors import UsageError
+
+    args.seconds = 20.0 if args.seconds is None else args.seconds
+    args.rate = 200 if args.rate is None else args.rate
+    args.out = "pulsar-tap-geo-demo" if args.out is None else args.out
+    if args.seconds <= 0 or args.rate <= 0:
+        raise UsageError("--seconds and --rate must be positive")
+    if not 0 < args.fail_over_after <= 1:
+        raise UsageError("--fail-over-after must be a fraction in (0, 1]")
+    if args.snapshot_period < 10:
+        raise UsageError("--snapshot-period must be at least 10 ms")
+    rules = Path(args.rules) if args.rules else _default_rules("wan-degradation.yaml")
+    return trio.run(run_demo, args, rules)
+
+
+def _default_rules(name: str = "demo.yaml") -> Path:
     from proxy.errors import UsageError
 
     for base in (Path.cwd(), Path(__file__).resolve().parents[2]):
-        candidate = base / "rules" / "demo.yaml"
+        candidate = base / "rules" / name
         if candidate.is_file():
             return candidate
-    raise UsageError("rules/demo.yaml not found: run the demo from a pulsar-tap checkout, or pass --rules FILE")
+    raise UsageError(f"rules/{name} not found: run the demo from a pulsar-tap checkout, or pass --rules FILE")
 
 
 class _Stop:
