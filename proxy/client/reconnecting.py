@@ -3,7 +3,10 @@
 Pulsar protocol, "Producer" and "Consumer": a producer (PRODUCER) or consumer
 (SUBSCRIBE) lives on one connection.  When that connection breaks, or the broker
 closes it (CLOSE_PRODUCER / CLOSE_CONSUMER on a topic unload), the client looks the
-topic up again and registers anew, with backoff (100 ms doubling to 60 s).  The
+topic up again and registers anew, with backoff (100 ms doubling to 60 s) — the
+first attempt too, as the official clients wait a backoff delay before reconnecting,
+so a connection that keeps breaking right after registering costs a reconnection
+every ~100 ms, not a busy loop.  The
 first registration gives up after the operation timeout, or at once on an error
 retrying cannot help; later ones keep trying until closed.
 
@@ -82,6 +85,7 @@ class ReconnectingHandle(ABC):
                         break
                     self.reconnects += 1
                     self._notify_state()
+                    await trio.sleep(self._backoff.next())
                     await self._keep_trying(first=False)
                 nursery.cancel_scope.cancel()
 
