@@ -48,7 +48,7 @@ from google.protobuf.message import Message
 from proxy.broker.cursor import Cursor
 from proxy.broker.ledger import Entry
 from proxy.broker.replicated_subscriptions import Position, ReplicatedSubscriptionsController, SnapshotSettings
-from proxy.errors import ProtocolError
+from proxy.errors import BrokerError, ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.pb import PulsarMarkers_pb2 as pm
 from proxy.protocol import markers
@@ -335,8 +335,13 @@ class TopicGeo:
     def write_marker(self, marker_type: int, body: Message, replicate_to: str | None) -> Position:
         metadata = markers.marker_metadata(marker_type, self.wall_ms(), replicate_to)
         section = encode_payload_section(metadata, body.SerializeToString())
-        entry = self.topic.publish_marker(section, metadata)
-        return self.topic.ledger.ledger_id, entry.entry_id
+        ledger = self.topic.ledger
+        try:
+            entry = self.topic.publish_marker(section, metadata)
+        except BrokerError:
+            # a terminated topic takes no markers either; as in Pulsar, the snapshot just never completes
+            return ledger.ledger_id, ledger.last_entry_id
+        return ledger.ledger_id, entry.entry_id
 
     def move_subscription(self, name: str, position: Position) -> None:
         ledger = self.topic.ledger

@@ -79,8 +79,11 @@ class Replicator:
             producer = await self._create_producer()
             try:
                 await self._replicate(producer)
-            except ReplicationBroken as exc:
+            except (ReplicationBroken, ClientError) as exc:
                 log.warning("%r: %s; rewinding to the first unconfirmed entry", self, exc)
+            except Exception:
+                # a bug in one replicator must cost that replicator a restart, not the cluster
+                log.exception("%r: internal error; rewinding to the first unconfirmed entry", self)
             finally:
                 self.state.connected = lambda: False
                 self.state.rewind()
@@ -184,8 +187,12 @@ class ReplicationService:
         while True:
             await trio.sleep(period)
             for topic in list(self.cluster.topics.values()):
-                if topic.geo is not None:
+                if topic.geo is None:
+                    continue
+                try:
                     topic.geo.tick()
+                except Exception:
+                    log.exception("snapshot timer of %s failed; the next period tries again", topic.name)
 
 
 __all__ = ["ReplicationService", "Replicator"]

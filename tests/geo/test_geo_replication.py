@@ -201,3 +201,39 @@ async def test_without_the_proxy_too() -> None:
                 await wait_caught_up(pair.a, "B")
             assert caught_up(pair.b, "A")
             assert entries_replicated_from(pair.b, "A")["data"] == 200
+
+
+def produce_and_read_partitioned(url_a: str, url_b: str, topic: str, count: int) -> list[str]:
+    client_a, client_b = pulsar.Client(url_a), pulsar.Client(url_b)
+    try:
+        consumer = client_b.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+        producer = client_a.create_producer(topic, block_if_queue_full=True)
+        for index in range(count):
+            producer.send_async(str(index).encode(), None, partition_key=str(index))
+        producer.flush()
+        got = []
+        while len(got) < count:
+            message = consumer.receive(30_000)
+            got.append(message.data().decode())
+            consumer.acknowledge(message)
+        return got
+    finally:
+        client_a.close()
+        client_b.close()
+
+
+async def test_each_partition_replicates_to_the_same_partition_of_a_cluster_partitioned_alike() -> None:
+    topic = "persistent://public/default/geo-partitioned"
+    with trio.fail_after(120):
+        async with open_cluster(ClusterConfig(cluster_name="A", auto_partitions=3)) as a, \
+                open_cluster(ClusterConfig(cluster_name="B", auto_partitions=3)) as b:
+            await a.start_replication(GeoSettings("A", {"B": f"pulsar://{b.addresses[0]}"}))
+            await b.start_replication(GeoSettings("B", {"A": f"pulsar://{a.addresses[0]}"}))
+            got = await trio.to_thread.run_sync(produce_and_read_partitioned, f"pulsar://{a.addresses[0]}",
+                                                f"pulsar://{b.addresses[0]}", topic, 300)
+            assert sorted(got, key=int) == [str(i) for i in range(300)]
+            assert b.cluster.partitions_of(topic) == 3
+            for index in range(3):
+                partition = f"{topic}-partition-{index}"
+                assert (a.cluster.topics[partition].stats.messages_in
+                        == entries_replicated_from(b, "A", partition)["data"] > 0)

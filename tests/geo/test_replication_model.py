@@ -299,3 +299,16 @@ def test_a_cursor_per_remote_cluster() -> None:
     assert [o.entry_id for o in cursors["C"].read(10)] == [0]
     assert cursors["B"].read(10) == []
     assert cursors["B"].backlog() == 0 and cursors["C"].backlog() == 1
+
+
+def test_a_terminated_topic_takes_no_markers_and_the_snapshot_simply_never_completes() -> None:
+    a = cluster("A", {"B": "pulsar://b:6650"})
+    topic = a.get_topic(TOPIC)
+    publish(topic, new_producer(topic, "app"), 0)
+    subscribe(topic, "s", Sink(), replicated=True)
+    topic.terminate()
+    geo = geo_of(topic)
+    geo.replicators["B"].connected = lambda: True
+    geo.tick()
+    assert geo.controller is not None and geo.controller.stats.started == 1
+    assert topic.ledger.next_entry_id == 1
