@@ -7,7 +7,10 @@ permits, redelivery), :mod:`topic` (producers, publishing, schemas),
 :mod:`cluster` (brokers, ownership, lookups' answers), :mod:`connection` (the
 broker side of one connection, sans-IO), :mod:`server` (Trio listeners),
 :mod:`embedded` (running a cluster in Trio or in a thread), :mod:`admin`
-(the admin REST API) and :mod:`testing` (pytest fixtures other suites reuse).
+(the admin REST API) and :mod:`testing` (pytest fixtures other suites reuse);
+geo-replication: :mod:`replication` (replicator cursors, what each entry becomes),
+:mod:`replicated_subscriptions` (snapshots and subscription updates) and
+:mod:`replicator` (the replicators and snapshot timer on Trio).
 """
 
 from proxy.broker.cluster import Cluster, ClusterConfig
