@@ -158,8 +158,31 @@ class Traffic:
     seconds: float = 0.0
 
 
+class _Stop:
+    """SIGINT/SIGTERM: the first stops sending (the demo then settles and reports), the second stops waiting."""
+
+    def __init__(self) -> None:
+        self.signals = 0
+        self.sending = trio.Event()
+        self.waiting = trio.CancelScope()
+
+    def __call__(self, count: int) -> None:
+        self.signals = count
+        self.sending.set()
+        if count > 1:
+            self.waiting.cancel()
+
+
 async def run_demo(args: argparse.Namespace, rules: Path) -> int:
-    """``pulsar-tap demo --geo``; returns the exit status."""
+    """``pulsar-tap demo --geo``; returns the exit status (0 done or stopped, 1 messages never reached B)."""
+    from proxy.cli.interrupt import on_signals
+
+    stop = _Stop()
+    with on_signals(stop):
+        return await _run_demo(args, rules, stop)
+
+
+async def _run_demo(args: argparse.Namespace, rules: Path, stop: _Stop) -> int:
     from proxy.telemetry.logs import configure_logging
 
     configure_logging("console", "warning")
@@ -171,16 +194,18 @@ async def run_demo(args: argparse.Namespace, rules: Path) -> int:
         print(f"demo --geo: A {pair.url_a}, B {pair.url_b}; A->B via pulsar://{pair.link_ab.address} "
               f"(admin http://{pair.link_ab.admin_address}), B->A via pulsar://{pair.link_ba.address} "
               f"(admin http://{pair.link_ba.admin_address})")
-        traffic = await _traffic(pair, args)
+        traffic = await _traffic(pair, args, stop)
         hits = {name: stack.engine.hits() if stack.engine is not None else {}
                 for name, stack in (("A->B", pair.link_ab), ("B->A", pair.link_ba))}
         snapshots = _snapshot_summary(pair)
         recordings = {"A->B": pair.link_ab.recording_path, "B->A": pair.link_ba.recording_path}
+    if stop.signals:
+        print("\ndemo --geo: stopped by a signal: the figures and the recordings cover what ran until then")
     _summary(traffic, hits, snapshots, recordings, args)
-    return 0
+    return 0 if traffic.drained_ab or stop.signals else 1
 
 
-async def _traffic(pair: GeoPair, args: argparse.Namespace) -> Traffic:
+async def _traffic(pair: GeoPair, args: argparse.Namespace, stop: _Stop) -> Traffic:
     from proxy.client.client import PulsarClient
 
     traffic = Traffic()
@@ -226,27 +251,34 @@ async def _traffic(pair: GeoPair, args: argparse.Namespace) -> Traffic:
             nursery.start_soon(consume_on_a)
             next_report = started
             for index in range(total):
-                receipt = await producer.send_async(f"{index:08d}".encode())
+                if stop.sending.is_set():
+                    break
+                await producer.send_async(f"{index:08d}".encode())
                 traffic.failover.publish_ms[index] = int(time.time() * 1000)
                 traffic.sent += 1
-                del receipt
                 now = time.monotonic()
                 if now >= next_report:
                     progress()
                     next_report = now + 0.5
-                await trio.sleep(max(0.0, started + (index + 1) / args.rate - now))
+                with trio.move_on_at(trio.current_time() + max(0.0, started + (index + 1) / args.rate - now)):
+                    await stop.sending.wait()
             await producer.flush()
+            if stop.sending.is_set() and traffic.failover.acknowledged_on_a < stop_after:
+                nursery.cancel_scope.cancel()  # stopped early: the consumer leaves A where it is now
+        if not consumer.closed:
+            await consumer.close()
+        with stop.waiting:
             deadline = time.monotonic() + SETTLE_TIMEOUT
             while time.monotonic() < deadline and not _all_data_on_b(pair, traffic.sent):
                 progress()
                 await trio.sleep(0.5)
+            with trio.move_on_after(5.0):
+                await wait_caught_up(pair.b, "A")
+            progress(final=True)
+            await _resume_on_b(client_b, traffic.failover, traffic.sent)
         traffic.drained_ab = _all_data_on_b(pair, traffic.sent)
-        with trio.move_on_after(5.0):
-            await wait_caught_up(pair.b, "A")
         back = replicator_of(pair.b, "A")
         traffic.backlog_ba = back.backlog() if back is not None else 0
-        progress(final=True)
-        await _resume_on_b(client_b, traffic.failover, total)
     traffic.seconds = time.monotonic() - started
     return traffic
 
@@ -268,6 +300,7 @@ async def _resume_on_b(client: Any, failover: FailoverResult, total: int) -> Non
             if idle.cancelled_caught:
                 break
             index = int(message.payload)
+            failover.publish_ms[index] = message.publish_time  # as B stored it: A's publish time
             if failover.first_on_b is None:
                 failover.first_on_b = index
             failover.received_on_b += 1

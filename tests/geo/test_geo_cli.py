@@ -123,3 +123,23 @@ def test_demo_geo_prints_the_lag_table_and_the_failover_position_error(tmp_path:
     assert failover is not None, out
     assert "rule hits" in out and "wan-latency" in out
     assert (tmp_path / "out" / "link-a-to-b").is_dir() and (tmp_path / "out" / "link-b-to-a").is_dir()
+
+
+def test_demo_geo_stopped_by_a_signal_settles_and_reports_what_ran(tmp_path: Path) -> None:
+    process = subprocess.Popen([sys.executable, "-m", "proxy", "demo", "--geo", "--seconds", "60", "--rate", "50",
+                                "--snapshot-period", "200", "--out", str(tmp_path / "out")],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:
+            if line.startswith("[") and "sent" in line and int(line.split("sent ")[1].split()[0]) > 100:
+                break
+        process.send_signal(signal.SIGINT)
+        rest, errors = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, errors[-2000:]
+    assert "Traceback" not in errors
+    assert "stopped by a signal" in rest and "replication lag on link A->B" in rest and "failover:" in rest
