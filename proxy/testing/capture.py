@@ -36,7 +36,7 @@ from typing import Any, Final, Protocol
 
 from proxy.errors import ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
-from proxy.protocol.session import Direction, RequestPair, SessionTracker
+from proxy.protocol.session import DATA_PATH_TYPES, Direction, RequestPair, SessionTracker
 from proxy.recording.reader import RecordedFrame
 from proxy.recording.timeline import TimelineBuilder, TimelineEntry
 from proxy.server.hooks import ConnectionEvent, FrameEvent
@@ -409,7 +409,9 @@ def _untracked_entry(builder: TimelineBuilder, recorded: RecordedFrame) -> Timel
     entry = TimelineBuilder().entry(recorded)  # decoded on its own, attributed with the connection's ids
     entry.completed = None
     tracker = builder.trackers.get(recorded.conn)
-    if tracker is not None and entry.error is None:
+    # Only data-path frames take the connection's ids; the proxy's own set-up frames (a CONNECT
+    # to the broker a lookup named, say) keep what they say themselves.
+    if tracker is not None and entry.error is None and recorded.frame.type in DATA_PATH_TYPES:
         try:
             observation = tracker.attribute(recorded.frame, Direction(recorded.direction))
         except ProtocolError:  # a frame the tracker cannot attribute keeps its own topic

@@ -1,7 +1,8 @@
 """A test recorded once against a broker and replayed from its cassette ever after: no broker needed.
 
-The cassette ``cassettes/orders-roundtrip/`` was made by this project with
-``.venv/bin/python -m pytest tests/examples/test_cassette.py --pulsar-record-mode=all``
+The cassette ``cassettes/orders-roundtrip/`` was recorded against the real Apache Pulsar
+4.0.7 standalone (``python tests/peers/real_pulsar.py standalone``) with
+``.venv/bin/python -m pytest tests/examples/test_cassette.py --pulsar-url URL --pulsar-record-mode=all``
 (see README.md here); CI replays it.
 """
 
