@@ -260,17 +260,25 @@ class Producer(ReconnectingHandle):
     async def send_entry(self, metadata: api.MessageMetadata, payload: bytes, num_messages: int = 1) -> Receipt:
         """Queue an already-built message (what a geo-replicator forwards): its metadata and payload as they are.
 
-        The SEND carries this producer's next sequence id; the metadata keeps its own (the
-        original producer's, which the remote broker deduplicates on).  It takes one slot of
-        the pending-message limit whatever ``num_messages`` (a batch) says, as Pulsar's
-        replicator producer counts entries.
+        The SEND is the one Pulsar's replicator producer writes: it carries the metadata's own
+        sequence id (the original producer's; 0 for a marker), ``marker`` when the entry is a
+        marker (the remote broker then skips deduplication for it), and ``num_messages`` only
+        for a batch.  It takes one slot of the pending-message limit whatever ``num_messages``
+        says, as Pulsar's replicator producer counts entries.
         """
         await self._admit()
         receipt = Receipt()
-        sequence_id = self._next_sequence_id
-        self._next_sequence_id += 1
+        if metadata.HasField("sequence_id"):
+            sequence_id = metadata.sequence_id
+        else:
+            sequence_id = self._next_sequence_id
+            self._next_sequence_id += 1
         self._last_receipt = receipt
-        cmd = api.CommandSend(producer_id=self.producer_id, sequence_id=sequence_id, num_messages=num_messages)
+        cmd = api.CommandSend(producer_id=self.producer_id, sequence_id=sequence_id)
+        if num_messages != 1:
+            cmd.num_messages = num_messages
+        if metadata.HasField("marker_type"):
+            cmd.marker = True
         frame = encode_payload_command(cmd, metadata, payload)
         self._enqueue(PendingSend(sequence_id, sequence_id, frame, 1, self._deadline(), [receipt]))
         return receipt

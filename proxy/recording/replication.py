@@ -18,6 +18,7 @@ snapshot round trip is reconstructed from.  Everything here is sans-IO over
 
 from __future__ import annotations
 
+from collections import defaultdict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -63,7 +64,9 @@ class ReplicatedSend:
 def replicated_sends(frames: Iterable[RecordedFrame]) -> list[ReplicatedSend]:
     """Every replicator SEND in a recording, paired with its receipt when one was recorded."""
     trackers: dict[int, SessionTracker] = {}
-    pending: dict[tuple[int, int, int], ReplicatedSend] = {}
+    # a replicator's SENDs carry the original sequence ids (every marker's is 0): a key can repeat,
+    # and its receipts come back in the order the SENDs went
+    pending: dict[tuple[int, int, int], deque[ReplicatedSend]] = defaultdict(deque)
     sends: list[ReplicatedSend] = []
     for recorded in frames:
         if recorded.origin == "proxy":
@@ -81,10 +84,11 @@ def replicated_sends(frames: Iterable[RecordedFrame]) -> list[ReplicatedSend]:
             send = _send_row(recorded, frame.command.send, producer.producer_name or "", observation.topic)
             if send is not None:
                 sends.append(send)
-                pending[(recorded.conn, send.producer_id, send.sequence_id)] = send
+                pending[(recorded.conn, send.producer_id, send.sequence_id)].append(send)
         elif frame.type == T.SEND_RECEIPT:
             receipt = frame.command.send_receipt
-            found = pending.pop((recorded.conn, receipt.producer_id, receipt.sequence_id), None)
+            waiting = pending.get((recorded.conn, receipt.producer_id, receipt.sequence_id))
+            found = waiting.popleft() if waiting else None
             if found is not None:
                 found.receipt_ns = recorded.ts_ns
                 if receipt.HasField("message_id"):

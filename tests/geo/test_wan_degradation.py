@@ -15,7 +15,7 @@ import pulsar
 import trio
 from geo_traffic import SUB, TOPIC, consume_then_leave, resume_on_b
 
-from proxy.cli.demo_geo import GeoPair, open_geo_pair, replicator_of, wait_caught_up
+from proxy.cli.demo_geo import GeoPair, open_geo_pair, wait_caught_up
 from proxy.recording.reader import open_recordings
 from proxy.recording.replication import ReplicatedSend, lag_table, replicated_sends
 
@@ -89,13 +89,18 @@ async def test_losing_every_snapshot_response_leaves_the_subscription_behind(tmp
             started, completed = controller.stats.started, controller.stats.completed
             updates = controller.stats.updates_written
             assert SUB not in pair.b.cluster.topics[TOPIC].subscriptions  # no update ever reached B
-            back = replicator_of(pair.b, "A")
-            assert back is not None and back.backlog() > 0  # the link into A stalls behind the first response
             assert pair.link_ba is not None and pair.link_ba.engine is not None
             dropped = pair.link_ba.engine.hits()["lose-snapshot-responses"]
             given_again = [index for index, _ in await trio.to_thread.run_sync(resume_on_b, pair.url_b, total)]
     assert received == list(range(total))  # data from A to B is untouched
     assert started >= 1 and completed == 0 and updates == 0
-    assert dropped >= 2  # the same response, sent again after each reconnection
+    assert dropped >= 1
+    # the link into A is not stalled: every marker carries sequence id 0, so the receipt of the next
+    # one answers the dropped response (as Pulsar's replicator producer pairs them) and B's own
+    # snapshot requests keep reaching A
+    into_a = link_sends(pair, "B->A")
+    requests = [send for send in into_a if send.marker == "REPLICATED_SUBSCRIPTION_SNAPSHOT_REQUEST"]
+    assert len(requests) >= 2 and all(send.sequence_id == 0 for send in into_a if send.marker)
+    assert sum(send.receipt_ns is not None for send in into_a) >= len(into_a) - 1
     # the consumer failing over starts B's new subscription at its initial position: everything again
     assert given_again[:consumed] == list(range(consumed))
