@@ -11,13 +11,13 @@ TOPIC = "persistent://public/default/geo-orders"
 SUB = "orders-sub"
 
 
-def consume_then_leave(url_a: str, rate: int, total: int, stop_after: int) -> None:
+def consume_then_leave(url_a: str, rate: int, total: int, stop_after: int, topic: str = TOPIC) -> None:
     """Produce ``total`` at ``rate`` on A while a replicated subscription consumes ``stop_after`` and leaves."""
     client = pulsar.Client(url_a)
     try:
-        consumer = client.subscribe(TOPIC, SUB, initial_position=pulsar.InitialPosition.Earliest,
+        consumer = client.subscribe(topic, SUB, initial_position=pulsar.InitialPosition.Earliest,
                                     replicate_subscription_state_enabled=True)
-        producer = client.create_producer(TOPIC, batching_enabled=False, block_if_queue_full=True)
+        producer = client.create_producer(topic, batching_enabled=False, block_if_queue_full=True)
 
         def send_all() -> None:
             started = time.monotonic()
@@ -40,11 +40,11 @@ def consume_then_leave(url_a: str, rate: int, total: int, stop_after: int) -> No
         client.close()
 
 
-def resume_on_b(url_b: str, count: int) -> list[tuple[int, int]]:
+def resume_on_b(url_b: str, count: int, topic: str = TOPIC) -> list[tuple[int, int]]:
     """The failed-over consumer on B: (index, publish time) of the messages it is given."""
     client = pulsar.Client(url_b)
     try:
-        consumer = client.subscribe(TOPIC, SUB, initial_position=pulsar.InitialPosition.Earliest,
+        consumer = client.subscribe(topic, SUB, initial_position=pulsar.InitialPosition.Earliest,
                                     replicate_subscription_state_enabled=True)
         got = []
         while len(got) < count:

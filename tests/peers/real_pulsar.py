@@ -30,6 +30,7 @@ import ctypes
 import dataclasses
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -38,7 +39,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -209,8 +210,11 @@ class Standalone(JavaProcess):
     """A running ``PulsarStandaloneStarter``: service URLs, admin URL, and the admin calls the tests use."""
 
     def __init__(self, process: subprocess.Popen[bytes], workdir: Path, log_file: Path, *,
-                 broker_port: int, web_port: int, tls_port: int | None, tls: TlsFiles | None) -> None:
-        super().__init__("pulsar standalone", process, workdir, log_file)
+                 broker_port: int, web_port: int, tls_port: int | None, tls: TlsFiles | None,
+                 cluster: str = "standalone") -> None:
+        super().__init__(f"pulsar standalone {cluster}" if cluster != "standalone" else "pulsar standalone",
+                         process, workdir, log_file)
+        self.cluster = cluster
         self.broker_port = broker_port
         self.web_port = web_port
         self.tls_port = tls_port
@@ -240,17 +244,25 @@ class Standalone(JavaProcess):
         return http_json(method, self.admin_url + path, body)
 
     def ready(self) -> bool:
-        return "standalone" in (self.admin("GET", "/admin/v2/clusters") or []) and \
+        return self.cluster in (self.admin("GET", "/admin/v2/clusters") or []) and \
             "public/default" in (self.admin("GET", "/admin/v2/namespaces/public") or [])
 
 
 def standalone_config(workdir: Path, *, broker_port: int, web_port: int, tls_port: int | None,
-                      tls: TlsFiles | None) -> Path:
-    """The project's standalone.conf plus this run's keys, written into ``workdir``."""
+                      tls: TlsFiles | None, cluster: str = "standalone",
+                      extra: Mapping[str, str | int] | None = None) -> Path:
+    """The project's standalone.conf plus this run's keys, written into ``workdir``.
+
+    ``cluster`` replaces the file's ``clusterName`` (two standalones that replicate need two
+    names); ``extra`` adds keys the file does not set.
+    """
     base = (PEERS / "standalone.conf").read_text()
-    keys = {"brokerServicePort": broker_port, "webServicePort": web_port,
-            # graceful shutdown is bounded: the data is thrown away after the session anyway
-            "brokerShutdownTimeoutMs": 3000}
+    if cluster != "standalone":
+        base = re.sub(r"(?m)^clusterName=.*$", f"clusterName={cluster}", base)
+    keys: dict[str, str | int | Path] = {"brokerServicePort": broker_port, "webServicePort": web_port,
+                                         # graceful shutdown is bounded: the data is thrown away after the session
+                                         "brokerShutdownTimeoutMs": 3000}
+    keys.update(extra or {})
     if tls is not None and tls_port is not None:
         keys.update(brokerServicePortTls=tls_port, tlsCertificateFilePath=tls.cert, tlsKeyFilePath=tls.key,
                     tlsTrustCertsFilePath=tls.ca)
@@ -265,8 +277,12 @@ def standalone_config(workdir: Path, *, broker_port: int, web_port: int, tls_por
 
 
 def start_standalone(workdir: Path | None = None, *, tls: TlsFiles | None = None, timeout: float = 240.0,
-                     attempts: int = 2) -> Standalone:
-    """Start a real standalone broker on free loopback ports and wait until it serves ``public/default``."""
+                     attempts: int = 2, cluster: str = "standalone",
+                     extra: Mapping[str, str | int] | None = None) -> Standalone:
+    """Start a real standalone broker on free loopback ports and wait until it serves ``public/default``.
+
+    ``cluster`` names its cluster (``clusterName``); ``extra`` adds broker settings to the config.
+    """
     require(BROKER_LIB, "the real Pulsar broker")
     workdir = workdir or Path(tempfile.mkdtemp(prefix="pulsar-standalone-"))
     for attempt in range(1, attempts + 1):
@@ -274,7 +290,7 @@ def start_standalone(workdir: Path | None = None, *, tls: TlsFiles | None = None
         run_dir.mkdir(parents=True)
         broker_port, web_port, tls_port, bookie_port = free_ports(4)
         config = standalone_config(run_dir, broker_port=broker_port, web_port=web_port,
-                                   tls_port=tls_port if tls else None, tls=tls)
+                                   tls_port=tls_port if tls else None, tls=tls, cluster=cluster, extra=extra)
         log_file = run_dir / "pulsar.log"
         command = java_command(
             [BROKER_LIB / "*"], "org.apache.pulsar.PulsarStandaloneStarter",
@@ -283,7 +299,7 @@ def start_standalone(workdir: Path | None = None, *, tls: TlsFiles | None = None
              "--no-functions-worker", "--no-stream-storage"],
             heap="1g", log_file=log_file)
         broker = Standalone(spawn(command, log_file, run_dir), run_dir, log_file, broker_port=broker_port,
-                            web_port=web_port, tls_port=tls_port if tls else None, tls=tls)
+                            web_port=web_port, tls_port=tls_port if tls else None, tls=tls, cluster=cluster)
         try:
             broker.wait_until(broker.ready, timeout)
             return broker
