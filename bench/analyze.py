@@ -87,7 +87,12 @@ def _tree_cpu(root: int) -> float:
 
 
 def _import_decoder(batches: Iterator[Any]) -> Iterator[Any]:
-    import proxy.analytics.pipeline  # noqa: F401 - what every task of the pipeline imports first
+    # what the pipeline's tasks import: the decoder, and the parts of Arrow they read and write with
+    import pyarrow.compute
+    import pyarrow.feather
+    import pyarrow.parquet  # noqa: F401
+
+    import proxy.analytics.pipeline  # noqa: F401
 
     yield from batches
 
