@@ -8,7 +8,8 @@ capture order through the connection's :class:`~proxy.protocol.session.SessionTr
 - the ``frames`` rows of control frames, and the ``requests`` they pair;
 - SENDs paired with their SEND_RECEIPT / SEND_ERROR as the tracker pairs them (by
   producer id and sequence id; a SEND sent again with the same ids replaces the one
-  still waiting), with the topic the producer had when the SEND left;
+  still waiting), with the topic the producer had when the SEND left — on whole
+  columns (:func:`send_requests`), as they are most of the rows that come here;
 - the topic of every producer and consumer id at each epoch the first step asked
   about (:data:`~proxy.analytics.tables.RESOLUTION`);
 - chunked messages whose chunks fell into several splits, reassembled from their
@@ -26,10 +27,9 @@ requests per connection), and nor are chunked messages being assembled.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from proxy.analytics import tables as tb
 from proxy.analytics.decode import SEND, SEND_ERROR, ChunkAssembler, message_rows
@@ -38,6 +38,9 @@ from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol import chunks, compression
 from proxy.protocol.frame import Frame, frame_from_bytes
 from proxy.protocol.session import Direction, RequestPair, SessionTracker
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 Row = tuple[Any, ...]
 _ID_FIELDS: Final = ("request_id", "producer_id", "consumer_id", "sequence_id")
@@ -53,13 +56,19 @@ class ConnectionRows:
     messages: list[Row] = field(default_factory=list)
     errors: list[Row] = field(default_factory=list)
     resolution: list[Row] = field(default_factory=list)
+    #: each connection's last capture time
+    last_ts: list[tuple[str, int, int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
-class _PendingSend:
-    start_ns: int
-    topic: str | None
-    num_messages: int
+class ConnectionTables:
+    """What the second step makes of some connections: output tables, and the topic answers."""
+
+    frames: pa.Table
+    requests: pa.Table
+    messages: pa.Table
+    errors: pa.Table
+    resolution: list[Row]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,12 +105,11 @@ class ConnectionFinisher:
         self.out = out
         self.window = window
         self.tracker = SessionTracker(strict=False)
-        self.sends: OrderedDict[tuple[int, int], _PendingSend] = OrderedDict()
         self.assembler = ChunkAssembler()
         self.last_ts = 0
 
     def run(self, rows: Iterable[dict[str, Any]]) -> None:
-        handlers = {tb.EDGE_CONTROL: self._control, tb.EDGE_SEND: self._send, tb.EDGE_REF: self._ref,
+        handlers = {tb.EDGE_CONTROL: self._control, tb.EDGE_REF: self._ref,
                     tb.EDGE_CHUNK: self._chunk, tb.EDGE_CHUNK_RESET: self._chunk_reset,
                     tb.EDGE_PROBLEM: self._problem, tb.EDGE_LAST: self._last}
         for row in sorted(rows, key=lambda r: (r["seq"], r["edge"])):
@@ -125,20 +133,6 @@ class ConnectionFinisher:
     def _topic(self, ref_kind: int, ref_id: int) -> str | None:
         owner = (self.tracker.producers if ref_kind == tb.REF_PRODUCER else self.tracker.consumers).get(ref_id)
         return owner.topic if owner is not None else None
-
-    def _send(self, row: dict[str, Any]) -> None:
-        key = (row["producer_id"], row["sequence_id"])
-        if row["frame_type"] == SEND:
-            self.sends[key] = _PendingSend(row["ts_ns"], self._topic(tb.REF_PRODUCER, key[0]), row["num_messages"])
-            return
-        pending = self.sends.pop(key, None)
-        if pending is None:
-            return
-        failed = row["frame_type"] == SEND_ERROR
-        self._request(RequestPair(
-            SEND, row["frame_type"], pending.start_ns, row["ts_ns"], pending.topic, "error" if failed else "ok",
-            row["error_code"], row["error_message"], producer_id=key[0], sequence_id=key[1],
-            num_messages=pending.num_messages))
 
     def _ref(self, row: dict[str, Any]) -> None:
         self.out.resolution.append((self.recording, self.conn_id, row["seq"], row["ref_kind"], row["ref_id"],
@@ -202,22 +196,105 @@ class ConnectionFinisher:
     def _close(self) -> None:
         for pair in self.tracker.close(self.last_ts):
             self._request(pair)
-        for (producer_id, sequence_id), pending in self.sends.items():
-            self._request(RequestPair(SEND, None, pending.start_ns, self.last_ts, pending.topic, "unanswered",
-                                      producer_id=producer_id, sequence_id=sequence_id,
-                                      num_messages=pending.num_messages))
-        self.sends.clear()
+        self.out.last_ts.append((self.recording, self.conn_id, self.last_ts))
 
 
-def finish_connections(edges: Any, window: TimeWindow, out: ConnectionRows | None = None) -> ConnectionRows:
+def send_requests(sends: pa.Table, resolution: pa.Table, last_ts: pa.Table, window: TimeWindow) -> pa.Table:
+    """The ``requests`` rows of SENDs, from the :data:`~proxy.analytics.tables.EDGE` rows of SENDs and receipts.
+
+    What the tracker does one frame at a time (a SEND waits under its producer and
+    sequence id; a later SEND with the same ids replaces it; a receipt or SEND_ERROR
+    answers the one waiting, or nothing) is, per ids, a look at the next event with
+    the same ids: a SEND followed by an answer is answered by it, one followed by
+    another SEND was replaced (no row), and the last one is ``unanswered`` at the
+    connection's last capture time.  ``resolution`` gives the topic at the SEND's
+    epoch; ``last_ts`` is ``(recording, conn_id, last_ts)``.
+    """
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    schema = tb.arrow_schema(tb.TABLES["requests"])
+    if not sends.num_rows:
+        return schema.empty_table()
+    keys = ["recording", "conn_id", "producer_id", "sequence_id"]
+    sends = sends.select([*keys, "seq", "ts_ns", "frame_type", "num_messages", "error_code", "error_message",
+                          "epoch"]).join(last_ts, keys=["recording", "conn_id"], join_type="left outer",
+                                         use_threads=False)
+    sends = sends.sort_by([(name, "ascending") for name in (*keys, "seq")]).combine_chunks()
+    count = sends.num_rows
+    same_as_next = np.zeros(count, dtype=bool)
+    if count > 1:
+        equal = np.ones(count - 1, dtype=bool)
+        for name in keys:
+            column = sends[name]
+            equal &= pc.fill_null(pc.equal(column.slice(0, count - 1), column.slice(1)), False).to_numpy()
+        same_as_next[:-1] = equal
+    frame_type = sends["frame_type"].to_numpy()
+    next_type = np.append(frame_type[1:], -1)
+    answered = same_as_next & (next_type != SEND)
+    kept = np.nonzero((frame_type == SEND) & (answered | ~same_as_next))[0]
+    answered = answered[kept]
+    answer = pa.array(np.where(answered, kept + 1, kept))  # the answer's row, where there is one
+
+    def take(name: str, rows: Any = kept) -> Any:
+        return sends[name].take(rows)
+
+    is_answered = pa.array(answered)
+    is_error = pc.equal(take("frame_type", answer), SEND_ERROR)
+    start_ns = take("ts_ns")
+    end_ns = pc.if_else(is_answered, take("ts_ns", answer), take("last_ts"))
+    no_text = pa.scalar(None, pa.string())
+    table = pa.table({
+        "recording": take("recording"), "conn_id": take("conn_id"),
+        "request_command": pa.array(["SEND"] * len(kept), pa.string()),
+        "response_command": pc.if_else(is_answered, pc.if_else(is_error, "SEND_ERROR", "SEND_RECEIPT"), no_text),
+        "start_ns": start_ns, "end_ns": end_ns,
+        "latency_us": pc.divide(pc.subtract(end_ns, start_ns).cast(pa.float64()), 1000.0),
+        "outcome": pc.if_else(is_answered, pc.if_else(is_error, "error", "ok"), "unanswered"),
+        "error_code": pc.if_else(is_answered, take("error_code", answer), no_text),
+        "error_message": pc.if_else(is_answered, take("error_message", answer), no_text),
+        "request_id": pa.nulls(len(kept), pa.int64()), "producer_id": take("producer_id"),
+        "consumer_id": pa.nulls(len(kept), pa.int64()), "sequence_id": take("sequence_id"),
+        "num_messages": take("num_messages"),
+        "epoch": take("epoch"), "ref_kind": pa.array([tb.REF_PRODUCER] * len(kept), pa.int32()),
+        "ref_id": take("producer_id"),
+    })
+    if window.since_ns is not None:
+        table = table.filter(pc.greater_equal(table["start_ns"], window.since_ns))
+    if window.until_ns is not None:
+        table = table.filter(pc.less(table["start_ns"], window.until_ns))
+    table = table.join(resolution, keys=["recording", "conn_id", "epoch", "ref_kind", "ref_id"],
+                       join_type="left outer", use_threads=False)
+    return table.select(schema.names).cast(schema)
+
+
+def finish_connections(edges: pa.Table, window: TimeWindow) -> ConnectionTables:
     """Finish every connection whose edge rows are in ``edges`` (an Arrow table, any row order)."""
-    out = out or ConnectionRows()
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from proxy.analytics.output import resolution_table, rows_table
+
+    out = ConnectionRows()
+    is_send = pc.equal(edges["edge"], tb.EDGE_SEND)
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for row in edges.to_pylist():
+    for row in edges.filter(pc.invert(is_send)).to_pylist():
         groups.setdefault((row["recording"], row["conn_id"]), []).append(row)
     for (recording, conn_id), rows in groups.items():
         ConnectionFinisher(recording, conn_id, out, window).run(rows)
-    return out
+    last_ts = pa.table({"recording": pa.array([r for r, _, _ in out.last_ts], pa.string()),
+                        "conn_id": pa.array([c for _, c, _ in out.last_ts], pa.int64()),
+                        "last_ts": pa.array([t for _, _, t in out.last_ts], pa.int64())})
+    sends = send_requests(edges.filter(is_send), resolution_table(out.resolution), last_ts, window)
+    requests = pa.concat_tables([rows_table("requests", out.requests), sends])
+    failed = sends.filter(pc.not_equal(sends["outcome"], "ok"))
+    failed = failed.select(["recording", "conn_id", "start_ns", "request_command", "topic", "outcome", "error_code",
+                            "error_message"]).rename_columns(tb.names(tb.TABLES["errors"]))
+    errors = pa.concat_tables([rows_table("errors", out.errors), failed])
+    return ConnectionTables(rows_table("frames", out.frames), requests, rows_table("messages", out.messages),
+                            errors, out.resolution)
 
 
-__all__ = ["ConnectionFinisher", "ConnectionRows", "TimeWindow", "finish_connections"]
+__all__ = ["ConnectionFinisher", "ConnectionRows", "ConnectionTables", "TimeWindow", "finish_connections",
+           "send_requests"]

@@ -344,14 +344,14 @@ class SplitDecoder:
                 connection.epoch = None
                 self.edges.rows.append((conn_id, seq, tb.EDGE_CONTROL, ts_ns, direction,
                                         _ORIGINS.get(record.origin, "proxy"), size, _rules(record),
-                                        raw, frame_type, None, None, None, None, None, None, None, None, None))
+                                        raw, frame_type, None, None, None, None, None, None, None, None, None, None))
                 return
             self._data_frame(connection, conn_id, seq, ts_ns, direction, record, size, stripped, frame_type,
                              getattr(cmd, path[0]), path[1], section, len(raw))
         except (ProtocolError, ValueError) as exc:
             self.edges.rows.append((conn_id, seq, tb.EDGE_PROBLEM, ts_ns, direction, None, None, None,
                                     None, None, None, None, None, None, None, None, None, None,
-                                    f"{type(exc).__name__}: {exc}"))
+                                    f"{type(exc).__name__}: {exc}", None))
 
     def _data_frame(self, connection: _Connection, conn_id: int, seq: int, ts_ns: int, direction: str,
                     record: rpb.FrameRecord, size: int, stripped: bool, frame_type: int, sub: Any,
@@ -386,7 +386,7 @@ class SplitDecoder:
             self.edges.rows.append((conn_id, seq, tb.EDGE_SEND, ts_ns, direction, None, None, None, None,
                                     frame_type, sub.producer_id, sub.sequence_id,
                                     sub.num_messages if frame_type == SEND else None, error_code, error_message,
-                                    None, None, None, None))
+                                    None, None, None, None, epoch))
         if len(self.frames.rows) >= BATCH_ROWS:
             self.frames.flush()
         if section is None or (frame_type != SEND and frame_type != MESSAGE):
@@ -452,7 +452,7 @@ class SplitDecoder:
         """Assemble a chunk here when its message was started in this split, else hand it on."""
         key = (metadata.producer_name, metadata.uuid)
         edge = (conn_id, seq, tb.EDGE_CHUNK, ts_ns, direction, None, None, None, section.metadata_raw, SEND,
-                producer_id, None, None, None, None, None, None, frame_size - section.metadata_end, None)
+                producer_id, None, None, None, None, None, None, frame_size - section.metadata_end, None, None)
         if metadata.chunk_id != 0 and key not in connection.chunk_keys:
             self.edges.rows.append(edge)  # its message started before this split
             return None
@@ -476,16 +476,16 @@ class SplitDecoder:
         for conn_id, connection in self.connections.items():
             for epoch, ref_kind, ref_id in connection.refs:
                 edges.append((conn_id, epoch, tb.EDGE_REF, None, None, None, None, None, None, None, None, None,
-                              None, None, None, ref_kind, ref_id, None, None))
+                              None, None, None, ref_kind, ref_id, None, None, None))
             for key, first_seq in connection.chunk_keys.items():
                 pending = connection.chunk_rows.get(key)
                 if pending and connection.assembler is not None and connection.assembler.holds(key):
                     edges.extend(pending)  # still incomplete at the split's end: the second step continues it
                 else:
                     edges.append((conn_id, first_seq, tb.EDGE_CHUNK_RESET, None, None, None, None, None, None,
-                                  None, None, None, None, None, None, None, None, None, key[0] + "\x00" + key[1]))
+                                  None, None, None, None, None, None, None, None, None, key[0] + "\x00" + key[1], None))
             edges.append((conn_id, self._seq_base | self.split.start, tb.EDGE_LAST, connection.last_ts, None, None,
-                          None, None, None, None, None, None, None, None, None, None, None, None, None))
+                          None, None, None, None, None, None, None, None, None, None, None, None, None, None))
         return SplitOutput(
             self.split, self.recording,
             {"frames": self.frames.table(), "messages": self.messages.table(),

@@ -16,7 +16,7 @@ import pickle
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from proxy.analytics.output import NS_PER_SECOND, merge_throughput
 
@@ -51,6 +51,17 @@ class Latencies:
                 self.values = None
         self.buckets[_bucket(latency_us)] += 1
 
+    def add_all(self, latencies_us: list[float]) -> None:
+        """:meth:`add` for each, in one go."""
+        self.count += len(latencies_us)
+        self.max = max(self.max, max(latencies_us))
+        if self.values is not None:
+            self.values.extend(latencies_us)
+            if len(self.values) > EXACT_LATENCIES:
+                self.values = None
+        log, per_e = math.log, BUCKETS_PER_E
+        self.buckets.update(math.floor(log(value) * per_e) if value > 0 else _NOT_POSITIVE for value in latencies_us)
+
     def merge(self, other: Latencies) -> None:
         self.count += other.count
         self.max = max(self.max, other.max)
@@ -83,12 +94,16 @@ class Latencies:
         return [(self.quantile(i / CDF_POINTS), i / CDF_POINTS) for i in range(CDF_POINTS + 1)]
 
 
+#: the bucket of latencies of 0 (or less: a clock that went back)
+_NOT_POSITIVE: Final = -(1 << 30)
+
+
 def _bucket(latency_us: float) -> int:
-    return math.floor(math.log(latency_us) * BUCKETS_PER_E) if latency_us > 0 else -(1 << 30)
+    return math.floor(math.log(latency_us) * BUCKETS_PER_E) if latency_us > 0 else _NOT_POSITIVE
 
 
 def _bucket_value(bucket: int) -> float:
-    return 0.0 if bucket == -(1 << 30) else math.exp((bucket + 0.5) / BUCKETS_PER_E)
+    return 0.0 if bucket == _NOT_POSITIVE else math.exp((bucket + 0.5) / BUCKETS_PER_E)
 
 
 #: (latency_us, recording, conn_id, request_command, response_command, topic, start_ns, outcome, error_code)
@@ -116,25 +131,35 @@ class Figures:
     skipped: list[str] = field(default_factory=list)
 
     # -- filling ----------------------------------------------------------------------------
-    def add_requests(self, rows: Iterable[tuple[Any, ...]]) -> None:
-        """Requests rows (``TABLES["requests"]`` order)."""
-        slow: list[SlowRequest] = []
-        for (recording, conn_id, command, response, topic, start_ns, _end, latency_us, outcome, error_code,
-             *_rest) in rows:
-            self.counts["requests"] += 1
-            if outcome == "unanswered":
-                continue
+    def add_requests(self, table: pa.Table) -> None:
+        """Rows of the ``requests`` table."""
+        import pyarrow.compute as pc
+
+        self.counts["requests"] += table.num_rows
+        answered = table.filter(pc.not_equal(table["outcome"], "unanswered"))
+        if not answered.num_rows:
+            return
+        commands = answered["request_command"]
+        for command in sorted(pc.unique(commands).to_pylist()):
+            latencies = answered["latency_us"].filter(pc.equal(commands, command)).to_pylist()
             stats = self.latencies.get(command)
             if stats is None:
                 stats = self.latencies[command] = Latencies()
-            stats.add(latency_us)
-            slow.append((latency_us, recording, conn_id, command, response, topic, start_ns, outcome, error_code))
-        self._keep_slowest(slow)
+            stats.add_all(latencies)
+        # the slowest of these first, in the order _keep_slowest keeps them
+        order = pc.sort_indices(answered, sort_keys=[("latency_us", "descending"), ("start_ns", "ascending"),
+                                                     ("recording", "ascending"), ("conn_id", "ascending"),
+                                                     ("request_command", "ascending")])
+        slow = answered.take(order.slice(0, SLOWEST))
+        self._keep_slowest(list(zip(*(slow[name].to_pylist() for name in (
+            "latency_us", "recording", "conn_id", "request_command", "response_command", "topic", "start_ns",
+            "outcome", "error_code")), strict=True)))
 
-    def add_errors(self, rows: Iterable[tuple[Any, ...]]) -> None:
-        """Errors rows (``TABLES["errors"]`` order)."""
-        for _recording, _conn, ts_ns, _command, _topic, outcome, error_code, _message in rows:
-            self.counts["errors"] += 1
+    def add_errors(self, table: pa.Table) -> None:
+        """Rows of the ``errors`` table."""
+        self.counts["errors"] += table.num_rows
+        for ts_ns, outcome, error_code in zip(*(table[name].to_pylist() for name in ("ts_ns", "outcome",
+                                                                                    "error_code")), strict=True):
             if outcome == "undecodable":
                 self.counts["problems"] += 1
             self.errors[(ts_ns // NS_PER_SECOND, error_code or outcome)] += 1

@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from proxy.analytics.connections import ConnectionRows, TimeWindow, finish_connections
+from proxy.analytics.connections import ConnectionTables, TimeWindow, finish_connections
 from proxy.analytics.decode import SplitOutput, decode_split
 from proxy.analytics.figures import Figures
 from proxy.analytics.inputs import DEFAULT_SPLIT_BYTES, local_segments, mapped
-from proxy.analytics.output import TableWriter, resolution_table, resolve_split, rows_table, throughput_rows
+from proxy.analytics.output import TableWriter, resolution_table, resolve_split, throughput_rows
 from proxy.analytics.segments import Split, plan_splits, segment_recording_id
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def decode_content_split(split: Split, content: bytes) -> SplitOutput:
 
 
 def finish_edges(edges: pa.Table, window: TimeWindow, writer: TableWriter | None, part: str
-                 ) -> tuple[list[tuple[object, ...]], Figures, ConnectionRows]:
+                 ) -> tuple[list[tuple[object, ...]], Figures, ConnectionTables]:
     """Step 2 for the edge rows of some connections (all rows of each one).
 
     Writes the rows it makes when ``writer`` is given; returns the topic answers, the
@@ -76,11 +76,11 @@ def finish_edges(edges: pa.Table, window: TimeWindow, writer: TableWriter | None
     figures = Figures()
     figures.add_requests(rows.requests)
     figures.add_errors(rows.errors)
-    figures.counts["frames"] += len(rows.frames)
-    figures.counts["messages"] += len(rows.messages)
+    figures.counts["frames"] += rows.frames.num_rows
+    figures.counts["messages"] += rows.messages.num_rows
     if writer is not None:
         for name in EDGE_TABLES:
-            writer.write(name, rows_table(name, getattr(rows, name)), part)
+            writer.write(name, getattr(rows, name), part)
     return rows.resolution, figures, rows
 
 

@@ -96,7 +96,7 @@ REF_CONSUMER: Final = 2
 
 #: Kinds of :data:`EDGE` rows.
 EDGE_CONTROL: Final = 1       # a control frame (no payload), for the session machine: ``data`` = the frame
-EDGE_SEND: Final = 2          # a SEND, SEND_RECEIPT or SEND_ERROR: ids, time, error
+EDGE_SEND: Final = 2          # a SEND, SEND_RECEIPT or SEND_ERROR: ids, time, error, epoch
 EDGE_REF: Final = 3           # a topic look-up: (epoch, ref_kind, ref_id)
 EDGE_CHUNK: Final = 4         # a chunk whose message spans splits: ``data`` = its MessageMetadata
 EDGE_CHUNK_RESET: Final = 5   # a chunked message restarted (chunk 0) and finished within a split
@@ -108,7 +108,7 @@ EDGE: Final[Columns] = (
     ("direction", "string"), ("origin", "string"), ("size", "int"), ("rules", "string"), ("data", "binary"),
     ("frame_type", "int"), ("producer_id", "bigint"), ("sequence_id", "bigint"), ("num_messages", "int"),
     ("error_code", "string"), ("error_message", "string"), ("ref_kind", "int"), ("ref_id", "bigint"),
-    ("payload_size", "int"), ("message", "string"),
+    ("payload_size", "int"), ("message", "string"), ("epoch", "bigint"),
 )
 
 RESOLUTION: Final[Columns] = (

@@ -19,8 +19,10 @@ from proxy.analytics.reference import reference_tables
 from proxy.analytics.segments import Split, SplitReader, plan_splits
 from proxy.analytics.steps import analyze_in_process
 from proxy.analytics.synthetic import Features, SyntheticStats, write_synthetic_recording
+from proxy.pb import PulsarApi_pb2 as api
 from proxy.pb import recording_pb2 as rpb
-from proxy.recording.segment import SEGMENT_MAGIC, encode_record
+from proxy.protocol.frame import encode_command, encode_payload_command
+from proxy.recording.segment import SEGMENT_MAGIC, encode_frame_record, encode_record
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPARED = ("frames", "requests", "messages", "replication")
@@ -150,3 +152,72 @@ def test_a_segment_that_is_not_one_is_reported_not_fatal() -> None:
     reader = SplitReader(b"not a segment at all", split)
     assert list(reader.records()) == []
     assert "bad magic" in reader.skipped[0].describe()
+
+
+def test_sends_pair_with_receipts_as_the_session_machine_pairs_them_across_splits(tmp_path: Path) -> None:
+    """A resent SEND replaces the waiting one, a stray receipt answers nothing, SEND_ERROR fails it, the last
+    SEND of a connection is unanswered, two producers with the same sequence ids stay apart; split anywhere."""
+    recording = tmp_path / "in" / "20251122T083320Z-7"
+    recording.mkdir(parents=True)
+    data = bytearray(SEGMENT_MAGIC)
+    data += encode_record(rpb.Record(header=rpb.SegmentHeader(format_version=1, recording_id=recording.name,
+                                                              segment_index=1, created_ns=1)))
+    now = 1_763_800_000_000_000_000
+
+    def frame(conn_id: int, direction: int, raw: bytes) -> None:
+        nonlocal now
+        now += 1_000_000
+        data.extend(encode_frame_record(rpb.FrameRecord(
+            conn_id=conn_id, direction=direction, origin=rpb.CLIENT if direction == rpb.TO_BROKER else rpb.BROKER,
+            ts_ns=now, data=raw)))
+
+    def send(conn_id: int, producer_id: int, sequence_id: int) -> None:
+        metadata = api.MessageMetadata(producer_name=f"p{producer_id}", sequence_id=sequence_id, publish_time=1)
+        frame(conn_id, rpb.TO_BROKER, encode_payload_command(
+            api.CommandSend(producer_id=producer_id, sequence_id=sequence_id), metadata, b"x" * 40))
+
+    def receipt(conn_id: int, producer_id: int, sequence_id: int) -> None:
+        frame(conn_id, rpb.TO_CLIENT, encode_command(api.CommandSendReceipt(producer_id=producer_id,
+                                                                            sequence_id=sequence_id)))
+
+    for conn_id in (1, 2):
+        frame(conn_id, rpb.TO_BROKER, encode_command(api.CommandConnect(client_version="t", protocol_version=21)))
+        for producer_id in (1, 2):
+            frame(conn_id, rpb.TO_BROKER, encode_command(api.CommandProducer(
+                topic=f"persistent://public/default/t{conn_id}{producer_id}", producer_id=producer_id,
+                request_id=producer_id)))
+            frame(conn_id, rpb.TO_CLIENT, encode_command(api.CommandProducerSuccess(
+                request_id=producer_id, producer_name=f"p{producer_id}")))
+    for conn_id in (1, 2):
+        send(conn_id, 1, 0)
+        send(conn_id, 2, 0)           # the same sequence id, another producer
+        receipt(conn_id, 2, 0)
+        send(conn_id, 1, 0)           # resent before its receipt: replaces the first
+        receipt(conn_id, 1, 0)
+        receipt(conn_id, 1, 0)        # a second receipt: nothing waits for it
+        receipt(conn_id, 1, 7)        # a receipt for a SEND never seen
+        send(conn_id, 1, 1)
+        frame(conn_id, rpb.TO_CLIENT, encode_command(api.CommandSendError(
+            producer_id=1, sequence_id=1, error=api.PersistenceError, message="disk")))
+        send(conn_id, 1, 1)           # sent again after its error: answered below
+        frame(conn_id, rpb.TO_BROKER, encode_command(api.CommandCloseProducer(producer_id=2, request_id=9)))
+        frame(conn_id, rpb.TO_BROKER, encode_command(api.CommandProducer(
+            topic="persistent://public/default/moved", producer_id=2, request_id=10)))
+        send(conn_id, 2, 1)           # producer id 2 now names another topic
+        receipt(conn_id, 1, 1)
+        send(conn_id, 2, 2)           # never answered
+    (recording / "segment-000001.ptap").write_bytes(bytes(data))
+    for split_bytes in (200, 700, 1 << 20):
+        out = tmp_path / f"out-{split_bytes}"
+        analyze_in_process([str(recording)], str(out), split_bytes=split_bytes)
+        assert_same_as_reference([recording], out)
+        sends = [r for r in pq.read_table(out / "requests").to_pylist() if r["request_command"] == "SEND"]
+        assert Counter((r["conn_id"], r["producer_id"], r["sequence_id"], r["outcome"], r["topic"])
+                       for r in sends) == Counter(
+            (conn_id, *row) for conn_id in (1, 2) for row in (
+                (2, 0, "ok", f"persistent://public/default/t{conn_id}2"),
+                (1, 0, "ok", f"persistent://public/default/t{conn_id}1"),
+                (1, 1, "error", f"persistent://public/default/t{conn_id}1"),
+                (1, 1, "ok", f"persistent://public/default/t{conn_id}1"),
+                (2, 1, "unanswered", "persistent://public/default/moved"),
+                (2, 2, "unanswered", "persistent://public/default/moved")))
