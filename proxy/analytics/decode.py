@@ -251,7 +251,11 @@ class _Rows:
     """
 
     def __init__(self, columns: tb.Columns, recording: str) -> None:
+        import pyarrow as pa
+
         self.schema = tb.arrow_schema(columns)
+        #: the row tuples' columns, converted by Arrow in one go
+        self.row_type = pa.struct(list(self.schema)[1:])
         self.recording = recording
         self.rows: list[tuple[Any, ...]] = []
         self.batches: list[pa.RecordBatch] = []
@@ -261,10 +265,13 @@ class _Rows:
 
         if not self.rows:
             return
-        columns = list(zip(*self.rows, strict=True))
-        arrays = [pa.array([self.recording] * len(self.rows), pa.string())]
-        arrays += [_array(values, kind) for values, kind in zip(columns, self.schema.types[1:], strict=True)]
-        self.batches.append(pa.RecordBatch.from_arrays(arrays, schema=self.schema))
+        try:
+            arrays = pa.RecordBatch.from_struct_array(pa.array(self.rows, type=self.row_type)).columns
+        except (pa.ArrowInvalid, pa.ArrowTypeError):  # text recorded as bytes that are not UTF-8
+            columns = list(zip(*self.rows, strict=True))
+            arrays = [_array(values, kind) for values, kind in zip(columns, self.schema.types[1:], strict=True)]
+        recording = pa.repeat(pa.scalar(self.recording, pa.string()), len(self.rows))
+        self.batches.append(pa.RecordBatch.from_arrays([recording, *arrays], schema=self.schema))
         self.rows = []
 
     def table(self) -> pa.Table:
@@ -272,22 +279,6 @@ class _Rows:
 
         self.flush()
         return pa.Table.from_batches(self.batches, schema=self.schema)
-
-
-def _array(values: tuple[Any, ...], kind: pa.DataType) -> pa.Array:
-    """One column; text that was recorded as bytes that are not UTF-8 comes out escaped (``x\\xff``).
-
-    Protobuf gives such strings back as ``bytes``; frames that passed the wire's checks
-    cannot hold them, so the column is looked at again only when Arrow refuses it.
-    """
-    import pyarrow as pa
-
-    try:
-        return pa.array(values, type=kind)
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        if not pa.types.is_string(kind):
-            raise
-        return pa.array([escape_text(v) if isinstance(v, bytes) else v for v in values], type=kind)
 
 
 @dataclass
