@@ -281,6 +281,22 @@ class _Rows:
         return pa.Table.from_batches(self.batches, schema=self.schema)
 
 
+def _array(values: tuple[Any, ...], kind: pa.DataType) -> pa.Array:
+    """One column; text that was recorded as bytes that are not UTF-8 comes out escaped (``x\\xff``).
+
+    Protobuf gives such strings back as ``bytes``; frames that passed the wire's checks
+    cannot hold them, so the column is looked at again only when Arrow refuses it.
+    """
+    import pyarrow as pa
+
+    try:
+        return pa.array(values, type=kind)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        if not pa.types.is_string(kind):
+            raise
+        return pa.array([escape_text(v) if isinstance(v, bytes) else v for v in values], type=kind)
+
+
 @dataclass
 class SplitOutput:
     """What one split decoded to."""
