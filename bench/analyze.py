@@ -87,7 +87,10 @@ def _tree_cpu(root: int) -> float:
 
 
 def _import_decoder(batches: Iterator[Any]) -> Iterator[Any]:
-    # what the pipeline's tasks import: the decoder, and the parts of Arrow they read and write with
+    # what the pipeline's tasks import: the decoder, the parts of Arrow they read and write with, and
+    # pandas (pyarrow imports it on its first conversion from Python objects)
+    import pandas  # noqa: F401
+    import pyarrow.acero
     import pyarrow.compute
     import pyarrow.feather
     import pyarrow.parquet  # noqa: F401
