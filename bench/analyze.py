@@ -15,8 +15,9 @@ then, in one run and on the same recording:
    every table written (Spark's start-up — the JVM, and the Python workers importing
    the decoder — shown apart, not counted).
 
-Prints seconds, frames/s and MiB/s of each, the CPU seconds the last two used (for
-Spark: the driver, its JVM and the Python workers), and the ratios the goals are stated in:
+Prints seconds, frames/s and MiB/s of each, the CPU seconds each used (for Spark: the
+driver, its JVM and the Python workers; on a machine others are using too, the CPU
+seconds say more about the work than the wall-clock seconds), and the ratios the goals are stated in:
 Spark against one process (both write every table), and per-core decoding (the
 one-process pass without writing) against today's decoder.  Run it when the machine is quiet.
 
@@ -108,16 +109,16 @@ def _warm_up(spark: Any) -> None:
 
 def _one_run(run: int, args: argparse.Namespace, spark: object, path: Path, frames: int, mib: float, work: Path,
              startup: float) -> None:
-    reference = None
+    reference = reference_cpu = None
     if not args.skip_reference:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         reference_tables([path])
-        reference = time.perf_counter() - start
+        reference, reference_cpu = time.perf_counter() - start, time.process_time() - cpu
     for name in ("one", "spark"):
         shutil.rmtree(work / name, ignore_errors=True)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     analyze_in_process([str(path.parent)], None)  # every step, every row, nothing written: today's pass's work
-    decode = time.perf_counter() - start
+    decode, decode_cpu = time.perf_counter() - start, time.process_time() - cpu
     start, cpu = time.perf_counter(), time.process_time()
     analyze_in_process([str(path.parent)], str(work / "one"))
     single_time, single_cpu = time.perf_counter() - start, time.process_time() - cpu
@@ -128,11 +129,12 @@ def _one_run(run: int, args: argparse.Namespace, spark: object, path: Path, fram
     spark_cpu = time.process_time() - cpu + _tree_cpu(jvm) - jvm_cpu
     print(f"\nrun {run} (load average {os.getloadavg()[0]:.2f})")
     print(f"{'pass':<40}{'seconds':>9}{'frames/s':>12}{'MiB/s':>9}{'ratio':>8}")
-    if reference is not None:
+    if reference is not None and reference_cpu is not None:
         print(f"{'today decoder, 1 process (baseline)':<40}{reference:>9.1f}{frames / reference:>12,.0f}"
-              f"{mib / reference:>9.1f}{1.0:>8.2f}")
+              f"{mib / reference:>9.1f}{1.0:>8.2f}   cpu {reference_cpu:.1f} s")
         print(f"{'new decoder, 1 process, no writing':<40}{decode:>9.1f}{frames / decode:>12,.0f}"
-              f"{mib / decode:>9.1f}{reference / decode:>8.2f}")
+              f"{mib / decode:>9.1f}{reference / decode:>8.2f}   cpu {decode_cpu:.1f} s "
+              f"({reference_cpu / decode_cpu:.2f}x less than today's)")
     print(f"{'one process, all tables (baseline)':<40}{single_time:>9.1f}{frames / single_time:>12,.0f}"
           f"{mib / single_time:>9.1f}{1.0:>8.2f}   cpu {single_cpu:.1f} s")
     print(f"{'spark ' + args.master + ', all tables':<40}{spark_time:>9.1f}{frames / spark_time:>12,.0f}"
