@@ -102,8 +102,13 @@ def _import_decoder(batches: Iterator[Any]) -> Iterator[Any]:
 
 
 def _warm_up(spark: Any) -> None:
-    """Start the Python workers and import the decoder in them: part of Spark's start-up, not of the work."""
+    """Start the Python workers and import the decoder in them: part of Spark's start-up, not of the work.
+
+    Plain tasks (what the pipeline runs for local recordings) and Arrow tasks (for URLs)
+    are served by different pools of workers: both are started.
+    """
     cores = spark.sparkContext.defaultParallelism
+    spark.sparkContext.parallelize(range(cores * 4), cores * 2).mapPartitions(_import_decoder).count()
     spark.range(cores * 4, numPartitions=cores * 2).mapInArrow(_import_decoder, "id bigint").count()
 
 
