@@ -259,3 +259,22 @@ def test_urls_are_read_and_written_through_hadoop_with_the_same_tables(
         local = Counter(row for row in as_rows(out, name).elements() if dict(row).get("recording") == damaged.name)
         assert as_rows(tmp_path / "out", name) == local, name
         assert as_rows(tmp_path / "mixed", name) == local, name
+
+
+def test_many_edge_rows_are_shuffled_by_connection_with_the_same_tables(tmp_path: Path) -> None:
+    """Past DRIVER_EDGE_ROWS the second step runs as Spark tasks after a shuffle of the edge rows: same tables."""
+    stats = write_synthetic_recording(tmp_path / "in", 2**20, connections=6, segment_bytes=400_000,
+                                      features=Features(chunked=True, replication=True))
+    analyze_in_process([str(stats.path)], str(tmp_path / "one"), split_bytes=150_000)
+    script = (  # in a process of its own, as the CLI runs it: the driver's JVM goes with it
+        "import sys\n"
+        "import proxy.analytics.pipeline as pipeline\n"
+        "from proxy.analytics.spark import spark_session\n"
+        "pipeline.DRIVER_EDGE_ROWS = 0\n"
+        "with spark_session('local[2]') as spark:\n"
+        "    pipeline.run_pipeline(spark, [sys.argv[1]], sys.argv[2], split_bytes=150_000)\n")
+    done = subprocess.run([sys.executable, "-c", script, str(stats.path), str(tmp_path / "spark")],
+                          capture_output=True, text=True, timeout=SPARK_TIMEOUT, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for name in TABLES:
+        assert as_rows(tmp_path / "spark", name) == as_rows(tmp_path / "one", name), name
