@@ -16,8 +16,8 @@
 Each task also returns its share of the report's :class:`~proxy.analytics.figures.Figures`,
 added up here.  When the recordings and ``--out`` are local paths, steps 1 and 3 are
 plain Spark tasks (:func:`decode_plain_task`, :func:`resolve_plain_task`: no query
-plan, nothing converted in the JVM); otherwise they are ``mapInArrow`` stages.  Frame bytes never cross the shuffle: what does is listed in
-:mod:`proxy.analytics.decode`.
+plan, nothing converted in the JVM); otherwise they are ``mapInArrow`` stages.  Frame
+bytes never cross the shuffle: what does is listed in :mod:`proxy.analytics.decode`.
 
 Where the tables are written depends on ``--out``: a local path (which every executor
 sees: always so on one machine, a shared mount on a cluster) is written by the tasks
