@@ -1,4 +1,15 @@
-"""The frames the actions put on the wire, built with the protocol encoders.
+"""The actions of the rule language, one class each, and the frames they put on the wire.
+
+Each action is one frozen class (SPEC.md, "Rule language") that owns everything about
+it: its name in a rule file (``NAME``), its parameters — read and validated by
+:meth:`Action.parse`, written back normalised by :meth:`Action.params` — which
+commands it can act on (``APPLIES_TO``: a rule naming others is refused by the loader,
+a rule naming none gets these), and its decision on a frame (:meth:`Action.decide`,
+a :class:`~proxy.rules.verdict.Verdict`, or None when it turns out not to apply).
+``record`` and ``mark`` *compose* with the rule that decides (``COMPOSES``).
+:data:`ACTIONS` lists them by name; the loader and the engine know no action by name.
+
+The frames the actions write are built with the protocol encoders:
 
 - ``error``: the reply a broker gives when it refuses the request (Pulsar binary
   protocol, "Error handling"): SEND_ERROR for SEND, a LOOKUP_RESPONSE or
@@ -13,24 +24,34 @@
 - ``rewrite``: fields of the sub-command set from a template;
 - ``redirect``: a LOOKUP_RESPONSE of type Redirect to another broker.
 
-Which command types each action can act on is fixed here too, so the loader can
-refuse a rule that could never do what it says.
+Adding an action: README.md, "Adding a rule action".
 """
 
 from __future__ import annotations
 
+import json
 import random
+import re
 import struct
-from typing import Any, Final
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from proxy.pb import PulsarApi_pb2 as api
-from proxy.protocol.commands import SUB_FIELDS, sub_command
+from proxy.protocol.commands import SUB_FIELDS, sub_command, type_name
 from proxy.protocol.frame import Frame, encode_command, encode_payload_command
-from proxy.protocol.session import RESPONSES
+from proxy.protocol.session import RESPONSES, Direction
+from proxy.rules.params import Section
+from proxy.rules.throttle import TokenBucket, ration_permits
 from proxy.rules.unload import Kind
+from proxy.rules.verdict import FORWARD, Deferred, Verdict
+
+if TYPE_CHECKING:
+    from proxy.rules.engine import RulesEngine, RuleState
+    from proxy.rules.matcher import FrameFacts
 
 T = api.BaseCommand.Type
 
@@ -44,22 +65,10 @@ PRODUCER_FRAMES: Final = frozenset({T.SEND, T.SEND_RECEIPT, T.SEND_ERROR})
 #: commands that name a consumer (``close`` closes it)
 CONSUMER_FRAMES: Final = frozenset({T.MESSAGE, T.FLOW, T.ACK, T.ACK_RESPONSE,
                                     T.REDELIVER_UNACKNOWLEDGED_MESSAGES})
-CLOSABLE: Final = PRODUCER_FRAMES | CONSUMER_FRAMES
-#: commands with a payload section (``corrupt``)
-CORRUPTIBLE: Final = frozenset({T.SEND, T.MESSAGE})
-#: what ``throttle`` paces: producers' SENDs and consumers' FLOW permits
-THROTTLEABLE: Final = frozenset({T.SEND, T.FLOW})
-#: what ``redirect`` answers
-REDIRECTABLE: Final = frozenset({T.LOOKUP})
-
-#: the commands an action applies to when the rule names none (None: any command)
 #: the commands whose payload can be a replication marker (what ``match.marker`` looks at)
 MARKER_CARRIERS: Final = frozenset({T.SEND, T.MESSAGE})
-
-DEFAULT_COMMANDS: Final[dict[str, frozenset[int] | None]] = {
-    "error": ANSWERABLE, "close": CLOSABLE, "corrupt": CORRUPTIBLE, "throttle": THROTTLEABLE,
-    "redirect": REDIRECTABLE,
-}
+SERVER_ERRORS: Final = tuple(v.name for v in api.ServerError.DESCRIPTOR.values)
+_SERVICE_URL = re.compile(r"^pulsar(\+ssl)?://[^/?#\s]+:\d{1,5}/?$")
 
 _U32 = struct.Struct(">I")
 
@@ -175,3 +184,413 @@ def redirect_reply(frame: Frame, url: str, url_tls: str | None, authoritative: b
 
 def flow_frame(consumer_id: int, permits: int) -> bytes:
     return encode_command(api.CommandFlow(consumer_id=consumer_id, messagePermits=permits))
+
+
+def _plain(value: Any) -> Any:
+    """YAML data (line-annotated mappings and lists) as plain dicts and lists."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+# -- the actions -------------------------------------------------------------------------------
+class Action:
+    """Base of the actions; see the module docstring for what a subclass owns."""
+
+    #: the key in the rule file
+    NAME: ClassVar[str] = ""
+    #: the parameter keys it takes
+    KEYS: ClassVar[tuple[str, ...]] = ()
+    #: record and mark compose with other rules instead of deciding the frame's fate
+    COMPOSES: ClassVar[bool] = False
+    #: the commands it can act on (None: any) and how an error message names them
+    APPLIES_TO: ClassVar[frozenset[int] | None] = None
+    APPLIES_TO_TEXT: ClassVar[str] = ""
+    #: a composing action asking the recorder to keep the frame
+    RECORDS: ClassVar[bool] = False
+    #: an action that unloads producers/consumers (the engine then follows their frames)
+    UNLOADS: ClassVar[bool] = False
+
+    @classmethod
+    def parse(cls, s: Section, commands: frozenset[int] | None) -> Action:
+        """The action from its parameters ``s``; errors go to ``s``'s collector."""
+        del commands
+        s.check_keys(cls.KEYS)
+        return cls()
+
+    def params(self) -> dict[str, Any]:
+        return {}
+
+    def to_data(self) -> dict[str, Any]:
+        return {self.NAME: self.params()}
+
+    def skips(self, facts: FrameFacts) -> bool:
+        """True for a frame among ``APPLIES_TO`` it has nothing to do with (not even counted as a match)."""
+        del facts
+        return False
+
+    def mark(self, rule_name: str) -> str | None:
+        """A composing action's label for the frame's trace span (None: no label)."""
+        del rule_name
+        return None
+
+    def decide(self, rule: RuleState, facts: FrameFacts, now_ns: int, conn_id: int,
+               engine: RulesEngine) -> Verdict | None:
+        """What happens to the frame of ``facts``; None when the action turns out not to apply."""
+        raise NotImplementedError(f"{self.NAME} composes; it decides nothing")
+
+
+@dataclass(frozen=True, slots=True)
+class Delay(Action):
+    NAME: ClassVar[str] = "delay"
+    KEYS: ClassVar[tuple[str, ...]] = ("ms", "jitter_ms")
+    ms: float = 0.0
+    jitter_ms: float = 0.0
+
+    @classmethod
+    def parse(cls, s: Section, commands: frozenset[int] | None) -> Action:
+        s.check_keys(cls.KEYS)
+        ms = s.attempt(lambda: s.number("ms", None, low=0), None)
+        jitter_ms = s.attempt(lambda: s.number("jitter_ms", 0.0, low=0), None)
+        if "ms" not in s.data:
+            s.missing("ms")
+        return cls(ms or 0.0, jitter_ms or 0.0)
+
+    def params(self) -> dict[str, Any]:
+        return {"ms": self.ms, "jitter_ms": self.jitter_ms}
+
+    def decide(self, rule: RuleState, facts: FrameFacts, now_ns: int, conn_id: int,
+               engine: RulesEngine) -> Verdict | None:
+        jitter = rule.rng.uniform(-self.jitter_ms, self.jitter_ms) if self.jitter_ms else 0.0
+        return Verdict(delay_s=max(0.0, self.ms + jitter) / 1000.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Drop(Action):
+    NAME: ClassVar[str] = "drop"
+
+    def decide(self, rule: RuleState, facts: FrameFacts, now_ns: int, conn_id: int,
+               engine: RulesEngine) -> Verdict | None:
+        return Verdict(forward=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Error(Action):
+    NAME: ClassVar[str] = "error"
+    KEYS: ClassVar[tuple[str, ...]] = ("code", "message")
+    APPLIES_TO: ClassVar[frozenset[int] | None] = ANSWERABLE
+    APPLIES_TO_TEXT: ClassVar[str] = "requests a broker answers"
+    code: str = "ServiceNotReady"
+    message: str = "injected by pulsar-tap"
+
+    @classmethod
+    def parse(cls, s: Section, commands: frozenset[int] | None) -> Action:
+        s.check_keys(cls.KEYS)
+        code = s.attempt(lambda: s.text("code", "ServiceNotReady"), None)
+        message = s.attempt(lambda: s.text("message", "injected by pulsar-tap"), None)
+        if code is not None and code not in SERVER_ERRORS:
+            s.fail("code", f"unknown ServerError {code!r}")
+        return cls(code or "UnknownError", message or "")
+
+    def params(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message}
+
+    def skips(self, facts: FrameFacts) -> bool:
+        # an ACK without request_id expects no answer
+        return facts.frame.type == T.ACK and not facts.sub.HasField("request_id")
+
+    def decide(self, rule: RuleState, facts: FrameFacts, now_ns: int, conn_id: int,
+               engine: RulesEngine) -> Verdict | None:
+        reply = error_reply(facts.frame, self.code, self.message)
+        if reply is None:
+            return None
+        return Verdict(forward=False, to_client=(reply,)) if facts.direction is Direction.TO_BROKER else \
+            Verdict(forward=False, to_broker=(reply,))
+
+
+@dataclass(frozen=True, slots=True)
+class Disconnect(Action):
+    NAME: ClassVar[str] = "disconnect"
+    KEYS: ClassVar[tuple[str, ...]] = ("how",)
+    how: str = "close"
+
+    @classmethod
+    def parse(cls, s: Section, commands: frozenset[int] | None) -> Action:
+        s.check_keys(cls.KEYS)
+        return cls(s.attempt(lambda: s.text("how", "close", choices=("close", "reset")), None) or "close")
+
+    def params(self) -> dict[str, Any]:
+        return {"how": self.how}
+
+    def decide(self, rule: RuleState, facts: FrameFacts, now_ns: int, conn_id: int,
+               engine: RulesEngine) -> Verdict | None:
+        return Verdict(forward=False, close=self.how)
+
+
+@dataclass(frozen=True, slots=True)
+class Close(Action):
+    NAME: ClassVar[str] = "close"
+    APPLIES_TO: ClassVar[frozenset[int] | None] = PRODUCER_FRAMES | CONSUMER_FRAMES
+    APPLIES_TO_TEXT: ClassVar[str] = "commands naming a producer or consumer"
+    UNLOADS: ClassVar[bool] = True
+
+    def decide(self, rule: RuleState, facts: FrameFacts, now_ns: int, conn_id: int,
+               engine: RulesEngine) -> Verdict | None:
+        to_broker = facts.direction is Direction.TO_BROKER
+        upstream = engine.begin_unload(rule.rule.name, facts.frame, conn_id)
+        if upstream is None:
+            return None
+        # A frame on its way to the broker is not taken (the client resends it on the re-created
+        # producer); one on its way to the client left the broker before the unload: it arrives.
+        return Verdict(forward=False, to_broker=(upstream,)) if to_broker else Verdict(to_broker=(upstream,))
+
+
+@dataclass(frozen=True, slots=True)
+class Corrupt(Action):
+    NAME: ClassVar[str] = "corrupt"
+    KEYS: ClassVar[tuple[str, ...]] = ("what",)
+    APPLIES_TO: ClassVar[frozenset[int] | None] = MARKER_CARRIERS
+    APPLIES_TO_TEXT: ClassVar[str] = "SEND and MESSAGE"
+    what: str = "checksum"
+
+    @classmethod
+    def parse(cls, s: Section, commands: frozenset[int] | None) -> Action:
+        s.check_keys(cls.KEYS)
+        return cls(s.attempt(lambda: s.text("what", "checksum", choices=("checksum", "payload", "metadata")), None)
+                   or "checksum")
+
+    def params(self) -> dict[str, Any]:
+        return {"what": self.what}
+
+    def decide(self, rule: RuleState, facts: FrameFacts, now_ns: int, conn_id: int,
+               engine: RulesEngine) -> Verdict | None:
+        damaged = corrupt(facts.frame, self.what, rule.rng)
+        return None if damaged is None else Verdict(replacement=damaged)
+
+
+@dataclass(frozen=True, slots=True)
+class Duplicate(Action):
+    NAME: ClassVar[str] = "duplicate"
+
+    def decide(self, rule: RuleState, facts: FrameFacts, now_ns: int, conn_id: int,
+               engine: RulesEngine) -> Verdict | None:
+        raw = facts.frame.raw
+        return Verdict(to_broker=(raw,)) if facts.direction is Direction.TO_BROKER else Verdict(to_client=(raw,))
+
+
+@dataclass(frozen=True, slots=True)
+class Rewrite(Action):
+    """Set fields of the sub-command; kept as canonical JSON so the value stays immutable."""
+
+    NAME: ClassVar[str] = "rewrite"
+    fields_json: str = "{}"
+    #: per command type, the template and the names of the fields it sets (built on first use)
+    _templates: dict[int, tuple[Message, tuple[str, ...]]] = field(default_factory=dict, compare=False,
+                                                                    repr=False)
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        value: dict[str, Any] = json.loads(self.fields_json)
+        return value
+
+    @classmethod
+    def parse(cls, s: Section, commands: frozenset[int] | None) -> Action:
+        if not s.data:
+            s.refuse("names no field to set")
+            return cls()
+        if commands is None:
+            s.refuse("needs match.command: the fields are those of a command")
+            return cls()
+        for command in sorted(commands):
+            for field_name, value in s.data.items():
+                try:
+                    rewrite_template(command, {field_name: _plain(value)})
+                except ValueError as exc:
+                    reason = str(exc).splitlines()[0]
+                    s.fail(str(field_name), f"cannot set on {type_name(command)}: {reason}")
+        return cls(json.dumps(_plain(s.data), sort_keys=True))
+
+    def params(self) -> dict[str, Any]:
+        return self.fields
+
+    def decide(self, rule: RuleState, facts: FrameFacts, now_ns: int, conn_id: int,
+               engine: RulesEngine) -> Verdict | None:
+        frame = facts.frame
+        entry = self._templates.get(frame.type)
+        if entry is None:
+            if rule.commands is None or frame.type not in rule.commands:
+                return None
+            template = rewrite_template(frame.type, self.fields)
+            entry = self._templates[frame.type] = (template, tuple(f.name for f, _ in template.ListFields()))
+        return Verdict(replacement=rewrite(frame, entry[0], entry[1]))
+
+
+@dataclass(frozen=True, slots=True)
+class Throttle(Action):
+    NAME: ClassVar[str] = "throttle"
+    KEYS: ClassVar[tuple[str, ...]] = ("messages_per_second", "bytes_per_second", "burst", "per")
+    APPLIES_TO: ClassVar[frozenset[int] | None] = frozenset({T.SEND, T.FLOW})
+    APPLIES_TO_TEXT: ClassVar[str] = "SEND and FLOW"
+    messages_per_second: float | None = None
+    bytes_per_second: float | None = None
+    burst: float = 1.0
+    per: str = "rule"
+
+    @classmethod
+    def parse(cls, s: Section, commands: frozenset[int] | None) -> Action:
+        s.check_keys(cls.KEYS)
+        mps = s.attempt(lambda: s.number("messages_per_second", None, low=0, low_open=True), None)
+        bps = s.attempt(lambda: s.number("bytes_per_second", None, low=0, low_open=True), None)
+        burst = s.attempt(lambda: s.number("burst", 1.0, low=0, low_open=True), None)
+        per = s.attempt(lambda: s.text("per", "rule", choices=("rule", "topic", "producer", "consumer",
+                                                               "connection")), None)
+        if "messages_per_second" not in s.data and "bytes_per_second" not in s.data:
+            s.refuse("needs messages_per_second or bytes_per_second")
+        return cls(mps, bps, burst or 1.0, per or "rule")
+
+    def params(self) -> dict[str, Any]:
+        data: dict[str, Any] = {}
+        if self.messages_per_second is not None:
+            data["messages_per_second"] = self.messages_per_second
+        if self.bytes_per_second is not None:
+            data["bytes_per_second"] = self.bytes_per_second
+        data["burst"] = self.burst
+        data["per"] = self.per
+        return data
+
+    def decide(self, rule: RuleState, facts: FrameFacts, now_ns: int, conn_id: int,
+               engine: RulesEngine) -> Verdict | None:
+        frame = facts.frame
+        sub: Any = facts.sub
+        if frame.type == T.SEND:
+            owner: tuple[Any, ...] = ("producer", conn_id, sub.producer_id)
+        elif frame.type == T.FLOW:
+            owner = ("consumer", conn_id, sub.consumer_id)
+        else:
+            return None
+        if self.per == "topic":
+            key: Hashable = ("topic", facts.topic, frame.type)
+        elif self.per in ("producer", "consumer"):
+            key = owner
+        elif self.per == "connection":
+            key = ("connection", conn_id, frame.type)
+        else:
+            key = ("rule", None, frame.type)
+        buckets = rule.buckets.get(key)
+        if buckets is None:
+            buckets = (
+                None if self.messages_per_second is None else
+                TokenBucket(self.messages_per_second, self.burst, now_ns),
+                None if self.bytes_per_second is None else TokenBucket(self.bytes_per_second, self.burst, now_ns),
+            )
+            rule.buckets[key] = buckets
+        messages, octets = buckets
+        if frame.type == T.SEND:
+            wait = 0.0
+            if messages is not None:
+                count = sub.num_messages if sub.HasField("num_messages") else 1
+                wait = max(wait, messages.reserve(max(1, count), now_ns))
+            if octets is not None:
+                wait = max(wait, octets.reserve(frame.size, now_ns))
+            return Verdict(delay_s=wait, lane=owner)
+        if messages is None:
+            return FORWARD  # bytes cannot be rationed through permits: FLOW passes
+        permits = sub.messagePermits
+        now_permits, grants = ration_permits(messages, permits, now_ns)
+        deferred = tuple(Deferred(g.after_s, True, flow_frame(sub.consumer_id, g.permits)) for g in grants)
+        if now_permits == permits:
+            return FORWARD
+        if now_permits == 0:
+            return Verdict(forward=False, deferred=deferred)
+        return Verdict(replacement=flow_frame(sub.consumer_id, now_permits), deferred=deferred)
+
+
+@dataclass(frozen=True, slots=True)
+class Redirect(Action):
+    NAME: ClassVar[str] = "redirect"
+    KEYS: ClassVar[tuple[str, ...]] = ("url", "url_tls", "authoritative")
+    APPLIES_TO: ClassVar[frozenset[int] | None] = frozenset({T.LOOKUP})
+    APPLIES_TO_TEXT: ClassVar[str] = "LOOKUP"
+    url: str = ""
+    url_tls: str | None = None
+    authoritative: bool = False
+
+    @classmethod
+    def parse(cls, s: Section, commands: frozenset[int] | None) -> Action:
+        s.check_keys(cls.KEYS)
+        url = s.attempt(lambda: s.text("url", None), None)
+        url_tls = s.attempt(lambda: s.text("url_tls", None), None)
+        authoritative = s.attempt(lambda: s.flag("authoritative", False), False)
+        if url is None and "url" not in s.data:
+            s.missing("url", "is required (pulsar://HOST:PORT of the other broker)")
+        for key, value in (("url", url), ("url_tls", url_tls)):
+            if value is not None and not _SERVICE_URL.match(value):
+                s.fail(key, f"{value!r} is not a pulsar://HOST:PORT or pulsar+ssl://HOST:PORT URL")
+        return cls(url or "", url_tls, authoritative)
+
+    def params(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"url": self.url}
+        if self.url_tls is not None:
+            data["url_tls"] = self.url_tls
+        data["authoritative"] = self.authoritative
+        return data
+
+    def decide(self, rule: RuleState, facts: FrameFacts, now_ns: int, conn_id: int,
+               engine: RulesEngine) -> Verdict | None:
+        reply = redirect_reply(facts.frame, self.url, self.url_tls, self.authoritative)
+        return None if reply is None else Verdict(forward=False, to_client=(reply,))
+
+
+@dataclass(frozen=True, slots=True)
+class Record(Action):
+    NAME: ClassVar[str] = "record"
+    COMPOSES: ClassVar[bool] = True
+    RECORDS: ClassVar[bool] = True
+
+
+@dataclass(frozen=True, slots=True)
+class Mark(Action):
+    NAME: ClassVar[str] = "mark"
+    KEYS: ClassVar[tuple[str, ...]] = ("label",)
+    COMPOSES: ClassVar[bool] = True
+    label: str | None = None
+
+    @classmethod
+    def parse(cls, s: Section, commands: frozenset[int] | None) -> Action:
+        s.check_keys(cls.KEYS)
+        return cls(s.attempt(lambda: s.text("label", None), None))
+
+    def params(self) -> dict[str, Any]:
+        return {} if self.label is None else {"label": self.label}
+
+    def mark(self, rule_name: str) -> str | None:
+        return self.label or rule_name
+
+
+@dataclass(frozen=True, slots=True)
+class Slice(Action):
+    NAME: ClassVar[str] = "slice"
+    KEYS: ClassVar[tuple[str, ...]] = ("bytes",)
+    bytes: int = 1
+
+    @classmethod
+    def parse(cls, s: Section, commands: frozenset[int] | None) -> Action:
+        s.check_keys(cls.KEYS)
+        return cls(int(s.attempt(lambda: s.number("bytes", 1, low=1, integer=True), None) or 1))
+
+    def params(self) -> dict[str, Any]:
+        return {"bytes": self.bytes}
+
+    def decide(self, rule: RuleState, facts: FrameFacts, now_ns: int, conn_id: int,
+               engine: RulesEngine) -> Verdict | None:
+        return Verdict(slice_bytes=self.bytes)
+
+
+#: every action class by its rule-file name, in the order error messages list them
+ACTIONS: Final[dict[str, type[Action]]] = {
+    cls.NAME: cls
+    for cls in (Delay, Drop, Error, Disconnect, Close, Corrupt, Duplicate, Rewrite, Throttle, Redirect,
+                Record, Mark, Slice)
+}

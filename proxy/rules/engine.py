@@ -1,4 +1,4 @@
-"""The rules engine: one :class:`Decision` per frame, from the rules in force.
+"""The rules engine: one :class:`~proxy.rules.verdict.Verdict` per frame, from the rules in force.
 
 Rules are evaluated in order (SPEC.md, "Rule language").  A rule *matches* a frame
 when its criteria hold (see :mod:`proxy.rules.matcher`); its ``after`` skips that
@@ -6,8 +6,9 @@ many matches, its ``times`` caps its hits, and its ``probability`` is drawn per
 frame from the rule's own ``random.Random``, seeded from the rule set's seed and
 the rule's name — so the same seed and the same traffic give the same hits, and a
 rule's draws do not shift when another rule is added.  The first *action-bearing*
-rule that hits decides the frame; ``record`` and ``mark`` rules compose with it
-wherever they stand.  ``after`` and ``times`` count across all connections.
+rule that hits decides the frame (its action's :meth:`~proxy.rules.actions.Action.decide`);
+``record`` and ``mark`` rules compose with it wherever they stand.  ``after`` and
+``times`` count across all connections.
 
 Rules are indexed by (direction, command type): a frame visits only the rules that
 can match its kind, and which of those meet their criteria (topic, names, client) is
@@ -28,40 +29,19 @@ from __future__ import annotations
 import itertools
 import random
 import secrets
-from collections.abc import Hashable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from google.protobuf.message import Message
-
-from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.commands import TYPE_NAMES
 from proxy.protocol.frame import Frame
 from proxy.protocol.session import Direction, Observation
 from proxy.rules import actions as acts
 from proxy.rules.matcher import CRITERIA_FACTS, FrameFacts, criteria_met
-from proxy.rules.model import (
-    Close,
-    Corrupt,
-    Delay,
-    Disconnect,
-    Drop,
-    Duplicate,
-    Error,
-    Mark,
-    Record,
-    Redirect,
-    Rewrite,
-    Rule,
-    RuleSet,
-    Slice,
-    Throttle,
-)
-from proxy.rules.throttle import TokenBucket, ration_permits
+from proxy.rules.model import Rule, RuleSet
+from proxy.rules.throttle import TokenBucket
 from proxy.rules.unload import UNLOAD_TYPES, ConnectionUnloads
-from proxy.rules.verdict import PASS, Decision, Deferred
-
-T = api.BaseCommand.Type
+from proxy.rules.verdict import FORWARD, Verdict
 
 #: distinct fact combinations remembered per (direction, command type); then forgotten at once
 _MAX_REMEMBERED_FACTS: Final = 4096
@@ -85,20 +65,17 @@ class RuleState:
     rng: random.Random = field(init=False)
     buckets: dict[Hashable, tuple[TokenBucket | None, TokenBucket | None]] = field(default_factory=dict)
     commands: frozenset[int] | None = field(init=False)
-    rewrites: dict[int, tuple[Message, tuple[str, ...]]] = field(default_factory=dict)
+    #: the action's per-frame exclusions (None: it has none, the common case costs nothing)
+    skips: Callable[[FrameFacts], bool] | None = field(init=False)
 
     def __post_init__(self) -> None:
         self.reseed(self.seed)
         match = self.rule.match
-        self.commands = match.commands if match.commands is not None else \
-            acts.DEFAULT_COMMANDS.get(self.rule.action.NAME)
+        action = self.rule.action
+        self.commands = match.commands if match.commands is not None else action.APPLIES_TO
         if match.markers is not None:  # markers travel only in SEND and MESSAGE
             self.commands = acts.MARKER_CARRIERS if self.commands is None else self.commands & acts.MARKER_CARRIERS
-        if isinstance(self.rule.action, Rewrite) and match.commands is not None:
-            for command in match.commands:
-                template = acts.rewrite_template(command, self.rule.action.fields)
-                names = tuple(f.name for f, _ in template.ListFields())
-                self.rewrites[command] = (template, names)
+        self.skips = action.skips if type(action).skips is not acts.Action.skips else None
 
     def reseed(self, seed: int) -> None:
         self.seed = seed
@@ -232,7 +209,7 @@ class RulesEngine:
             self._interest[direction] = None if everything else frozenset(wanted)
 
     def _unloading(self) -> bool:
-        return any(isinstance(s.rule.action, Close) for s in self._states) or \
+        return any(s.rule.action.UNLOADS for s in self._states) or \
             any(conn.active for conn in self._connections.values())
 
     # -- connections ------------------------------------------------------------------------------
@@ -248,7 +225,7 @@ class RulesEngine:
 
     # -- the decision -----------------------------------------------------------------------------
     def evaluate(self, frame: Frame, direction: Direction, now_ns: int, *, conn_id: int = 0,
-                 client: str | None = None, observation: Observation | None = None) -> Decision:
+                 client: str | None = None, observation: Observation | None = None) -> Verdict:
         """What to do with ``frame``, travelling in ``direction``, on connection ``conn_id``."""
         unloads = self._connections.get(conn_id)
         if unloads is not None:
@@ -258,12 +235,12 @@ class RulesEngine:
         index = self._to_broker if direction is Direction.TO_BROKER else self._to_client
         rules = index.get(frame.type)
         if rules is None:
-            return PASS
+            return FORWARD
         facts = FrameFacts(frame, direction, observation, client)
         candidates = rules.meeting_criteria(facts)
         if not candidates:
-            return PASS
-        winner: Decision | None = None
+            return FORWARD
+        winner: Verdict | None = None
         fired: list[str] = []
         marks: list[str] = []
         record = False
@@ -275,32 +252,27 @@ class RulesEngine:
                 continue
             if action.COMPOSES:
                 fired.append(state.rule.name)
-                if isinstance(action, Record):
-                    record = True
-                elif isinstance(action, Mark):
-                    marks.append(action.label or state.rule.name)
+                record = record or action.RECORDS
+                label = action.mark(state.rule.name)
+                if label is not None:
+                    marks.append(label)
                 continue
-            decision = self._act(state, frame, direction, now_ns, conn_id, observation, facts)
-            if decision is None:
+            verdict = action.decide(state, facts, now_ns, conn_id, self)
+            if verdict is None:
                 state.hits -= 1  # the action turned out not to apply to this frame
                 continue
             fired.append(state.rule.name)
-            winner = decision
+            winner = verdict
         if not fired:
-            return PASS
-        base = winner or PASS
-        return Decision(forward=base.forward, replacement=base.replacement, to_client=base.to_client,
-                        to_broker=base.to_broker, delay_s=base.delay_s, lane=base.lane,
-                        slice_bytes=base.slice_bytes, close=base.close, deferred=base.deferred,
-                        record=record, fired=tuple(fired), marks=tuple(marks))
+            return FORWARD
+        return replace(winner or FORWARD, record=record, fired=tuple(fired), marks=tuple(marks))
 
     @staticmethod
     def _hits(state: RuleState, facts: FrameFacts) -> bool:
         """Does a rule whose criteria are met hit this frame (after, times, probability)?"""
         match = state.rule.match
-        if isinstance(state.rule.action, Error) and facts.frame.type == T.ACK \
-                and not facts.sub.HasField("request_id"):
-            return False  # an ACK without request_id expects no answer
+        if state.skips is not None and state.skips(facts):
+            return False
         state.matches += 1
         if state.matches <= match.after:
             return False
@@ -311,46 +283,13 @@ class RulesEngine:
         state.hits += 1
         return True
 
-    def _act(self, state: RuleState, frame: Frame, direction: Direction, now_ns: int, conn_id: int,
-             observation: Observation | None, facts: FrameFacts) -> Decision | None:
-        action = state.rule.action
-        to_broker = direction is Direction.TO_BROKER
-        if isinstance(action, Delay):
-            jitter = state.rng.uniform(-action.jitter_ms, action.jitter_ms) if action.jitter_ms else 0.0
-            return Decision(delay_s=max(0.0, action.ms + jitter) / 1000.0)
-        if isinstance(action, Drop):
-            return Decision(forward=False)
-        if isinstance(action, Error):
-            reply = acts.error_reply(frame, action.code, action.message)
-            if reply is None:
-                return None
-            return Decision(forward=False, to_client=(reply,)) if to_broker else \
-                Decision(forward=False, to_broker=(reply,))
-        if isinstance(action, Disconnect):
-            return Decision(forward=False, close=action.how)
-        if isinstance(action, Close):
-            return self._unload(state.rule.name, frame, to_broker, conn_id)
-        if isinstance(action, Corrupt):
-            damaged = acts.corrupt(frame, action.what, state.rng)
-            return None if damaged is None else Decision(replacement=damaged)
-        if isinstance(action, Duplicate):
-            return Decision(to_broker=(frame.raw,)) if to_broker else Decision(to_client=(frame.raw,))
-        if isinstance(action, Rewrite):
-            entry = state.rewrites.get(frame.type)
-            if entry is None:
-                return None
-            return Decision(replacement=acts.rewrite(frame, entry[0], entry[1]))
-        if isinstance(action, Throttle):
-            return self._throttle(state, action, frame, now_ns, conn_id, facts)
-        if isinstance(action, Redirect):
-            reply = acts.redirect_reply(frame, action.url, action.url_tls, action.authoritative)
-            return None if reply is None else Decision(forward=False, to_client=(reply,))
-        if isinstance(action, Slice):
-            return Decision(slice_bytes=action.bytes)
-        raise AssertionError(f"no verdict for action {action.NAME}")  # pragma: no cover
+    # -- what actions ask of the engine -----------------------------------------------------------
+    def begin_unload(self, rule: str, frame: Frame, conn_id: int) -> bytes | None:
+        """Begin unloading the producer or consumer of ``frame`` (see unload.py).
 
-    def _unload(self, rule: str, frame: Frame, to_broker: bool, conn_id: int) -> Decision | None:
-        """Begin unloading the producer or consumer of ``frame`` (see unload.py)."""
+        Returns the close request for the broker; None when ``frame`` names no producer or
+        consumer, or when that one is already being unloaded.
+        """
         request_id = next(self._request_ids)
         close = acts.close_frames(frame, request_id)
         if close is None:
@@ -364,51 +303,4 @@ class RulesEngine:
         if not was_unloading:
             self.generation += 1
             self._compute_interest()
-        # A frame on its way to the broker is not taken (the client resends it on the re-created
-        # producer); one on its way to the client left the broker before the unload: it arrives.
-        return Decision(forward=False, to_broker=(upstream,)) if to_broker else Decision(to_broker=(upstream,))
-
-    def _throttle(self, state: RuleState, action: Throttle, frame: Frame, now_ns: int, conn_id: int,
-                  facts: FrameFacts) -> Decision | None:
-        sub: Any = facts.sub
-        if frame.type == T.SEND:
-            owner: tuple[Any, ...] = ("producer", conn_id, sub.producer_id)
-        elif frame.type == T.FLOW:
-            owner = ("consumer", conn_id, sub.consumer_id)
-        else:
-            return None
-        if action.per == "topic":
-            key: Hashable = ("topic", facts.topic, frame.type)
-        elif action.per in ("producer", "consumer"):
-            key = owner
-        elif action.per == "connection":
-            key = ("connection", conn_id, frame.type)
-        else:
-            key = ("rule", None, frame.type)
-        buckets = state.buckets.get(key)
-        if buckets is None:
-            buckets = (
-                None if action.messages_per_second is None else
-                TokenBucket(action.messages_per_second, action.burst, now_ns),
-                None if action.bytes_per_second is None else TokenBucket(action.bytes_per_second, action.burst, now_ns),
-            )
-            state.buckets[key] = buckets
-        messages, octets = buckets
-        if frame.type == T.SEND:
-            wait = 0.0
-            if messages is not None:
-                count = sub.num_messages if sub.HasField("num_messages") else 1
-                wait = max(wait, messages.reserve(max(1, count), now_ns))
-            if octets is not None:
-                wait = max(wait, octets.reserve(frame.size, now_ns))
-            return Decision(delay_s=wait, lane=owner)
-        if messages is None:
-            return Decision()  # bytes cannot be rationed through permits: FLOW passes
-        permits = sub.messagePermits
-        now_permits, grants = ration_permits(messages, permits, now_ns)
-        deferred = tuple(Deferred(g.after_s, True, acts.flow_frame(sub.consumer_id, g.permits)) for g in grants)
-        if now_permits == permits:
-            return Decision()
-        if now_permits == 0:
-            return Decision(forward=False, deferred=deferred)
-        return Decision(replacement=acts.flow_frame(sub.consumer_id, now_permits), deferred=deferred)
+        return upstream

@@ -3,9 +3,9 @@
 A :class:`RuleSet` holds the rules in evaluation order and the file's ``seed``.
 Each :class:`Rule` has a name, a :class:`Match` (command types, direction, topic,
 subscription, producer/consumer name, client CIDR, replication marker types,
-probability, ``after``, ``times``) and exactly one action.  Actions are small frozen dataclasses, one per
-action of the rule language; ``record`` and ``mark`` *compose* with other rules,
-every other action *bears* a verdict.  Everything here can be compared (hot reload
+probability, ``after``, ``times``) and exactly one action (a class of
+:mod:`proxy.rules.actions`, which owns its parameters and its decision).  Everything
+here can be compared (hot reload
 keeps the counters of rules that did not change) and turned back into the
 normalised plain data the admin API returns (:meth:`Rule.to_data`).
 """
@@ -13,15 +13,15 @@ normalised plain data the admin API returns (:meth:`Rule.to_data`).
 from __future__ import annotations
 
 import ipaddress
-import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Final
+from typing import Any, Final
 
 import re2
 
 from proxy.protocol.commands import type_name
 from proxy.protocol.markers import marker_name
+from proxy.rules.actions import Action
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -148,156 +148,6 @@ class Match:
         if self.times is not None:
             data["times"] = self.times
         return data
-
-
-class Action:
-    """Base of the actions; ``NAME`` is the key in the rule file."""
-
-    NAME: ClassVar[str] = ""
-    #: record and mark compose with other rules instead of deciding the frame's fate
-    COMPOSES: ClassVar[bool] = False
-
-    def params(self) -> dict[str, Any]:
-        return {}
-
-    def to_data(self) -> dict[str, Any]:
-        return {self.NAME: self.params()}
-
-
-@dataclass(frozen=True, slots=True)
-class Delay(Action):
-    NAME: ClassVar[str] = "delay"
-    ms: float = 0.0
-    jitter_ms: float = 0.0
-
-    def params(self) -> dict[str, Any]:
-        return {"ms": self.ms, "jitter_ms": self.jitter_ms}
-
-
-@dataclass(frozen=True, slots=True)
-class Drop(Action):
-    NAME: ClassVar[str] = "drop"
-
-
-@dataclass(frozen=True, slots=True)
-class Error(Action):
-    NAME: ClassVar[str] = "error"
-    code: str = "ServiceNotReady"
-    message: str = "injected by pulsar-tap"
-
-    def params(self) -> dict[str, Any]:
-        return {"code": self.code, "message": self.message}
-
-
-@dataclass(frozen=True, slots=True)
-class Disconnect(Action):
-    NAME: ClassVar[str] = "disconnect"
-    how: str = "close"
-
-    def params(self) -> dict[str, Any]:
-        return {"how": self.how}
-
-
-@dataclass(frozen=True, slots=True)
-class Close(Action):
-    NAME: ClassVar[str] = "close"
-
-
-@dataclass(frozen=True, slots=True)
-class Corrupt(Action):
-    NAME: ClassVar[str] = "corrupt"
-    what: str = "checksum"
-
-    def params(self) -> dict[str, Any]:
-        return {"what": self.what}
-
-
-@dataclass(frozen=True, slots=True)
-class Duplicate(Action):
-    NAME: ClassVar[str] = "duplicate"
-
-
-@dataclass(frozen=True, slots=True)
-class Rewrite(Action):
-    """Set fields of the sub-command; kept as canonical JSON so the value stays immutable."""
-
-    NAME: ClassVar[str] = "rewrite"
-    fields_json: str = "{}"
-
-    @property
-    def fields(self) -> dict[str, Any]:
-        value: dict[str, Any] = json.loads(self.fields_json)
-        return value
-
-    def params(self) -> dict[str, Any]:
-        return self.fields
-
-
-@dataclass(frozen=True, slots=True)
-class Throttle(Action):
-    NAME: ClassVar[str] = "throttle"
-    messages_per_second: float | None = None
-    bytes_per_second: float | None = None
-    burst: float = 1.0
-    per: str = "rule"
-
-    def params(self) -> dict[str, Any]:
-        data: dict[str, Any] = {}
-        if self.messages_per_second is not None:
-            data["messages_per_second"] = self.messages_per_second
-        if self.bytes_per_second is not None:
-            data["bytes_per_second"] = self.bytes_per_second
-        data["burst"] = self.burst
-        data["per"] = self.per
-        return data
-
-
-@dataclass(frozen=True, slots=True)
-class Redirect(Action):
-    NAME: ClassVar[str] = "redirect"
-    url: str = ""
-    url_tls: str | None = None
-    authoritative: bool = False
-
-    def params(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"url": self.url}
-        if self.url_tls is not None:
-            data["url_tls"] = self.url_tls
-        data["authoritative"] = self.authoritative
-        return data
-
-
-@dataclass(frozen=True, slots=True)
-class Record(Action):
-    NAME: ClassVar[str] = "record"
-    COMPOSES: ClassVar[bool] = True
-
-
-@dataclass(frozen=True, slots=True)
-class Mark(Action):
-    NAME: ClassVar[str] = "mark"
-    COMPOSES: ClassVar[bool] = True
-    label: str | None = None
-
-    def params(self) -> dict[str, Any]:
-        return {} if self.label is None else {"label": self.label}
-
-
-@dataclass(frozen=True, slots=True)
-class Slice(Action):
-    NAME: ClassVar[str] = "slice"
-    bytes: int = 1
-
-    def params(self) -> dict[str, Any]:
-        return {"bytes": self.bytes}
-
-
-#: every action class by its rule-file name
-ACTIONS: Final[dict[str, type[Action]]] = {
-    cls.NAME: cls
-    for cls in (Delay, Drop, Error, Disconnect, Close, Corrupt, Duplicate, Rewrite, Throttle, Redirect,
-                Record, Mark, Slice)
-}
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ to the client (it has moved on).
 
 Frames with a ``request_id`` (the client's requests) always pass: the broker answers
 them as it answers requests for an id it does not know.  Sans-IO: frames in, a
-:class:`~proxy.rules.verdict.Decision` (or None: not the unload's business) out.
+:class:`~proxy.rules.verdict.Verdict` (or None: not the unload's business) out.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from typing import Any, Final
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.frame import Frame
 from proxy.protocol.session import Direction
-from proxy.rules.verdict import Decision
+from proxy.rules.verdict import Verdict
 
 T = api.BaseCommand.Type
 
@@ -105,7 +105,7 @@ class ConnectionUnloads:
         self.phases[(kind, entity_id)] = (Phase.CLOSING, rule)
         self.requests[request_id] = _Close(kind, entity_id, to_client, rule)
 
-    def on_frame(self, frame: Frame, direction: Direction) -> Decision | None:
+    def on_frame(self, frame: Frame, direction: Direction) -> Verdict | None:
         """What the unload does with ``frame``; None when it is not the unload's business."""
         if not self.active:
             return None
@@ -117,13 +117,13 @@ class ConnectionUnloads:
                 if close is None:
                     return None
                 if close.to_client is None:
-                    return Decision(forward=False, fired=(close.rule,))
+                    return Verdict(forward=False, fired=(close.rule,))
                 self.phases[(close.kind, close.entity_id)] = (Phase.CLOSED, close.rule)
-                return Decision(forward=False, to_client=(close.to_client,), fired=(close.rule,))
+                return Verdict(forward=False, to_client=(close.to_client,), fired=(close.rule,))
             key = self._key(kind, sub, _BROKER_PRODUCER_FRAMES, _BROKER_CONSUMER_FRAMES)
             entry = None if key is None else self.phases.get(key)
             if entry is not None and entry[0] is Phase.CLOSED:
-                return Decision(forward=False, fired=(entry[1],))
+                return Verdict(forward=False, fired=(entry[1],))
             return None
         if kind in (T.PRODUCER, T.CLOSE_PRODUCER):
             self._reopen((Kind.PRODUCER, sub.producer_id))
@@ -137,7 +137,7 @@ class ConnectionUnloads:
             return None
         if "request_id" in sub.DESCRIPTOR.fields_by_name and sub.HasField("request_id"):
             return None  # a request: the broker answers it as for an id it does not know
-        return Decision(forward=False, fired=(entry[1],))
+        return Verdict(forward=False, fired=(entry[1],))
 
     @staticmethod
     def _key(kind: int, sub: Any, producer_frames: frozenset[int],

@@ -1,25 +1,29 @@
-"""What the rules engine decides for one frame: a :class:`Decision`.
+"""What happens to one frame: a :class:`Verdict`, the one decision type from rules engine to relay.
 
-The relay carries it out; the engine never does I/O.  Frames are addressed by
-side (``to_client`` / ``to_broker``), not relative to the sender, so a rule on
-either direction reads the same.  Order of effects for one frame:
+The rules engine returns it (:mod:`proxy.rules.engine`, each action class of
+:mod:`proxy.rules.actions` building its own), the relay's sans-IO pipeline carries it
+out (``proxy.server.pipeline``); nothing translates it in between.  Frames are
+addressed by side (``to_client`` / ``to_broker``), not relative to the sender, so a
+rule on either direction reads the same.  Order of effects for one frame:
 
 1. hold the frame ``delay_s`` from its arrival — later frames of the same direction
    wait behind it (none overtakes it) but are not delayed by it beyond its own
    release, so frames in flight are delayed side by side; with a ``lane`` only the
    frames of that lane wait (throttling one producer must not slow another
-   producer on the same connection);
+   producer on the same connection; see ``proxy.server.holding``);
 2. write the frame (``replacement`` instead of its bytes when set; nothing when
    ``forward`` is false), in writes of ``slice_bytes`` when that is > 0;
 3. write the extra frames ``to_client`` and ``to_broker`` (answers on the broker's
-   behalf, a duplicate, close requests);
+   behalf, a duplicate, close requests): those towards the frame's sender answer it,
+   those towards its receiver follow the frame;
 4. schedule every :class:`Deferred` frame ``after_s`` from now, independent of the
    frame queue (released FLOW permits);
 5. close both sides when ``close`` is ``"close"`` (FIN) or ``"reset"`` (RST).
 
 ``record`` asks the recorder to keep this frame when record rules select what is
 recorded; ``fired`` names every rule that hit (for metrics and span events),
-``marks`` the labels of ``mark`` rules.
+``marks`` the labels of ``mark`` rules (tags for the trace span of this frame).
+No trio, no I/O: a value.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from typing import Final
 
 @dataclass(frozen=True, slots=True)
 class Deferred:
-    """A frame the proxy originates later: ``after_s`` seconds from the decision."""
+    """A frame the proxy originates later: ``after_s`` seconds from the verdict."""
 
     after_s: float
     to_broker: bool
@@ -39,7 +43,7 @@ class Deferred:
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class Verdict:
     forward: bool = True
     replacement: bytes | None = None
     to_client: tuple[bytes, ...] = ()
@@ -61,4 +65,7 @@ class Decision:
                     and not self.deferred)
 
 
-PASS: Final = Decision()
+#: the frame passes untouched (the relay tests for this very object: ``verdict is FORWARD``)
+FORWARD: Final = Verdict()
+#: the frame is swallowed
+DROP: Final = Verdict(forward=False)

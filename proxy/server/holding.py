@@ -15,7 +15,7 @@ Three things need bytes to leave the proxy later than they arrived:
   frames of its lane only (one producer, or one topic) — frames of other lanes on the
   same connection keep flowing.  Its entry is a whole frame, injected between frames
   when due;
-- a *deferred* frame (``Verdict.later``): a frame the proxy originates after a delay,
+- a *deferred* frame (``Verdict.deferred``): a frame the proxy originates after a delay,
   independent of any queue (the FLOW permits a throttle releases as its bucket
   refills).  Deferred frames have no lane and leave at their own time.
 

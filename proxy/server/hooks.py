@@ -4,9 +4,10 @@ Two kinds of plug-ins see the traffic (after Kroxylicious' filters and mitmproxy
 addons):
 
 - a :class:`FrameHook` (the rules engine) is asked about each frame it declared an
-  interest in and returns a :class:`Verdict`: forward, replace the bytes, answer on
-  the other side's behalf, drop, delay (the direction, or only one lane of it),
-  send frames later, slice into small writes, or close;
+  interest in and returns a :class:`~proxy.rules.verdict.Verdict` (the engine's own
+  decision type, carried out as it is): forward, replace the bytes, answer on the
+  other side's behalf, drop, delay (the direction, or only one lane of it), send
+  frames later, slice into small writes, or close;
 - :class:`Observer` s (recorder, tracer, metrics) receive a :class:`FrameEvent` for
   every frame — as received, and again for what the proxy changed or originated —
   and never change traffic.  They are fed through a bounded queue with counted
@@ -19,12 +20,12 @@ and with neither installed the relay decodes only what the proxy itself needs.
 from __future__ import annotations
 
 import enum
-from collections.abc import Hashable
-from dataclasses import dataclass, field
-from typing import Final, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 from proxy.protocol.frame import Frame
 from proxy.protocol.session import Direction, Observation
+from proxy.rules.verdict import FORWARD, Verdict
 
 
 class Origin(enum.StrEnum):
@@ -58,49 +59,6 @@ class FrameContext:
     direction: Direction
     now_ns: int
     observation: Observation | None
-
-
-@dataclass(frozen=True, slots=True)
-class Later:
-    """A frame the proxy sends ``after_s`` from now, towards the receiver (or back to the sender)."""
-
-    after_s: float
-    to_receiver: bool
-    data: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """What to do with one frame.
-
-    ``forward`` passes the frame on (``replacement`` instead of its bytes when set);
-    ``to_sender`` frames answer the sender on the other side's behalf;
-    ``to_receiver`` frames follow the forwarded one to its destination;
-    ``delay_s`` holds this frame until its arrival plus ``delay_s``; frames behind it
-    in the same direction queue behind it (never overtake it) — or, with ``lane`` set,
-    only the frames of that lane do (see ``holding``);
-    ``later`` frames are sent after their delays, independent of the frame queue;
-    ``slice_bytes`` > 0 writes the forwarded bytes in writes of that size;
-    ``close`` ("close" or "reset") ends the connection on both sides afterwards.
-    """
-
-    forward: bool = True
-    replacement: bytes | None = None
-    to_sender: tuple[bytes, ...] = ()
-    to_receiver: tuple[bytes, ...] = ()
-    delay_s: float = 0.0
-    lane: Hashable | None = None
-    later: tuple[Later, ...] = ()
-    slice_bytes: int = 0
-    close: str | None = None
-    #: names of the rules that fired, for observers (span events, metrics)
-    fired: tuple[str, ...] = field(default=())
-    #: labels of ``mark`` rules that fired: tags for the trace span of this frame
-    marks: tuple[str, ...] = field(default=())
-
-
-FORWARD: Final = Verdict()
-DROP: Final = Verdict(forward=False)
 
 
 class FrameHook(Protocol):

@@ -53,16 +53,15 @@ from proxy.errors import ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.frame import DEFAULT_MAX_FRAME_BYTES, Frame, encode_command, frame_from_bytes
 from proxy.protocol.session import Direction, Observation, SessionTracker, accounted_types
+from proxy.rules.verdict import FORWARD, Verdict
 from proxy.server.holding import HoldQueue
 from proxy.server.hooks import (
-    FORWARD,
     ConnectionEvent,
     ConnectionInfo,
     FrameContext,
     FrameEvent,
     FrameHook,
     Origin,
-    Verdict,
     origin_of,
 )
 from proxy.server.lookup import BROKER_NAMING_TYPES, BrokerDirectory, rewrite_broker_urls
@@ -499,16 +498,19 @@ class ConnectionPipeline:
             # never before its lane's last frame, nor before what its direction's stream holds
             due_ns = self.held.release_at(self.held.release_at(due_ns, lane), direction)
         self._release_event(verdict.forward, verdict.fired, due_ns if in_lane else None, verdict.marks)
-        answers = [self._towards(back, extra) for extra in verdict.to_sender
+        # the verdict addresses frames by side: those towards the sender answer it
+        to_sender, to_receiver = (verdict.to_client, verdict.to_broker) if direction is TO_BROKER \
+            else (verdict.to_broker, verdict.to_client)
+        answers = [self._towards(back, extra) for extra in to_sender
                    if not (back is TO_CLIENT and self._follows(extra, actions))]
         if answers:
             self.inject(back, list(answers), actions)
             for extra in answers:
                 self._publish_proxy_frame(back, extra, now_ns)
-        for later in verdict.later:
-            towards = direction if later.to_receiver else back
-            later_ns = now_ns + int(later.after_s * 1e9)
-            self.held.add(later_ns, towards, (self._towards(towards, later.data),), originated=True)
+        for deferred in verdict.deferred:
+            towards = TO_BROKER if deferred.to_broker else TO_CLIENT
+            later_ns = now_ns + int(deferred.after_s * 1e9)
+            self.held.add(later_ns, towards, (self._towards(towards, deferred.data),), originated=True)
             actions.append(Hold(later_ns))
         forwarded: list[bytes] = []
         if verdict.forward:
@@ -516,7 +518,7 @@ class ConnectionPipeline:
             if out is not frame.raw:
                 self._publish_proxy_frame(direction, out, now_ns)
             forwarded.append(out)
-        for extra in verdict.to_receiver:
+        for extra in to_receiver:
             forwarded.append(extra)
             self._publish_proxy_frame(direction, extra, now_ns)
         if forwarded and in_lane:

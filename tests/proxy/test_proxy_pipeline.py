@@ -14,7 +14,8 @@ from proxy.protocol.session import Direction
 from proxy.rules.engine import RulesEngine
 from proxy.rules.hook import RulesHook
 from proxy.rules.loader import load_rules_text
-from proxy.server.hooks import DROP, ConnectionEvent, ConnectionInfo, FrameContext, FrameEvent, Origin, Verdict
+from proxy.rules.verdict import DROP, Verdict
+from proxy.server.hooks import ConnectionEvent, ConnectionInfo, FrameContext, FrameEvent, Origin
 from proxy.server.lookup import BrokerDirectory, UnroutableBroker
 from proxy.server.pipeline import (
     MAX_PROTOCOL_VERSION,
@@ -242,7 +243,7 @@ def test_hooks_see_frames_attributed_to_their_topic_and_can_drop_them() -> None:
 
 def test_hook_verdicts_answer_delay_replace_and_close() -> None:
     receipt = encode_command(api.CommandSendReceipt(producer_id=1, sequence_id=0))
-    verdict = Verdict(forward=True, replacement=PING, to_sender=(receipt,), delay_s=0.2, close="reset")
+    verdict = Verdict(forward=True, replacement=PING, to_client=(receipt,), delay_s=0.2, close="reset")
     p = pipeline(hook=RecordingHook(verdict, frozenset({T.SEND})))
     connected(p)
     producer, send = producer_frames()

@@ -9,7 +9,7 @@ from proxy.protocol.frame import Frame, encode_command, encode_payload_command, 
 from proxy.protocol.session import Direction, Observation, SessionTracker
 from proxy.rules.engine import RulesEngine
 from proxy.rules.loader import load_rules_text
-from proxy.rules.verdict import Decision
+from proxy.rules.verdict import Verdict
 
 TO_BROKER = Direction.TO_BROKER
 TO_CLIENT = Direction.TO_CLIENT
@@ -66,7 +66,7 @@ class Session:
                                                 consumer_name="cons-a")), TO_BROKER)
         self.observe(frame(api.CommandSuccess(request_id=200 + consumer_id)), TO_CLIENT)
 
-    def decide(self, f: Frame, direction: Direction, now_s: float | None = None) -> Decision:
+    def decide(self, f: Frame, direction: Direction, now_s: float | None = None) -> Verdict:
         if now_s is not None:
             self.now_ns = int(now_s * 1e9)
         observation = self.observe(f, direction)

@@ -23,7 +23,7 @@ from proxy.rules.engine import PROXY_REQUEST_IDS_START
 from proxy.rules.loader import load_rules_text
 from proxy.rules.matcher import FrameFacts, criteria_met
 from proxy.rules.model import Match
-from proxy.rules.verdict import PASS
+from proxy.rules.verdict import FORWARD, Verdict
 
 T = api.BaseCommand.Type
 
@@ -41,7 +41,7 @@ def one_rule(action: str, match: str = "{}") -> Session:
 
 def test_no_rules_pass_everything() -> None:
     session = Session(engine_for("rules: []\n"))
-    assert session.decide(frame(api.CommandPing()), TO_BROKER) is PASS
+    assert session.decide(frame(api.CommandPing()), TO_BROKER) is FORWARD
 
 
 def test_delay_holds_the_frame_with_jitter_within_bounds() -> None:
@@ -93,10 +93,10 @@ def test_error_on_send_is_a_send_error_and_other_frames_are_not_hit() -> None:
     assert cmd.type == T.SEND_ERROR
     assert (cmd.send_error.producer_id, cmd.send_error.sequence_id, cmd.send_error.error) == (1, 9, api.NotAllowedError)
     # not requests: FLOW and an ACK without request_id pass untouched and are not hits
-    assert session.decide(frame(api.CommandFlow(consumer_id=2, messagePermits=10)), TO_BROKER) is PASS
+    assert session.decide(frame(api.CommandFlow(consumer_id=2, messagePermits=10)), TO_BROKER) is FORWARD
     ack = api.CommandAck(consumer_id=2, ack_type=api.CommandAck.Individual,
                          message_id=[api.MessageIdData(ledgerId=1, entryId=1)])
-    assert session.decide(frame(ack), TO_BROKER) is PASS
+    assert session.decide(frame(ack), TO_BROKER) is FORWARD
     assert session.engine.hits() == {"r": 1}
 
 
@@ -132,9 +132,9 @@ def test_close_on_send_unloads_the_producer_as_a_broker_does() -> None:
     # closed: nothing for the id in either direction; the client's own SUCCESS passes
     assert not session.decide(send_frame(1, 5), TO_BROKER).forward
     assert not session.decide(frame(api.CommandSendReceipt(producer_id=1, sequence_id=3)), TO_CLIENT).forward
-    assert session.decide(frame(api.CommandSuccess(request_id=request_id)), TO_CLIENT) is PASS
+    assert session.decide(frame(api.CommandSuccess(request_id=request_id)), TO_CLIENT) is FORWARD
     # the client re-creates the producer (same id): its frames pass again, and the rule may fire again
-    assert session.decide(frame(api.CommandProducer(topic=TOPIC, producer_id=1, request_id=7)), TO_BROKER) is PASS
+    assert session.decide(frame(api.CommandProducer(topic=TOPIC, producer_id=1, request_id=7)), TO_BROKER) is FORWARD
     again = session.decide(send_frame(1, 3), TO_BROKER)
     assert not again.forward and decode(again.to_broker[0]).type == T.CLOSE_PRODUCER
 
@@ -150,7 +150,7 @@ def test_a_producer_re_created_while_closing_is_not_closed_again() -> None:
     session = one_rule("close", "{command: [SEND], times: 1}")
     session.add_producer(producer_id=1)
     request_id = decode(session.decide(send_frame(1, 0), TO_BROKER).to_broker[0]).close_producer.request_id
-    assert session.decide(frame(api.CommandCloseProducer(producer_id=1, request_id=9)), TO_BROKER) is PASS
+    assert session.decide(frame(api.CommandCloseProducer(producer_id=1, request_id=9)), TO_BROKER) is FORWARD
     late = session.decide(frame(api.CommandSuccess(request_id=request_id)), TO_CLIENT)
     assert not late.forward and late.to_client == ()  # swallowed, and the client hears nothing
 
@@ -268,9 +268,9 @@ rules:
     session.add_producer(3, OTHER_TOPIC)
     session.add_consumer(2, TOPIC)
     assert not session.decide(send_frame(1, 1), TO_BROKER).forward
-    assert session.decide(send_frame(3, 1), TO_BROKER) is PASS
+    assert session.decide(send_frame(3, 1), TO_BROKER) is FORWARD
     assert not session.decide(frame(api.CommandFlow(consumer_id=2, messagePermits=5)), TO_BROKER).forward
-    assert session.decide(frame(api.CommandFlow(consumer_id=9, messagePermits=5)), TO_BROKER) is PASS
+    assert session.decide(frame(api.CommandFlow(consumer_id=9, messagePermits=5)), TO_BROKER) is FORWARD
 
 
 def test_direction_and_client_cidr() -> None:
@@ -284,8 +284,8 @@ rules:
     outside = Session(engine, conn_id=2, client="127.0.0.1:5555")
     ping = frame(api.CommandPing())
     assert not inside.decide(ping, TO_BROKER).forward
-    assert inside.decide(frame(api.CommandPing()), TO_CLIENT) is PASS
-    assert outside.decide(frame(api.CommandPing()), TO_BROKER) is PASS
+    assert inside.decide(frame(api.CommandPing()), TO_CLIENT) is FORWARD
+    assert outside.decide(frame(api.CommandPing()), TO_BROKER) is FORWARD
 
 
 def test_after_and_times_count_across_connections() -> None:
@@ -403,21 +403,22 @@ rules:
     assert engine.interest(TO_BROKER) is None
 
 
-def test_hook_adapter_addresses_frames_relative_to_the_sender() -> None:
-    from proxy.rules.hook import to_verdict
-    from proxy.server.hooks import FORWARD
+def test_the_hook_hands_the_engines_verdict_to_the_relay_as_it_is() -> None:
+    """One decision type from engine to relay: frames stay addressed by side, nothing translates them."""
+    from proxy.rules.hook import RulesHook
+    from proxy.server.hooks import ConnectionInfo, FrameContext
 
     session = one_rule("{error: {code: ServiceNotReady}}", "{command: [LOOKUP]}")
-    decision = session.decide(frame(api.CommandLookupTopic(topic=TOPIC, request_id=5)), TO_BROKER)
-    verdict = to_verdict(decision, TO_BROKER)
-    assert not verdict.forward and verdict.fired == ("r",)
-    assert verdict.to_sender == decision.to_client and verdict.to_receiver == decision.to_broker == ()
+    lookup = frame(api.CommandLookupTopic(topic=TOPIC, request_id=5))
+    info = ConnectionInfo(session.conn_id, session.client or "127.0.0.1:1", "127.0.0.1:6650", None)
+    verdict = RulesHook(session.engine).on_frame(FrameContext(info, TO_BROKER, session.now_ns, None), lookup)
+    assert type(verdict) is Verdict
+    assert not verdict.forward and verdict.fired == ("r",) and len(verdict.to_client) == 1 and not verdict.to_broker
     session = one_rule("close", "{command: [MESSAGE]}")
-    decision = session.decide(message_frame(2), TO_CLIENT)
-    verdict = to_verdict(decision, TO_CLIENT)
-    assert verdict.forward and verdict.fired == ("r",)
-    assert verdict.to_receiver == decision.to_client and verdict.to_sender == decision.to_broker
-    assert to_verdict(PASS, TO_BROKER) is FORWARD
+    verdict = session.decide(message_frame(2), TO_CLIENT)
+    assert verdict.forward and verdict.fired == ("r",) and len(verdict.to_broker) == 1 and not verdict.to_client
+    assert RulesHook(session.engine).on_frame(FrameContext(info, TO_BROKER, 0, None), frame(api.CommandPing())) \
+        is FORWARD
 
 
 def test_rules_are_visited_only_for_their_direction_and_command_and_criteria_once_per_fact(
@@ -442,10 +443,10 @@ def test_rules_are_visited_only_for_their_direction_and_command_and_criteria_onc
 
     monkeypatch.setattr(engine_module, "criteria_met", counting)
     for sequence_id in range(200):
-        assert session.decide(send_frame(1, sequence_id), TO_BROKER) is PASS
+        assert session.decide(send_frame(1, sequence_id), TO_BROKER) is FORWARD
         # the wrong direction: no rule is even looked at
         assert session.engine.evaluate(frame(api.CommandSendReceipt(producer_id=1, sequence_id=sequence_id)),
-                                       TO_BROKER, 0) is PASS
+                                       TO_BROKER, 0) is FORWARD
     assert calls == 25  # the 25 SEND rules, tried once for TOPIC
     assert session.engine.interest(TO_BROKER) == frozenset({T.SEND, T.FLOW})
     assert session.engine.interest(TO_CLIENT) == frozenset({T.SEND_RECEIPT, T.MESSAGE})
@@ -470,7 +471,7 @@ def test_replacing_the_rules_forgets_the_remembered_criteria() -> None:
     session = Session(engine_for("seed: 1\nrules:\n  - name: r\n    match: {command: [SEND], topic: 'x-*'}\n"
                                  "    action: drop\n"))
     session.add_producer()
-    assert session.decide(send_frame(1, 0), TO_BROKER) is PASS
+    assert session.decide(send_frame(1, 0), TO_BROKER) is FORWARD
     session.engine.replace(load_rules_text(
         "seed: 1\nrules:\n  - name: r\n    match: {command: [SEND], topic: 'persistent://public/default/orders-*'}\n"
         "    action: drop\n"))

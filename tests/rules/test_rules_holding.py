@@ -1,4 +1,4 @@
-"""Per-lane holding and deferred frames: the HoldQueue and the hook's translation of a Decision."""
+"""Per-lane holding and deferred frames: the HoldQueue and the deferred grants of a throttle's Verdict."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ from rules_helpers import TO_BROKER, Session, engine_for
 from rules_helpers import frame as make_frame
 
 from proxy.pb import PulsarApi_pb2 as api
-from proxy.rules.hook import to_verdict
 from proxy.server.holding import HoldQueue
 
 
@@ -40,14 +39,13 @@ rules:
     action: {throttle: {messages_per_second: 10, per: consumer}}
 """))
     session.add_consumer()
-    decision = session.decide(make_frame(api.CommandFlow(consumer_id=2, messagePermits=30)), TO_BROKER, now_s=1.0)
-    verdict = to_verdict(decision, TO_BROKER)
+    verdict = session.decide(make_frame(api.CommandFlow(consumer_id=2, messagePermits=30)), TO_BROKER, now_s=1.0)
     assert verdict.forward and verdict.replacement is not None and verdict.delay_s == 0
-    granted = [make_frame_permits(later.data) for later in verdict.later]
-    assert all(later.to_receiver for later in verdict.later)
+    granted = [make_frame_permits(later.data) for later in verdict.deferred]
+    assert all(later.to_broker for later in verdict.deferred)
     assert 1 + sum(granted) == 30
-    assert [later.after_s for later in verdict.later] == sorted(later.after_s for later in verdict.later)
-    assert verdict.later[-1].after_s >= 2.8
+    assert [later.after_s for later in verdict.deferred] == sorted(later.after_s for later in verdict.deferred)
+    assert verdict.deferred[-1].after_s >= 2.8
 
 
 def make_frame_permits(data: bytes) -> int:

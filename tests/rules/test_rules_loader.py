@@ -6,8 +6,8 @@ import pytest
 
 from proxy.errors import ConfigError
 from proxy.pb import PulsarApi_pb2 as api
+from proxy.rules.actions import Delay, Error, Rewrite, Throttle
 from proxy.rules.loader import RuleFileError, load_rules_text, rule_from_data, ruleset_from_data
-from proxy.rules.model import Delay, Error, Rewrite, Throttle
 
 T = api.BaseCommand.Type
 
@@ -197,14 +197,14 @@ def test_json_bodies_have_keys_but_no_lines() -> None:
     assert document.names() == ["y"] and document.seed is None
 
 
-def test_an_action_name_the_loader_cannot_build_is_an_error_never_another_action(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A name the model knows but the loader has no builder for is refused, not taken for ``slice``."""
-    from proxy.rules import loader, model
+def test_each_action_class_owns_its_name_and_parses_only_itself() -> None:
+    """The registry maps every rule-file name to the class carrying it; no class builds another action."""
+    from proxy.rules.actions import ACTIONS
 
-    monkeypatch.setitem(loader.ACTIONS, "teleport", model.Slice)
-    with pytest.raises(RuleFileError) as refused:
-        load_rules_text("rules:\n  - name: a\n    action: {teleport: {bytes: 3}}\n", "new.yaml")
-    assert [e.format() for e in refused.value.errors] == [
-        "new.yaml:3: rules[0].action.teleport: unknown action 'teleport' (expected one of: "
-        f"{', '.join(loader.ACTIONS)})"]
+    for name, cls in ACTIONS.items():
+        assert name == cls.NAME
+        params = {"delay": "{ms: 1}", "error": "{}", "rewrite": "{request_id: 1}", "throttle": "{burst: 2, "
+                  "messages_per_second: 1}", "redirect": "{url: 'pulsar://b:6650'}"}.get(name, "{}")
+        command = {"rewrite": "\n    match: {command: [LOOKUP]}"}.get(name, "")
+        rule = load_rules_text(f"rules:\n  - name: a{command}\n    action: {{{name}: {params}}}\n").rules[0]
+        assert type(rule.action) is cls and rule.action.to_data() == rule_from_data(rule.to_data()).action.to_data()

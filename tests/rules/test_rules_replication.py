@@ -10,7 +10,7 @@ from proxy.pb import PulsarMarkers_pb2 as pm
 from proxy.protocol import markers
 from proxy.protocol.frame import Frame, encode_payload_command, frame_from_bytes
 from proxy.rules.loader import RuleFileError, load_rules_text, ruleset_from_data
-from proxy.rules.verdict import PASS
+from proxy.rules.verdict import FORWARD
 
 REPLICATOR = "pulsar.repl.B-->A"
 
@@ -42,7 +42,7 @@ rules:
     action: {delay: {ms: 2000}}
 """)
     assert session.decide(replicated_send(1, 0), TO_BROKER).delay_s == pytest.approx(2.0)
-    assert session.decide(replicated_send(2, 0), TO_BROKER) is PASS  # an ordinary producer on the same link
+    assert session.decide(replicated_send(2, 0), TO_BROKER) is FORWARD  # an ordinary producer on the same link
 
 
 def test_a_marker_rule_matches_only_sends_carrying_that_marker() -> None:
@@ -53,9 +53,9 @@ rules:
     action: drop
 """)
     assert not session.decide(replicated_send(1, 0, markers.SNAPSHOT_RESPONSE), TO_BROKER).forward
-    assert session.decide(replicated_send(1, 1, markers.SNAPSHOT_REQUEST), TO_BROKER) is PASS
-    assert session.decide(replicated_send(1, 2), TO_BROKER) is PASS
-    assert session.decide(frame(api.CommandFlow(consumer_id=1, messagePermits=3)), TO_BROKER) is PASS
+    assert session.decide(replicated_send(1, 1, markers.SNAPSHOT_REQUEST), TO_BROKER) is FORWARD
+    assert session.decide(replicated_send(1, 2), TO_BROKER) is FORWARD
+    assert session.decide(frame(api.CommandFlow(consumer_id=1, messagePermits=3)), TO_BROKER) is FORWARD
     # only SEND and MESSAGE need inspecting for it
     assert session.engine.interest(TO_BROKER) == frozenset({api.BaseCommand.SEND, api.BaseCommand.MESSAGE})
 
