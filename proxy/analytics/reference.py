@@ -22,14 +22,12 @@ from proxy.analytics.segments import Split, SplitReader, segment_index, segment_
 from proxy.analytics.tables import PROBLEM_COLUMNS
 from proxy.analytics.tables import TABLES as OUTPUT
 from proxy.errors import ProtocolError
-from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol import chunks, compression, markers
+from proxy.protocol.commands import T
 from proxy.protocol.frame import Frame
 from proxy.protocol.message import decode_messages
 from proxy.protocol.session import Direction, RequestPair, SessionTracker
 from proxy.recording.reader import frame_from_record
-
-T = api.BaseCommand.Type
 
 #: The tables the reference fills (``errors`` and ``throughput`` are derived from them).
 TABLES: Final = {**{name: OUTPUT[name] for name in ("frames", "requests", "messages", "replication")},

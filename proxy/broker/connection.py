@@ -31,11 +31,10 @@ from proxy.broker.subscription import Consumer, Subscription
 from proxy.broker.topic import Producer, Topic, signed64
 from proxy.errors import BrokerError, ChecksumMismatch, ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
-from proxy.protocol.commands import wrap
+from proxy.protocol.commands import T, wrap
 from proxy.protocol.frame import Frame, crc32c, encode_command
 from proxy.protocol.session import ConnectionState, Direction, SessionTracker
 
-T = api.BaseCommand.Type
 #: newest protocol version this broker speaks (ProtocolVersion v21)
 SERVER_PROTOCOL_VERSION: Final = 21
 SERVER_VERSION: Final = "pulsar-tap-broker"
@@ -107,7 +106,7 @@ class BrokerConnection:
     def _reply(self, sub: Any) -> None:
         cmd = wrap(sub)
         if self.session.state is not ConnectionState.CONNECTED:
-            self.session.state = self.session.check(cmd.type, Direction.TO_CLIENT)
+            self.session.advance(cmd.type, Direction.TO_CLIENT)
         self._emit(encode_command(cmd))
 
     def take_output(self) -> list[bytes]:
@@ -129,7 +128,7 @@ class BrokerConnection:
         """Act on one frame from the client; raises ProtocolError to drop the connection."""
         self.last_received_ns = self.clock_ns()
         self.pings_unanswered = 0
-        self.session.state = self.session.check(frame.type, Direction.TO_BROKER)
+        self.session.advance(frame.type, Direction.TO_BROKER)
         handler = _HANDLERS.get(frame.type)
         if handler is None:
             self._unsupported(frame)

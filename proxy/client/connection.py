@@ -39,13 +39,12 @@ from proxy.client.names import BrokerAddress
 from proxy.containment import contained
 from proxy.errors import BrokerError, ClientClosed, ConnectionFailed, ProtocolError, RequestTimeout
 from proxy.pb import PulsarApi_pb2 as api
-from proxy.protocol.commands import wrap
+from proxy.protocol.commands import CONSUMER_NOTICES, PRODUCER_NOTICES, T, wrap
 from proxy.protocol.frame import DEFAULT_MAX_MESSAGE_SIZE, Frame, FrameDecoder, encode_command
 from proxy.protocol.session import ConnectionState, Direction, SessionTracker
 
 log = logging.getLogger(__name__)
 
-T = api.BaseCommand.Type
 #: The protocol version this client speaks (v21: the current one).
 PROTOCOL_VERSION: Final = 21
 CLIENT_VERSION: Final = f"pulsar-tap-{__version__}"
@@ -58,9 +57,6 @@ MAX_QUEUED_BYTES: Final = 256 * 1024 * 1024
 _COALESCE_BYTES: Final = 256 * 1024
 _COALESCE_PASSES: Final = 8
 
-_PRODUCER_FRAMES: Final = frozenset({T.SEND_RECEIPT, T.SEND_ERROR, T.CLOSE_PRODUCER})
-_CONSUMER_FRAMES: Final = frozenset({T.MESSAGE, T.CLOSE_CONSUMER, T.ACTIVE_CONSUMER_CHANGE,
-                                     T.REACHED_END_OF_TOPIC})
 
 
 class Authentication(Protocol):
@@ -280,12 +276,12 @@ class ClientConnection:
 
     def _check(self, frame: Frame) -> None:
         try:
-            self.session.state = self.session.check(frame.type, Direction.TO_CLIENT)
+            self.session.advance(frame.type, Direction.TO_CLIENT)
         except ProtocolError as exc:
             raise ConnectionFailed(f"{self.physical.host_port} broke the protocol: {exc}") from None
 
     async def _write_now(self, data: bytes, frame_type: int) -> None:
-        self.session.state = self.session.check(frame_type, Direction.TO_BROKER)
+        self.session.advance(frame_type, Direction.TO_BROKER)
         assert self._stream is not None
         try:
             await self._stream.send_all(data)
@@ -363,12 +359,12 @@ class ClientConnection:
             self.send(self._auth_response(), T.AUTH_RESPONSE)
             return
         sub: Any = frame.sub
-        if kind in _PRODUCER_FRAMES:
+        if kind in PRODUCER_NOTICES:
             handler = self._producers.get(sub.producer_id)
             if handler is not None:
                 handler.handle_frame(self, frame)
             return
-        if kind in _CONSUMER_FRAMES:
+        if kind in CONSUMER_NOTICES:
             consumer = self._consumers.get(sub.consumer_id)
             if consumer is not None:
                 consumer.handle_frame(self, frame)
@@ -395,7 +391,7 @@ class ClientConnection:
         """Queue one encoded frame for writing (never blocks; order is call order)."""
         if self.closed.is_set():
             raise ConnectionFailed(f"connection to {self.logical.host_port} is closed: {self.close_reason}")
-        self.session.state = self.session.check(frame_type, Direction.TO_BROKER)
+        self.session.advance(frame_type, Direction.TO_BROKER)
         if len(self._out) + len(data) > MAX_QUEUED_BYTES:
             self.close("too many bytes queued for writing")
             raise ConnectionFailed("write queue overflow")

@@ -38,6 +38,7 @@ from proxy.client.reconnecting import ReconnectingHandle
 from proxy.errors import ClientClosed, ClientError, ConnectionFailed, ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.chunks import ChunkAssembler, is_chunk
+from proxy.protocol.commands import T
 from proxy.protocol.message import decode_messages
 
 if TYPE_CHECKING:
@@ -45,7 +46,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-T = api.BaseCommand.Type
 MAX_TRACKED_CHUNKED_MESSAGES: Final = 10_000
 SUBSCRIPTION_TYPES: Final = {v.name: v.number for v in api.CommandSubscribe.SubType.DESCRIPTOR.values}
 INITIAL_POSITIONS: Final = {v.name: v.number for v in api.CommandSubscribe.InitialPosition.DESCRIPTOR.values}

@@ -42,6 +42,7 @@ from proxy.client.receipt import Receipt
 from proxy.client.reconnecting import ReconnectingHandle
 from proxy.errors import BrokerError, ClientClosed, ClientError, ConnectionFailed, RequestTimeout
 from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.commands import T
 from proxy.protocol.compression import compress
 from proxy.protocol.frame import encode_payload_command
 
@@ -50,7 +51,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-T = api.BaseCommand.Type
 
 #: Errors after which retrying cannot help (the official clients give up on these).
 NON_RETRYABLE: Final = frozenset({

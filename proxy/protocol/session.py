@@ -23,17 +23,23 @@ from __future__ import annotations
 import enum
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any, Final
 
 from proxy.errors import ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
-from proxy.protocol.commands import SUB_FIELDS, TYPE_NAMES, type_name
+from proxy.protocol.commands import (
+    ATTRIBUTION,
+    BROKER_COMMANDS,
+    CLIENT_COMMANDS,
+    DATA_PATH_TYPES,
+    RESPONSE_TYPES,
+    RESPONSES,
+    SUB_FIELDS,
+    TYPE_NAMES,
+    T,
+    type_name,
+)
 from proxy.protocol.frame import Frame
-
-#: Command type values as plain ints: attribute lookups on protobuf's enum wrapper are slow
-#: and this module compares types on every frame.
-T: Any = SimpleNamespace(**{name: number for number, name in TYPE_NAMES.items()})
 
 
 class Direction(enum.StrEnum):
@@ -51,30 +57,6 @@ class ConnectionState(enum.Enum):
 class IllegalFrame(ProtocolError):
     """A frame arrived that the connection's state does not allow from that side."""
 
-
-#: Commands a client (or a broker acting as a client of another broker) sends.
-CLIENT_COMMANDS: Final = frozenset({
-    T.CONNECT, T.SUBSCRIBE, T.PRODUCER, T.SEND, T.ACK, T.FLOW, T.UNSUBSCRIBE, T.CLOSE_PRODUCER,
-    T.CLOSE_CONSUMER, T.PING, T.PONG, T.REDELIVER_UNACKNOWLEDGED_MESSAGES, T.PARTITIONED_METADATA,
-    T.LOOKUP, T.CONSUMER_STATS, T.SEEK, T.GET_LAST_MESSAGE_ID, T.GET_TOPICS_OF_NAMESPACE, T.GET_SCHEMA,
-    T.AUTH_RESPONSE, T.GET_OR_CREATE_SCHEMA, T.NEW_TXN, T.ADD_PARTITION_TO_TXN, T.ADD_SUBSCRIPTION_TO_TXN,
-    T.END_TXN, T.END_TXN_ON_PARTITION, T.END_TXN_ON_SUBSCRIPTION, T.TC_CLIENT_CONNECT_REQUEST,
-    T.WATCH_TOPIC_LIST, T.WATCH_TOPIC_LIST_CLOSE, T.SCALABLE_TOPIC_LOOKUP, T.SCALABLE_TOPIC_CLOSE,
-    T.SCALABLE_TOPIC_SUBSCRIBE, T.WATCH_SCALABLE_TOPICS, T.WATCH_SCALABLE_TOPICS_CLOSE,
-    T.WATCH_TC_ASSIGNMENTS, T.WATCH_TC_ASSIGNMENTS_CLOSE,
-})
-#: Commands a broker sends.
-BROKER_COMMANDS: Final = frozenset({
-    T.CONNECTED, T.SEND_RECEIPT, T.SEND_ERROR, T.MESSAGE, T.SUCCESS, T.ERROR, T.CLOSE_PRODUCER,
-    T.CLOSE_CONSUMER, T.PRODUCER_SUCCESS, T.PING, T.PONG, T.PARTITIONED_METADATA_RESPONSE,
-    T.LOOKUP_RESPONSE, T.CONSUMER_STATS_RESPONSE, T.REACHED_END_OF_TOPIC, T.GET_LAST_MESSAGE_ID_RESPONSE,
-    T.ACTIVE_CONSUMER_CHANGE, T.GET_TOPICS_OF_NAMESPACE_RESPONSE, T.GET_SCHEMA_RESPONSE, T.AUTH_CHALLENGE,
-    T.ACK_RESPONSE, T.GET_OR_CREATE_SCHEMA_RESPONSE, T.NEW_TXN_RESPONSE, T.ADD_PARTITION_TO_TXN_RESPONSE,
-    T.ADD_SUBSCRIPTION_TO_TXN_RESPONSE, T.END_TXN_RESPONSE, T.END_TXN_ON_PARTITION_RESPONSE,
-    T.END_TXN_ON_SUBSCRIPTION_RESPONSE, T.TC_CLIENT_CONNECT_RESPONSE, T.WATCH_TOPIC_LIST_SUCCESS,
-    T.WATCH_TOPIC_UPDATE, T.TOPIC_MIGRATED, T.SCALABLE_TOPIC_UPDATE, T.SCALABLE_TOPIC_SUBSCRIBE_RESPONSE,
-    T.SCALABLE_TOPIC_ASSIGNMENT_UPDATE, T.WATCH_SCALABLE_TOPICS_UPDATE, T.WATCH_TC_ASSIGNMENTS_UPDATE,
-})
 
 _S = ConnectionState
 _TO_BROKER, _TO_CLIENT = Direction.TO_BROKER, Direction.TO_CLIENT
@@ -110,58 +92,9 @@ _ALLOWED: Final[dict[tuple[ConnectionState, bool], dict[int, ConnectionState]]] 
 for (_state, _direction, _kind), _next in TRANSITIONS.items():
     _ALLOWED.setdefault((_state, _direction is _TO_BROKER), {})[_kind] = _next
 
-#: request type -> the response types that answer it (matched by request_id)
-RESPONSES: Final[dict[int, frozenset[int]]] = {
-    T.PARTITIONED_METADATA: frozenset({T.PARTITIONED_METADATA_RESPONSE, T.ERROR}),
-    T.LOOKUP: frozenset({T.LOOKUP_RESPONSE, T.ERROR}),
-    T.PRODUCER: frozenset({T.PRODUCER_SUCCESS, T.ERROR}),
-    T.SUBSCRIBE: frozenset({T.SUCCESS, T.ERROR}),
-    T.UNSUBSCRIBE: frozenset({T.SUCCESS, T.ERROR}),
-    T.CLOSE_PRODUCER: frozenset({T.SUCCESS, T.ERROR}),
-    T.CLOSE_CONSUMER: frozenset({T.SUCCESS, T.ERROR}),
-    T.SEEK: frozenset({T.SUCCESS, T.ERROR}),
-    T.GET_LAST_MESSAGE_ID: frozenset({T.GET_LAST_MESSAGE_ID_RESPONSE, T.ERROR}),
-    T.CONSUMER_STATS: frozenset({T.CONSUMER_STATS_RESPONSE, T.ERROR}),
-    T.GET_TOPICS_OF_NAMESPACE: frozenset({T.GET_TOPICS_OF_NAMESPACE_RESPONSE, T.ERROR}),
-    T.GET_SCHEMA: frozenset({T.GET_SCHEMA_RESPONSE, T.ERROR}),
-    T.GET_OR_CREATE_SCHEMA: frozenset({T.GET_OR_CREATE_SCHEMA_RESPONSE, T.ERROR}),
-    T.ACK: frozenset({T.ACK_RESPONSE, T.ERROR}),
-    T.NEW_TXN: frozenset({T.NEW_TXN_RESPONSE, T.ERROR}),
-    T.ADD_PARTITION_TO_TXN: frozenset({T.ADD_PARTITION_TO_TXN_RESPONSE, T.ERROR}),
-    T.ADD_SUBSCRIPTION_TO_TXN: frozenset({T.ADD_SUBSCRIPTION_TO_TXN_RESPONSE, T.ERROR}),
-    T.END_TXN: frozenset({T.END_TXN_RESPONSE, T.ERROR}),
-    T.END_TXN_ON_PARTITION: frozenset({T.END_TXN_ON_PARTITION_RESPONSE, T.ERROR}),
-    T.END_TXN_ON_SUBSCRIPTION: frozenset({T.END_TXN_ON_SUBSCRIPTION_RESPONSE, T.ERROR}),
-    T.TC_CLIENT_CONNECT_REQUEST: frozenset({T.TC_CLIENT_CONNECT_RESPONSE, T.ERROR}),
-    T.WATCH_TOPIC_LIST: frozenset({T.WATCH_TOPIC_LIST_SUCCESS, T.ERROR}),
-    T.WATCH_TOPIC_LIST_CLOSE: frozenset({T.SUCCESS, T.ERROR}),
-}
-#: the types of every frame that answers a request_id
-_RESPONSE_TYPES: Final = frozenset().union(*RESPONSES.values())
-
 #: Requests held at most per connection; beyond it the oldest is forgotten (counted).
 MAX_PENDING_REQUESTS: Final = 65_536
 
-#: Which field of a command's sub-command names what it is about.
-_ATTRIBUTION: Final[dict[int, str]] = {
-    T.SEND: "producer_id", T.SEND_RECEIPT: "producer_id", T.SEND_ERROR: "producer_id",
-    T.CLOSE_PRODUCER: "producer_id", T.PRODUCER_SUCCESS: "request_id",
-    T.MESSAGE: "consumer_id", T.ACK: "consumer_id", T.FLOW: "consumer_id",
-    T.UNSUBSCRIBE: "consumer_id", T.CLOSE_CONSUMER: "consumer_id",
-    T.REDELIVER_UNACKNOWLEDGED_MESSAGES: "consumer_id", T.CONSUMER_STATS: "consumer_id",
-    T.REACHED_END_OF_TOPIC: "consumer_id", T.SEEK: "consumer_id", T.GET_LAST_MESSAGE_ID: "consumer_id",
-    T.ACTIVE_CONSUMER_CHANGE: "consumer_id", T.ACK_RESPONSE: "consumer_id",
-    T.PRODUCER: "topic", T.SUBSCRIBE: "topic", T.LOOKUP: "topic", T.PARTITIONED_METADATA: "topic",
-    T.GET_SCHEMA: "topic", T.GET_OR_CREATE_SCHEMA: "topic",
-}
-
-
-#: The data path: frames sent per message or per batch.  A tracker user that needs only their
-#: attribution (a rules hook) may skip accounting for them: :meth:`SessionTracker.attribute`
-#: gives the same topic / producer / consumer without the pending SENDs and ACKs or the FLOW
-#: permits, and :func:`accounted_types` says which of them must still be observed.
-DATA_PATH_TYPES: Final = frozenset({T.SEND, T.SEND_RECEIPT, T.SEND_ERROR, T.MESSAGE, T.FLOW, T.ACK,
-                                    T.ACK_RESPONSE})
 #: every command type outside the data path: cheap, and they keep the id maps complete
 _CONTROL_TYPES: Final = frozenset(TYPE_NAMES) - DATA_PATH_TYPES
 
@@ -266,6 +199,8 @@ class SessionTracker:
     def __init__(self, *, strict: bool = True, max_pending: int = MAX_PENDING_REQUESTS) -> None:
         self.strict = strict
         self.state = ConnectionState.AWAITING_CONNECT
+        #: frames the table did not allow, counted by a lenient tracker (a strict one raises)
+        self.violations = 0
         self.protocol_version: int | None = None
         self.max_message_size: int | None = None
         self.client_version: str | None = None
@@ -295,16 +230,29 @@ class SessionTracker:
         """Account for one frame crossing the connection."""
         if frame.type not in TYPE_NAMES:
             raise IllegalFrame(f"unknown command type {frame.type}")
-        try:
-            next_state = self.check(frame.type, direction)
-        except IllegalFrame:
-            if self.strict:
-                raise
-            next_state = self.state
+        next_state = self._next_state(frame.type, direction)
         cmd = frame.command
         obs = self._observe(frame, cmd, direction, now_ns)
         self.state = next_state
         return obs
+
+    def advance(self, frame_type: int, direction: Direction) -> ConnectionState:
+        """Move by the table for ``frame_type`` from ``direction``; the state it is in now.
+
+        A frame the table does not allow raises IllegalFrame on a strict tracker; a lenient
+        one (a proxy, a reader of recordings) counts it in :attr:`violations` and stays put.
+        """
+        self.state = self._next_state(frame_type, direction)
+        return self.state
+
+    def _next_state(self, frame_type: int, direction: Direction) -> ConnectionState:
+        try:
+            return self.check(frame_type, direction)
+        except IllegalFrame:
+            if self.strict:
+                raise
+            self.violations += 1
+            return self.state
 
     def attribute(self, frame: Frame, direction: Direction) -> Observation:
         """The attribution :meth:`observe` gives a :data:`DATA_PATH_TYPES` frame, changing nothing.
@@ -368,7 +316,7 @@ class SessionTracker:
             self._observe_send_answer(kind, sub, obs, now_ns)
         elif kind in RESPONSES and direction is _TO_BROKER:
             self._observe_request(kind, sub, obs, now_ns)
-        elif kind in _RESPONSE_TYPES and direction is _TO_CLIENT and sub.HasField("request_id"):
+        elif kind in RESPONSE_TYPES and direction is _TO_CLIENT and sub.HasField("request_id"):
             self._observe_response(kind, sub, obs, now_ns)
         if kind in (T.CLOSE_PRODUCER, T.CLOSE_CONSUMER) and direction is _TO_CLIENT:
             # The broker closed it (e.g. topic unload); the client will create it anew.
@@ -379,7 +327,7 @@ class SessionTracker:
         return obs
 
     def _attribute(self, kind: int, sub: Any, obs: Observation) -> None:
-        field = _ATTRIBUTION.get(kind)
+        field = ATTRIBUTION.get(kind)
         if field is None or not sub.HasField(field):
             return
         if field == "producer_id":

@@ -25,10 +25,9 @@ from dataclasses import dataclass
 from proxy.errors import ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol import markers
+from proxy.protocol.commands import T
 from proxy.protocol.session import Direction, SessionTracker
 from proxy.recording.reader import RecordedFrame
-
-T = api.BaseCommand.Type
 
 
 @dataclass(slots=True)

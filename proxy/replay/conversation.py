@@ -38,13 +38,13 @@ from typing import TYPE_CHECKING, Any, Final
 
 from proxy.errors import ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.commands import T
 from proxy.protocol.frame import Frame
 from proxy.protocol.session import Direction, RequestPair, SessionTracker
 
 if TYPE_CHECKING:  # the reader does file I/O; this module only takes its frames
     from proxy.recording.reader import RecordedFrame
 
-T = api.BaseCommand.Type
 _HEADER = struct.Struct(">II")
 
 #: outcome of a request that got a successful answer

@@ -26,10 +26,10 @@ from proxy.client.lookup import LookupService
 from proxy.client.names import parse_service_url
 from proxy.errors import BrokerError, ClientError
 from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.commands import T
 from proxy.protocol.frame import Frame, encode_command
 from proxy.replay.matcher import error_answer, lookup_answer
 
-T = api.BaseCommand.Type
 log = structlog.get_logger("pulsar_tap.replay")
 
 class _Relay:

@@ -31,11 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from proxy.pb import PulsarApi_pb2 as api
-from proxy.protocol.commands import sub_command
+from proxy.protocol.commands import T, sub_command
 from proxy.protocol.frame import Frame
 from proxy.replay.conversation import Conversation, Exchange
-
-T = api.BaseCommand.Type
 
 #: id fields a recorded answer carries that must become the live client's
 _ID_FIELDS: Final = ("request_id", "producer_id", "consumer_id")

@@ -59,7 +59,7 @@ from proxy.client.lookup import LookupService
 from proxy.client.names import parse_service_url
 from proxy.errors import BrokerError, ClientError, ConnectionFailed, ProtocolError, RequestTimeout
 from proxy.pb import PulsarApi_pb2 as api
-from proxy.protocol.commands import sub_command
+from proxy.protocol.commands import T, sub_command
 from proxy.protocol.frame import Frame, encode_payload_command
 from proxy.replay.conversation import OK, UNANSWERED, Conversation, Exchange, Step, error_outcome, with_command
 from proxy.replay.matcher import message_id_key
@@ -67,7 +67,6 @@ from proxy.replay.matcher import message_id_key
 if TYPE_CHECKING:
     from proxy.recording.reader import ReadReport
 
-T = api.BaseCommand.Type
 log = structlog.get_logger("pulsar_tap.replay")
 
 NOT_SENT: Final = "not-sent"

@@ -34,8 +34,9 @@ from typing import Any, Final
 from google.protobuf.message import Message
 
 from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.commands import CLIENT_COMMANDS, CONSUMER_REQUESTS, PRODUCER_REQUESTS, T
 from proxy.protocol.frame import Frame, encode_command
-from proxy.protocol.session import CLIENT_COMMANDS
+from proxy.protocol.session import ConnectionState, Direction, SessionTracker
 from proxy.replay.conversation import exchange_key, with_command
 from proxy.replay.matcher import (
     AnswerBook,
@@ -47,15 +48,9 @@ from proxy.replay.matcher import (
     remap,
 )
 
-T = api.BaseCommand.Type
-
 UNMATCHED_POLICIES: Final = ("error", "forward", "close")
 NOT_IN_RECORDING: Final = "not in recording"
 
-#: requests about a consumer that carry its id (relayed when that consumer was forwarded)
-_CONSUMER_FRAMES: Final = frozenset({T.FLOW, T.ACK, T.REDELIVER_UNACKNOWLEDGED_MESSAGES, T.CLOSE_CONSUMER,
-                                     T.UNSUBSCRIBE, T.SEEK, T.GET_LAST_MESSAGE_ID, T.CONSUMER_STATS})
-_PRODUCER_FRAMES: Final = frozenset({T.SEND, T.CLOSE_PRODUCER})
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +101,8 @@ class ServedSession:
         self.book = book
         self.own_url = own_url
         self.unmatched = unmatched
-        self.connected = False
+        #: the handshake, by the shared session table (the state is all this server needs of it)
+        self.session = SessionTracker()
         self.producers: dict[int, LiveProducer] = {}
         self.consumers: dict[int, LiveConsumer] = {}
         self.forwarded_producers: set[int] = set()
@@ -123,10 +119,11 @@ class ServedSession:
         kind = frame.type
         if kind not in CLIENT_COMMANDS:
             return [Close(f"{frame.type_name} is not a client command")]
-        if not self.connected:
+        if self.session.state is ConnectionState.AWAITING_CONNECT:
             if kind != T.CONNECT:
                 return [Close(f"expected CONNECT, got {frame.type_name}")]
-            self.connected = True
+            self.session.advance(T.CONNECT, Direction.TO_BROKER)
+            self.session.advance(T.CONNECTED, Direction.TO_CLIENT)
             return [self._reply(connected_answer(self.book.connected, frame.command.connect.protocol_version))]
         if kind == T.CONNECT:
             return [Close("a second CONNECT on one connection")]
@@ -135,11 +132,11 @@ class ServedSession:
         if kind in (T.PONG, T.AUTH_RESPONSE):
             return []
         sub: Any = frame.sub
-        if kind in _PRODUCER_FRAMES and sub.producer_id in self.forwarded_producers:
+        if kind in PRODUCER_REQUESTS and sub.producer_id in self.forwarded_producers:
             if kind == T.CLOSE_PRODUCER:
                 self.forwarded_producers.discard(sub.producer_id)
             return [Forward(frame)]
-        if kind in _CONSUMER_FRAMES and sub.consumer_id in self.forwarded_consumers:
+        if kind in CONSUMER_REQUESTS and sub.consumer_id in self.forwarded_consumers:
             if kind == T.CLOSE_CONSUMER:
                 self.forwarded_consumers.discard(sub.consumer_id)
             return [Forward(frame)]

@@ -41,9 +41,18 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from proxy.pb import PulsarApi_pb2 as api
-from proxy.protocol.commands import SUB_FIELDS, sub_command, type_name
+from proxy.protocol.commands import (
+    DATA_PATH_TYPES,
+    NAMES_CONSUMER,
+    NAMES_PRODUCER,
+    RESPONSES,
+    SUB_FIELDS,
+    T,
+    sub_command,
+    type_name,
+)
 from proxy.protocol.frame import Frame, encode_command, encode_payload_command
-from proxy.protocol.session import RESPONSES, Direction
+from proxy.protocol.session import Direction
 from proxy.rules.params import Section
 from proxy.rules.throttle import TokenBucket, ration_permits
 from proxy.rules.unload import Kind
@@ -53,18 +62,15 @@ if TYPE_CHECKING:
     from proxy.rules.engine import RulesEngine, RuleState
     from proxy.rules.matcher import FrameFacts
 
-T = api.BaseCommand.Type
-
 #: request_id a broker puts in the CLOSE_PRODUCER / CLOSE_CONSUMER it originates (-1 as uint64)
 BROKER_INITIATED_REQUEST_ID: Final = (1 << 64) - 1
 
 #: requests ``error`` can answer on the broker's behalf
 ANSWERABLE: Final = frozenset(RESPONSES) | {T.SEND, T.CONNECT}
-#: commands that name a producer (``close`` closes it)
-PRODUCER_FRAMES: Final = frozenset({T.SEND, T.SEND_RECEIPT, T.SEND_ERROR})
-#: commands that name a consumer (``close`` closes it)
-CONSUMER_FRAMES: Final = frozenset({T.MESSAGE, T.FLOW, T.ACK, T.ACK_RESPONSE,
-                                    T.REDELIVER_UNACKNOWLEDGED_MESSAGES})
+#: data-path commands that name a producer (``close`` closes it)
+PRODUCER_FRAMES: Final = NAMES_PRODUCER & DATA_PATH_TYPES
+#: data-path commands that name a consumer, and REDELIVER (``close`` closes it)
+CONSUMER_FRAMES: Final = (NAMES_CONSUMER & DATA_PATH_TYPES) | {T.REDELIVER_UNACKNOWLEDGED_MESSAGES}
 #: the commands whose payload can be a replication marker (what ``match.marker`` looks at)
 MARKER_CARRIERS: Final = frozenset({T.SEND, T.MESSAGE})
 SERVER_ERRORS: Final = tuple(v.name for v in api.ServerError.DESCRIPTOR.values)

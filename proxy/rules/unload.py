@@ -39,20 +39,17 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.commands import CONSUMER_NOTICES, PRODUCER_NOTICES, T
 from proxy.protocol.frame import Frame
 from proxy.protocol.session import Direction
 from proxy.rules.verdict import Verdict
-
-T = api.BaseCommand.Type
 
 #: frames of the client that act on a producer / a consumer without asking for an answer
 _CLIENT_PRODUCER_DATA: Final = frozenset({T.SEND})
 _CLIENT_CONSUMER_DATA: Final = frozenset({T.FLOW, T.ACK, T.REDELIVER_UNACKNOWLEDGED_MESSAGES})
 #: frames of the broker that concern one producer / one consumer
-_BROKER_PRODUCER_FRAMES: Final = frozenset({T.SEND_RECEIPT, T.SEND_ERROR, T.CLOSE_PRODUCER})
-_BROKER_CONSUMER_FRAMES: Final = frozenset({T.MESSAGE, T.ACTIVE_CONSUMER_CHANGE, T.REACHED_END_OF_TOPIC,
-                                            T.ACK_RESPONSE, T.CLOSE_CONSUMER})
+_BROKER_PRODUCER_FRAMES: Final = PRODUCER_NOTICES
+_BROKER_CONSUMER_FRAMES: Final = CONSUMER_NOTICES | {T.ACK_RESPONSE}
 #: the frames an unload must see, per direction (the rules engine adds them to its interest)
 UNLOAD_TYPES: Final = {
     Direction.TO_BROKER: _CLIENT_PRODUCER_DATA | _CLIENT_CONSUMER_DATA

@@ -30,9 +30,9 @@ from typing import Final
 from proxy.config.proxy_config import HostPort, ServiceUrl
 from proxy.errors import ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.commands import T
 from proxy.protocol.frame import Frame, encode_command
 
-T = api.BaseCommand.Type
 LookupType = api.CommandLookupTopicResponse.LookupType
 
 #: frames that name a broker and are rewritten on their way to the client

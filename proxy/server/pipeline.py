@@ -45,12 +45,12 @@ import enum
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from types import SimpleNamespace
 from typing import Final
 
 from proxy.config.proxy_config import ServiceUrl
 from proxy.errors import ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.commands import T
 from proxy.protocol.frame import DEFAULT_MAX_FRAME_BYTES, Frame, encode_command, frame_from_bytes
 from proxy.protocol.session import Direction, Observation, SessionTracker, accounted_types
 from proxy.rules.verdict import FORWARD, Verdict
@@ -68,8 +68,6 @@ from proxy.server.lookup import BROKER_NAMING_TYPES, BrokerDirectory, rewrite_br
 from proxy.server.redirects import Redirected, failed_answer
 from proxy.server.scanner import FrameScanner, Piece
 
-# Command types as plain ints: the protobuf enum wrapper's attribute lookups are slow per frame.
-T: Final = SimpleNamespace(**{name: int(value) for name, value in api.BaseCommand.Type.items()})
 TO_BROKER: Final = Direction.TO_BROKER
 TO_CLIENT: Final = Direction.TO_CLIENT
 #: the newest protocol version this proxy's definitions know

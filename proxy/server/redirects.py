@@ -32,13 +32,13 @@ import trio
 from proxy.config.proxy_config import ServiceUrl
 from proxy.errors import ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.commands import T
 from proxy.protocol.frame import FrameDecoder, encode_command
 from proxy.server.transport import Transport
 from proxy.server.upstream import UpstreamUnavailable, open_upstream
 
 log = structlog.get_logger("pulsar_tap.proxy")
 
-T = api.BaseCommand.Type
 LookupType = api.CommandLookupTopicResponse.LookupType
 
 #: Redirects followed for one lookup before it fails (Pulsar's proxy allows 10)

@@ -35,15 +35,13 @@ from types import TracebackType
 from typing import Any, Final, Protocol
 
 from proxy.errors import ProtocolError
-from proxy.pb import PulsarApi_pb2 as api
-from proxy.protocol.session import DATA_PATH_TYPES, Direction, RequestPair, SessionTracker
+from proxy.protocol.commands import DATA_PATH_TYPES, T
+from proxy.protocol.session import Direction, RequestPair, SessionTracker
 from proxy.recording.reader import RecordedFrame
 from proxy.recording.timeline import TimelineBuilder, TimelineEntry
 from proxy.server.hooks import ConnectionEvent, FrameEvent
 from proxy.testing.errors import TapError
 from proxy.testing.faults import full_topic_pattern
-
-T = api.BaseCommand.Type
 
 #: frames kept outside capture windows: what attributes later frames to producers and consumers
 SETUP_TYPES: Final = frozenset({T.CONNECT, T.CONNECTED, T.PRODUCER, T.PRODUCER_SUCCESS, T.SUBSCRIBE, T.SUCCESS,

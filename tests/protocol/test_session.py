@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.commands import DATA_PATH_TYPES
 from proxy.protocol.frame import Frame, encode_command, encode_payload_command, frame_from_bytes
 from proxy.protocol.session import (
-    DATA_PATH_TYPES,
     TRANSITIONS,
     ConnectionState,
     Direction,
