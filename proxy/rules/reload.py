@@ -11,6 +11,7 @@ I/O; it runs as a task in the proxy's nursery.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
@@ -47,14 +48,21 @@ def reload_once(path: Path, engine: RulesEngine) -> bool:
     return True
 
 
-async def watch_rule_file(path: str | Path, engine: RulesEngine, interval_s: float = 1.0) -> None:
-    """Poll ``path`` forever (until cancelled), reloading it whenever its content changes."""
+async def watch_rule_file(path: str | Path, engine: RulesEngine, interval_s: float = 1.0, *,
+                          polled: Callable[[bool | None], None] | None = None) -> None:
+    """Poll ``path`` forever (until cancelled), reloading it whenever its content changes.
+
+    ``polled`` is told the outcome of every poll: None (unchanged or unreadable), True (the
+    change was put in force) or False (the change was refused).
+    """
     rule_file = Path(path)
     seen = await trio.to_thread.run_sync(_digest, rule_file)
     while True:
         await trio.sleep(interval_s)
         current = await trio.to_thread.run_sync(_digest, rule_file)
-        if current is None or current == seen:
-            continue
-        seen = current
-        reload_once(rule_file, engine)
+        outcome: bool | None = None
+        if current is not None and current != seen:
+            seen = current
+            outcome = reload_once(rule_file, engine)
+        if polled is not None:
+            polled(outcome)

@@ -32,7 +32,7 @@ from proxy.server.lookup import BrokerDirectory
 from proxy.server.observer_hub import ObserverHub
 from proxy.server.pipeline import ConnectionPipeline, PipelineSettings
 from proxy.server.reactor import Reactor
-from proxy.server.relay import Relay, next_conn_id
+from proxy.server.relay import Relay, TrioEpochClock, next_conn_id
 from proxy.server.transport import SocketTransport, StreamTransport, Transport, peer_name
 from proxy.server.upstream import client_side_context, upstream_context
 from proxy.telemetry import telemetry_for_proxy
@@ -255,12 +255,13 @@ class ProxyServer:
         else:
             transport = SocketTransport(conn, peer)
         info = ConnectionInfo(next_conn_id(), peer, label, None)
+        clock = TrioEpochClock()
         pipeline = ConnectionPipeline(
             info, settings=self.settings, directory=self.directory, default_broker=broker,
-            now_ns=time.time_ns(), hook=self.hook,
+            now_ns=clock(), hook=self.hook,
             publish=self.observers.publish if self.observers.active else None,
             observations=self.observers.needs_observation)
-        relay = Relay(self, transport, pipeline)
+        relay = Relay(self, transport, pipeline, _clock=clock)
         self.relays.add(relay)
         log.debug("connection accepted", conn=info.conn_id, client=peer, listener=label)
         try:

@@ -27,6 +27,13 @@ room.  When the connection ends, held frames are discarded and the hook is told
 Draining (graceful shutdown): :meth:`Relay.begin_drain` stops reading the client at
 the next frame boundary; the broker's answers keep flowing until the server's grace
 period ends.
+
+Time: the pipeline's ``now_ns`` comes from a :class:`TrioEpochClock` — epoch
+nanoseconds read from the wall clock once, when the connection is accepted, and
+advanced by ``trio.current_time()`` after that.  Held frames and keepalive are timed
+on Trio's monotonic clock (a wall clock stepped backwards cannot stall them, and a
+test's ``autojump_clock`` drives them), while the timestamps observers record stay
+Unix epoch nanoseconds.
 """
 
 from __future__ import annotations
@@ -74,6 +81,22 @@ def next_conn_id() -> int:
     return next(_conn_ids)
 
 
+class TrioEpochClock:
+    """Unix epoch ns that advance with Trio's clock: the wall clock is read once, at creation.
+
+    Call it (and create it) inside a Trio run.
+    """
+
+    __slots__ = ("_epoch_ns", "_trio_start")
+
+    def __init__(self) -> None:
+        self._epoch_ns = time.time_ns()
+        self._trio_start = trio.current_time()
+
+    def __call__(self) -> int:
+        return self._epoch_ns + int((trio.current_time() - self._trio_start) * 1e9)
+
+
 @dataclass(slots=True)
 class _Ending:
     reason: str = "closed"
@@ -97,7 +120,8 @@ class Relay:
     _finished: set[Direction] = field(default_factory=set)
     #: "client" or "broker": whose EOF came first (the log names it as the one who closed)
     _first_to_close: str | None = None
-    _clock: Callable[[], int] = field(default=time.time_ns)
+    #: now for the pipeline (see "Time" in the module docstring)
+    _clock: Callable[[], int] = field(default_factory=TrioEpochClock)
     #: set to wake the release task (new frames held)
     _held_changed: trio.Event | None = None
     #: set by the release task when it has made room in a full hold queue

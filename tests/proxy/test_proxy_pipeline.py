@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from pipeline_playbook import Playbook, Receive, ReleaseDue, Tick
 
 from proxy.config.proxy_config import HostPort, ServiceUrl
 from proxy.errors import ProtocolError
@@ -485,3 +486,43 @@ def test_connections_rows_take_permits_from_telemetry_and_else_only_from_an_exac
     assert rows["observers"]["permits"] == 10 and rows["observers"]["consumers"][0]["permits"] == 10
     assert rows["rules only, telemetry"]["permits"] == 10
     assert rows["rules only, telemetry"]["consumers"][0]["permits"] == 10
+
+
+# -- the same behaviour written as playbooks (pipeline_playbook.py) ---------------------------------
+def test_playbook_handshake_keepalive_and_a_dead_client() -> None:
+    """Every action is named: an extra Close or Hold anywhere would fail the playbook."""
+    p = pipeline()
+    assert (Playbook(p)
+            >> Receive(TO_BROKER, CONNECT) << OpenUpstream(UPSTREAM) << Send(TO_BROKER, [CONNECT])
+            >> Receive(TO_CLIENT, CONNECTED) << Send(TO_CLIENT, [CONNECTED])
+            >> Tick(5 * SECOND)
+            >> Tick(10 * SECOND) << Send(TO_CLIENT, [PING]) << Send(TO_BROKER, [PING])
+            >> Receive(TO_CLIENT, PONG, 11 * SECOND)
+            >> Tick(15 * SECOND)
+            >> Tick(20 * SECOND) << Close("client silent for 20.0s and no PONG: peer is dead"))
+
+
+def test_playbook_a_delay_rule_holds_the_frame_and_what_follows_until_its_time() -> None:
+    engine = RulesEngine(load_rules_text("rules:\n  - name: slow\n    match: {command: [PING]}\n"
+                                         "    action: {delay: {ms: 200}}\n"))
+    p = pipeline(hook=RulesHook(engine))
+    connected(p)
+    assert (Playbook(p)
+            >> Receive(TO_BROKER, PING, SECOND) << Hold(SECOND + SECOND // 5)
+            >> Receive(TO_BROKER, PONG, SECOND + 1) << Hold(SECOND + SECOND // 5)
+            >> ReleaseDue(SECOND + SECOND // 5 - 1)
+            >> ReleaseDue(SECOND + SECOND // 5) << Send(TO_BROKER, [PING + PONG]))
+
+
+def test_a_playbook_fails_on_an_action_it_was_not_told_of() -> None:
+    engine = RulesEngine(load_rules_text("rules:\n  - name: slow\n    match: {command: [PING]}\n"
+                                         "    action: {delay: {ms: 200}}\n"))
+    p = pipeline(hook=RulesHook(engine))
+    connected(p)
+    with pytest.raises(AssertionError, match="Hold"):
+        assert Playbook(p) >> Receive(TO_BROKER, PING) << Send(TO_BROKER, [PING])  # a Hold nobody expected
+    p = pipeline()
+    connected(p)
+    with pytest.raises(AssertionError, match="Close"):
+        assert Playbook(p) >> Tick(30 * SECOND) << Send(TO_CLIENT, [PING]) << Send(TO_BROKER, [PING]) \
+            >> Tick(60 * SECOND)  # the peers never answered: a Close nobody expected

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import trio
+import trio.testing
 from rules_helpers import TO_BROKER, Session, frame
 
 from proxy.pb import PulsarApi_pb2 as api
@@ -16,26 +18,31 @@ FIRST = "seed: 2\nrules:\n  - name: tag\n    match: {command: [PING]}\n    actio
 SECOND = FIRST + "  - name: drop-pings\n    match: {command: [PING]}\n    action: drop\n"
 
 
-async def test_watched_file_reloads_valid_changes_and_ignores_invalid_ones(tmp_path: Path) -> None:
+async def test_watched_file_reloads_valid_changes_and_ignores_invalid_ones(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    """Each change is waited for by the watcher's own report of its poll, never by a sleep."""
     path = tmp_path / "chaos.yaml"
     path.write_text(FIRST)
     engine = RulesEngine(load_rules_file(path))
     session = Session(engine)
     assert session.decide(frame(api.CommandPing()), TO_BROKER).forward
+    send, receive = trio.open_memory_channel[bool | None](100)  # polls while the test waits: few
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(watch_rule_file, path, engine, 0.02)
-        await trio.sleep(0.05)
+        nursery.start_soon(functools.partial(watch_rule_file, path, engine, 0.02, polled=send.send_nowait))
+        assert await receive.receive() is None  # the watcher looked: nothing changed
         path.write_text(SECOND)
         with trio.fail_after(5):
-            for _ in range(500):  # polling the watcher's effect: it exposes no event
-                if len(engine.rules) == 2:
-                    break
-                await trio.sleep(0.01)
+            while (outcome := await receive.receive()) is None:
+                pass
+        assert outcome is True
         assert len(engine.rules) == 2
         assert engine.hits() == {"tag": 1, "drop-pings": 0}
         assert not session.decide(frame(api.CommandPing()), TO_BROKER).forward
         path.write_text(SECOND.replace("action: drop", "action: {delay: {ms: -1}}"))
-        await trio.sleep(0.2)
+        with trio.fail_after(5):
+            while (outcome := await receive.receive()) is None:
+                pass
+        assert outcome is False  # the watcher saw the change, and refused it
         assert [rule.name for rule in engine.rules] == ["tag", "drop-pings"]
         assert engine.hits() == {"tag": 2, "drop-pings": 1}
         nursery.cancel_scope.cancel()
