@@ -45,6 +45,7 @@ from proxy.protocol.commands import (
     DATA_PATH_TYPES,
     NAMES_CONSUMER,
     NAMES_PRODUCER,
+    PAYLOAD_TYPES,
     RESPONSES,
     SUB_FIELDS,
     T,
@@ -72,7 +73,7 @@ PRODUCER_FRAMES: Final = NAMES_PRODUCER & DATA_PATH_TYPES
 #: data-path commands that name a consumer, and REDELIVER (``close`` closes it)
 CONSUMER_FRAMES: Final = (NAMES_CONSUMER & DATA_PATH_TYPES) | {T.REDELIVER_UNACKNOWLEDGED_MESSAGES}
 #: the commands whose payload can be a replication marker (what ``match.marker`` looks at)
-MARKER_CARRIERS: Final = frozenset({T.SEND, T.MESSAGE})
+MARKER_CARRIERS: Final = PAYLOAD_TYPES
 SERVER_ERRORS: Final = tuple(v.name for v in api.ServerError.DESCRIPTOR.values)
 _SERVICE_URL = re.compile(r"^pulsar(\+ssl)?://[^/?#\s]+:\d{1,5}/?$")
 
