@@ -278,6 +278,10 @@ def _drain(sock: socket.socket) -> None:
             pass
 
 
+#: SEND frames the load client wrote, per throughput phase (the recording arm compares what was recorded)
+SENT_FRAMES: list[int] = []
+
+
 def throughput(port: int, reports: Any, frame_size: int, duration: float,
                receipts: bool = False) -> tuple[float, float]:
     """(MiB/s, frames/s) one way, timed from the first write to the broker's last byte.
@@ -307,6 +311,7 @@ def throughput(port: int, reports: Any, frame_size: int, duration: float,
         sock.shutdown(socket.SHUT_RDWR)
         drain.join(10)
     sock.close()
+    SENT_FRAMES.append(sent_frames)
     expected = sent_frames * frame_size
     if received != expected:
         raise RuntimeError(f"the broker received {received} bytes, {expected} were sent")
@@ -559,6 +564,7 @@ def measure_observers(target: int, reports: Any, workdir: Path, otlp_port: int,
         config.write_text(yaml_text, encoding="utf-8")
         row: dict[str, float] = {}
         shutil.rmtree(workdir / "recordings", ignore_errors=True)
+        SENT_FRAMES.clear()
         with pulsar_tap(target, workdir, args.profile if args.profile_arm == name else None,
                         config=config) as (port, _pid):
             for label, size in OBSERVER_SIZES:
@@ -571,6 +577,7 @@ def measure_observers(target: int, reports: Any, workdir: Path, otlp_port: int,
                     raise RuntimeError("/metrics has no request latency histogram")
         if name == "recording":
             row["recorded"], row["dropped"] = _recorded(workdir / "recordings")
+            row["sent"] = 2 * sum(SENT_FRAMES)  # each SEND and its receipt
         results[name] = row
         print(f"observer arm {name} done", flush=True)
     return results
@@ -585,7 +592,8 @@ def print_observers(results: dict[str, dict[str, float]]) -> None:
         line = f"{name:<24}" + "".join(f"{row[label]:>16,.0f}{row[label] / plain[label]:>8.2f}x"
                                        for label, _ in OBSERVER_SIZES)
         if "recorded" in row:
-            line += f"  recorded {row['recorded']:,.0f} frames, dropped {row['dropped']:,.0f}"
+            line += (f"  recorded {row['recorded']:,.0f} of {row['sent']:,.0f} frames (recorder dropped "
+                     f"{row['dropped']:,.0f}; the rest the observer queue dropped)")
         if "scrape s" in row:
             line += f"  /metrics scraped in {row['scrape s']:.2f}s"
         print(line)

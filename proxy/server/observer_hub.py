@@ -1,6 +1,7 @@
 """Delivers frame and connection events to observers without ever stalling traffic.
 
-The relay calls :meth:`ObserverHub.publish` (synchronous, never blocks); events go
+The relay calls :meth:`ObserverHub.publish` (synchronous, never blocks); events (frames,
+runs of passed-through bytes, connections) go
 into one bounded Trio memory channel and a single task hands them to each
 observer.  Overflow policy: when the queue is full the event is dropped and
 counted in ``dropped`` — traffic always wins over telemetry.  An observer that
@@ -14,13 +15,13 @@ from typing import Final
 import structlog
 import trio
 
-from proxy.server.hooks import ConnectionEvent, FrameEvent, Observer
+from proxy.server.hooks import ConnectionEvent, FrameEvent, Observer, RunEvent
 
 DEFAULT_QUEUE_SIZE: Final = 10_000
 
 log = structlog.get_logger("pulsar_tap.observers")
 
-Event = FrameEvent | ConnectionEvent
+Event = FrameEvent | RunEvent | ConnectionEvent
 
 
 class ObserverHub:
@@ -43,6 +44,12 @@ class ObserverHub:
     def needs_observation(self) -> bool:
         """True when an observer reads ``FrameEvent.observation`` (see ``hooks.Observer``)."""
         return any(getattr(observer, "needs_observation", True) for observer in self.observers)
+
+    @property
+    def takes_runs(self) -> bool:
+        """True when every observer takes passed-through bytes in bulk (``on_run``, see ``hooks.Observer``)."""
+        return bool(self.observers) and all(callable(getattr(observer, "on_run", None))
+                                            for observer in self.observers)
 
     @property
     def queued(self) -> int:
@@ -69,7 +76,9 @@ class ObserverHub:
     def _deliver(self, event: Event) -> None:
         for observer in self.observers:
             try:
-                if isinstance(event, FrameEvent):
+                if isinstance(event, RunEvent):
+                    observer.on_run(event)  # type: ignore[attr-defined]
+                elif isinstance(event, FrameEvent):
                     observer.on_frame(event)
                 else:
                     observer.on_connection(event)
