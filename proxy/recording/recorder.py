@@ -152,6 +152,10 @@ _RECORD_HEAD = struct.Struct(">II")
 _RUN_ORIGIN: Final = {rpb.TO_BROKER: rpb.CLIENT, rpb.TO_CLIENT: rpb.BROKER}
 
 
+#: buffers per writev (the kernel's IOV_MAX on Linux)
+_IOV_MAX: Final = 1024
+
+
 @dataclass(slots=True)
 class _Stream:
     """One direction of one connection as the runs cut it (used by the worker thread only)."""
@@ -217,12 +221,23 @@ class _SegmentFiles:
         self._write(SEGMENT_MAGIC + encode_record(header))
 
     def _write(self, data: bytes) -> None:
+        self._write_parts([data], len(data))
+
+    def _write_parts(self, parts: list[bytes], size: int) -> None:
+        """Write ``parts`` (``size`` bytes in all) in order, gathered by the kernel (no joined copy)."""
         assert self._file is not None
-        view = memoryview(data)
-        while view:
-            written = os.write(self._file, view)
-            view = view[written:]
-        self._size += len(data)
+        index = 0
+        while index < len(parts):
+            chunk = parts[index:index + _IOV_MAX]
+            written = os.writev(self._file, chunk)
+            chunk_size = sum(len(part) for part in chunk)
+            if written < chunk_size:  # a short write (a signal, a full disk): the rest one by one
+                rest = b"".join(chunk)
+                view = memoryview(rest)[written:]
+                while view:
+                    view = view[os.write(self._file, view):]
+            index += len(chunk)
+        self._size += size
         self._dirty = True
 
     def append(self, records: Sequence[bytes]) -> int:
@@ -236,14 +251,14 @@ class _SegmentFiles:
             if self._size + pending_size + len(rec) > self.config.max_segment_bytes and \
                     (pending or self._size > len(SEGMENT_MAGIC) + 64):
                 if pending:
-                    self._write(b"".join(pending))
+                    self._write_parts(pending, pending_size)
                     total += pending_size
                     pending, pending_size = [], 0
                 self._open_next()
             pending.append(rec)
             pending_size += len(rec)
         if pending:
-            self._write(b"".join(pending))
+            self._write_parts(pending, pending_size)
             total += pending_size
         return total
 
@@ -333,7 +348,7 @@ def _encode_run(item: _RunItem, streams: dict[tuple[int, int], _Stream], config:
     follows = item.stream_pos == stream.next_pos
     carried_until = stream.next_pos
     stream.next_pos = item.stream_pos + len(item.data)
-    data: bytes | bytearray = item.data
+    data = item.data
     pos = 0
     if stream.carry and not follows:
         # the rest of the carried frame was in a dropped run; its end may be this run's lead
@@ -344,44 +359,72 @@ def _encode_run(item: _RunItem, streams: dict[tuple[int, int], _Stream], config:
         result.frames_lost += 1
         if item.lead and frame_end > item.stream_pos:
             pos = item.lead  # the same frame: counted once
-    if stream.carry:
-        stream.carry += data
-        data = stream.carry
+    origin = _RUN_ORIGIN[item.direction]
+    carry = stream.carry
+    if carry:
+        # finish the carried frame with the run's first bytes (the run itself is not copied)
+        if len(carry) < 4:
+            take = min(4 - len(carry), len(data))
+            carry += data[:take]
+            pos = take
+        if len(carry) >= 4:
+            take = min(_SIZE_PREFIX.unpack_from(carry)[0] + 4 - len(carry), len(data) - pos)
+            carry += data[pos:pos + take]
+            pos += take
+            if len(carry) == _SIZE_PREFIX.unpack_from(carry)[0] + 4:
+                whole = bytes(carry)
+                carry.clear()
+                _encode_run_frames(item, origin, whole, 0, config, out, result)
+        if carry:
+            return  # the run ended inside the carried frame
     elif item.lead and not pos:
         pos = item.lead  # the rest of a frame whose start was in a dropped run
         if not follows:
             result.frames_lost += 1
-    origin = _RUN_ORIGIN[item.direction]
+    pos = _encode_run_frames(item, origin, data, pos, config, out, result)
+    if pos < len(data):
+        carry += data[pos:]
+
+
+def _encode_run_frames(item: _RunItem, origin: int, data: bytes, pos: int, config: RecordConfig,
+                       out: list[bytes], result: _BatchResult) -> int:
+    """Append the records of the whole frames in ``data`` from ``pos``; returns where the first partial one starts."""
     # FrameRecord fields 1-4 and the tag of field 5, in field order as protobuf writes them: the
     # same for every frame of the run, so each record is written with no message object
     fields = (b"\x08" + varint(item.conn_id) + b"\x10" + bytes((item.direction,)) + b"\x18" + bytes((origin,))
               + b"\x20" + varint(item.ts_ns) + b"\x2a")
     general = not config.include_payloads
     secret_types = SECRET_PATHS if config.redact else {}
-    unpack, pack, crc, frames, wire_bytes = _SIZE_PREFIX.unpack_from, _RECORD_HEAD.pack, _crc32c.crc32c, 0, 0
+    unpack, pack, crc = _SIZE_PREFIX.unpack_from, _RECORD_HEAD.pack, _crc32c.crc32c
+    view = memoryview(data)
+    #: frame size -> (the record body up to the frame's bytes, its CRC32C): frames of a run mostly share sizes
+    heads: dict[int, tuple[bytes, int]] = {}
+    frames = wire_bytes = 0
     end = len(data)
-    while end - pos >= 8:
+    while end - pos >= 10:
         size = unpack(data, pos)[0] + 4
         if end - pos < size:
             break
-        raw = bytes(data[pos:pos + size])
+        start = pos
         pos += size
         frames += 1
         wire_bytes += size
         # a command in canonical form opens 08 TYPE (see scanner); others, secrets and stripped
         # payloads go the general way
-        if general or size < 10 or raw[8] != 0x08 or raw[9] > 0x7F or raw[9] in secret_types:
-            out.append(_frame_record(item.conn_id, item.direction, origin, item.ts_ns, raw, (), config))
+        kind = data[start + 9]
+        if general or size < 10 or data[start + 8] != 0x08 or kind > 0x7F or kind in secret_types:
+            out.append(_frame_record(item.conn_id, item.direction, origin, item.ts_ns, data[start:pos], (), config))
             continue
-        head = fields + varint(size)
-        body_head = b"\x12" + varint(len(head) + size) + head
-        out.append(pack(len(body_head) + size, crc(raw, crc(body_head))) + body_head + raw)
-    if data is stream.carry:
-        del stream.carry[:pos]
-    elif pos < end:
-        stream.carry += data[pos:]
+        head = heads.get(size)
+        if head is None:
+            fields_and_size = fields + varint(size)
+            body_head = b"\x12" + varint(len(fields_and_size) + size) + fields_and_size
+            head = heads[size] = (body_head, crc(body_head))
+        frame = view[start:pos]
+        out.append(pack(len(head[0]) + size, crc(frame, head[1])) + head[0] + frame)
     if frames:
         result.count(item.conn_id, wire_bytes, frames)
+    return pos
 
 
 async def _gather(receive: trio.MemoryReceiveChannel[_Item], batch: list[_Item], deadline: float) -> bool:

@@ -3,8 +3,8 @@
 The relay calls :meth:`ObserverHub.publish` (synchronous, never blocks); events (frames,
 runs of passed-through bytes, connections) go
 into one bounded Trio memory channel and a single task hands them to each
-observer.  Overflow policy: when the queue is full the event is dropped and
-counted in ``dropped`` — traffic always wins over telemetry.  An observer that
+observer.  Overflow policy: when the queue is full (in events, or in the bytes of
+queued runs) the event is dropped and counted in ``dropped`` — traffic always wins over telemetry.  An observer that
 raises is logged and counted, and keeps receiving later events.
 """
 
@@ -18,6 +18,11 @@ import trio
 from proxy.server.hooks import ConnectionEvent, FrameEvent, Observer, RunEvent
 
 DEFAULT_QUEUE_SIZE: Final = 10_000
+#: bytes of RunEvents queued at most (each holds up to a receive buffer of bytes)
+DEFAULT_QUEUE_BYTES: Final = 64 * 1024 * 1024
+
+#: events delivered per scheduling turn of the hub's task at most (others run in between)
+_DELIVER_PER_TURN: Final = 1_000
 
 log = structlog.get_logger("pulsar_tap.observers")
 
@@ -27,10 +32,13 @@ Event = FrameEvent | RunEvent | ConnectionEvent
 class ObserverHub:
     """A bounded queue between the relays and the observers; see the module docstring."""
 
-    def __init__(self, observers: list[Observer] | None = None, queue_size: int = DEFAULT_QUEUE_SIZE) -> None:
+    def __init__(self, observers: list[Observer] | None = None, queue_size: int = DEFAULT_QUEUE_SIZE,
+                 queue_bytes: int = DEFAULT_QUEUE_BYTES) -> None:
         self.observers: list[Observer] = list(observers or [])
-        # Bounded: overflow drops the event and counts it (see publish).
+        # Bounded in events and in the bytes of runs: overflow drops the event and counts it (see publish).
         self._send, self._receive = trio.open_memory_channel[Event](queue_size)
+        self.queue_bytes = queue_bytes
+        self._queued_run_bytes = 0
         self.dropped = 0
         self.delivered = 0
         self.observer_errors = 0
@@ -57,8 +65,13 @@ class ObserverHub:
         return self._send.statistics().current_buffer_used
 
     def publish(self, event: Event) -> None:
+        run_bytes = len(event.data) if type(event) is RunEvent else 0
+        if run_bytes and self._queued_run_bytes + run_bytes > self.queue_bytes:
+            self.dropped += 1
+            return
         try:
             self._send.send_nowait(event)
+            self._queued_run_bytes += run_bytes
         except trio.WouldBlock:
             self.dropped += 1
         except (trio.ClosedResourceError, trio.BrokenResourceError):
@@ -66,14 +79,25 @@ class ObserverHub:
 
     async def run(self) -> None:
         """Deliver events until :meth:`close` (the queue is drained first)."""
-        async with self._receive:
-            async for event in self._receive:
+        receive = self._receive
+        async with receive:
+            async for event in receive:
                 self._deliver(event)
+                # what else is waiting, without a trip through the scheduler per event (the relays
+                # publish many events per turn; one each would leave the queue to overflow)
+                for _ in range(_DELIVER_PER_TURN):
+                    try:
+                        event = receive.receive_nowait()
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                    self._deliver(event)
 
     def close(self) -> None:
         self._send.close()
 
     def _deliver(self, event: Event) -> None:
+        if type(event) is RunEvent:
+            self._queued_run_bytes -= len(event.data)
         for observer in self.observers:
             try:
                 if isinstance(event, RunEvent):

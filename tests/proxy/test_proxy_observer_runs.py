@@ -101,3 +101,16 @@ def test_the_hub_hands_runs_only_when_every_observer_takes_them() -> None:
     assert ObserverHub([Runs(), Runs()]).takes_runs
     assert not ObserverHub([Runs(), Frames()]).takes_runs
     assert not ObserverHub([]).takes_runs
+
+
+def test_the_hub_bounds_the_bytes_of_queued_runs_and_counts_what_it_drops() -> None:
+    class Runs:
+        def on_frame(self, event: FrameEvent) -> None: ...
+        def on_connection(self, event: ConnectionEvent) -> None: ...
+        def on_run(self, event: RunEvent) -> None: ...
+
+    hub = ObserverHub([Runs()], queue_bytes=1000)
+    info = ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None)
+    for index in range(5):
+        hub.publish(RunEvent(info, TO_BROKER, 0, b"x" * 300, 0, index * 300))
+    assert (hub.queued, hub.dropped) == (3, 2)
