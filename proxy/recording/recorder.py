@@ -50,6 +50,7 @@ from proxy.pb import recording_pb2 as rpb
 from proxy.protocol.frame import frame_from_bytes
 from proxy.recording.redaction import SECRET_PATHS, frame_type_of, redact, strip_payload
 from proxy.recording.segment import FORMAT_VERSION, SEGMENT_MAGIC, encode_frame_record, encode_record, varint
+from proxy.server.run_cutter import RunCutter, count_frame_starts
 
 INDEX_NAME: Final = "index.pb"
 SEGMENT_SUFFIX: Final = ".ptap"
@@ -154,27 +155,6 @@ _RUN_ORIGIN: Final = {rpb.TO_BROKER: rpb.CLIENT, rpb.TO_CLIENT: rpb.BROKER}
 
 #: buffers per writev (the kernel's IOV_MAX on Linux)
 _IOV_MAX: Final = 1024
-
-
-@dataclass(slots=True)
-class _Stream:
-    """One direction of one connection as the runs cut it (used by the worker thread only)."""
-
-    #: the start of a frame that continues in the next run
-    carry: bytearray = field(default_factory=bytearray)
-    #: stream offset the next run starts at if none was dropped
-    next_pos: int = 0
-
-
-def count_frame_starts(data: bytes, lead: int) -> int:
-    """How many frames begin in a run (what dropping it loses, as far as one can tell)."""
-    pos, end, count = lead, len(data), 0
-    while pos < end:
-        count += 1
-        if end - pos < 4:
-            break
-        pos += _SIZE_PREFIX.unpack_from(data, pos)[0] + 4
-    return count
 
 
 @dataclass(slots=True)
@@ -289,7 +269,7 @@ class _SegmentFiles:
 
 
 def _encode_batch(items: Sequence[_Item], config: RecordConfig,
-                  streams: dict[tuple[int, int], _Stream] | None = None) -> tuple[list[bytes], _BatchResult]:
+                  streams: dict[tuple[int, int], RunCutter] | None = None) -> tuple[list[bytes], _BatchResult]:
     """Turn queue items into framed records (runs in the worker thread; ``streams`` is its state)."""
     out: list[bytes] = []
     result = _BatchResult()
@@ -338,52 +318,20 @@ def _frame_record(conn_id: int, direction: int, origin: int, ts_ns: int, raw: by
     return encode_frame_record(record)
 
 
-def _encode_run(item: _RunItem, streams: dict[tuple[int, int], _Stream], config: RecordConfig,
+def _encode_run(item: _RunItem, streams: dict[tuple[int, int], RunCutter], config: RecordConfig,
                 out: list[bytes], result: _BatchResult) -> None:
     """Cut a run into whole frames (after the stream's carried frame start) and append their records."""
     key = (item.conn_id, item.direction)
-    stream = streams.get(key)
-    if stream is None:
-        stream = streams[key] = _Stream(next_pos=item.stream_pos)
-    follows = item.stream_pos == stream.next_pos
-    carried_until = stream.next_pos
-    stream.next_pos = item.stream_pos + len(item.data)
-    data = item.data
-    pos = 0
-    if stream.carry and not follows:
-        # the rest of the carried frame was in a dropped run; its end may be this run's lead
-        carried = stream.carry
-        frame_end = (carried_until - len(carried) + _SIZE_PREFIX.unpack_from(carried)[0] + 4
-                     if len(carried) >= 4 else -1)
-        carried.clear()
-        result.frames_lost += 1
-        if item.lead and frame_end > item.stream_pos:
-            pos = item.lead  # the same frame: counted once
+    cutter = streams.get(key)
+    if cutter is None:
+        cutter = streams[key] = RunCutter()
+    lost = cutter.lost
     origin = _RUN_ORIGIN[item.direction]
-    carry = stream.carry
-    if carry:
-        # finish the carried frame with the run's first bytes (the run itself is not copied)
-        if len(carry) < 4:
-            take = min(4 - len(carry), len(data))
-            carry += data[:take]
-            pos = take
-        if len(carry) >= 4:
-            take = min(_SIZE_PREFIX.unpack_from(carry)[0] + 4 - len(carry), len(data) - pos)
-            carry += data[pos:pos + take]
-            pos += take
-            if len(carry) == _SIZE_PREFIX.unpack_from(carry)[0] + 4:
-                whole = bytes(carry)
-                carry.clear()
-                _encode_run_frames(item, origin, whole, 0, config, out, result)
-        if carry:
-            return  # the run ended inside the carried frame
-    elif item.lead and not pos:
-        pos = item.lead  # the rest of a frame whose start was in a dropped run
-        if not follows:
-            result.frames_lost += 1
-    pos = _encode_run_frames(item, origin, data, pos, config, out, result)
-    if pos < len(data):
-        carry += data[pos:]
+    completed, pos = cutter.begin(item.data, item.lead, item.stream_pos)
+    if completed is not None:
+        _encode_run_frames(item, origin, completed, 0, config, out, result)
+    cutter.end(item.data, _encode_run_frames(item, origin, item.data, pos, config, out, result))
+    result.frames_lost += cutter.lost - lost
 
 
 def _encode_run_frames(item: _RunItem, origin: int, data: bytes, pos: int, config: RecordConfig,
@@ -501,7 +449,7 @@ class Recorder:
         #: bytes of runs queued and not yet taken by the writer (bounded by ``config.queue_bytes``)
         self._queued_run_bytes = 0
         #: the worker thread's cutting state per (connection, direction)
-        self._streams: dict[tuple[int, int], _Stream] = {}
+        self._streams: dict[tuple[int, int], RunCutter] = {}
         self.start_ns = 0
         #: the recording directory, set on entry
         self.path = Path()

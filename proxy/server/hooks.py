@@ -169,6 +169,8 @@ class RunEvent:
     data: bytes
     lead: int
     stream_pos: int
+    #: when the bytes left the proxy: ``ts_ns``, or later behind what a rule's delay holds
+    forwarded_ns: int
     #: no rule looked at these frames, so none fired (as ``FrameEvent.fired``)
     fired: ClassVar[tuple[str, ...]] = ()
 

@@ -10,6 +10,7 @@ raises is logged and counted, and keeps receiving later events.
 
 from __future__ import annotations
 
+import time
 from typing import Final
 
 import structlog
@@ -21,8 +22,8 @@ DEFAULT_QUEUE_SIZE: Final = 10_000
 #: bytes of RunEvents queued at most (each holds up to a receive buffer of bytes)
 DEFAULT_QUEUE_BYTES: Final = 64 * 1024 * 1024
 
-#: events delivered per scheduling turn of the hub's task at most (others run in between)
-_DELIVER_PER_TURN: Final = 1_000
+#: how long the hub's task delivers per scheduling turn at most (the relays run in between)
+_DELIVER_SECONDS_PER_TURN: Final = 0.002
 
 log = structlog.get_logger("pulsar_tap.observers")
 
@@ -80,12 +81,15 @@ class ObserverHub:
     async def run(self) -> None:
         """Deliver events until :meth:`close` (the queue is drained first)."""
         receive = self._receive
+        clock = time.perf_counter
         async with receive:
             async for event in receive:
+                # What else is waiting, without a trip through the scheduler per event (the relays
+                # publish many events per turn; one each would leave the queue to overflow), for
+                # at most a slice of time: then the relays go on (the queue absorbs the rest).
+                until = clock() + _DELIVER_SECONDS_PER_TURN
                 self._deliver(event)
-                # what else is waiting, without a trip through the scheduler per event (the relays
-                # publish many events per turn; one each would leave the queue to overflow)
-                for _ in range(_DELIVER_PER_TURN):
+                while clock() < until:
                     try:
                         event = receive.receive_nowait()
                     except (trio.WouldBlock, trio.EndOfChannel):

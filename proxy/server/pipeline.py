@@ -578,7 +578,8 @@ class ConnectionPipeline:
         data = bytes(piece)  # type: ignore[arg-type]  # (never a Frame here)
         position = self._stream_pos[direction]
         self._stream_pos[direction] = position + len(data)
-        self.publish(RunEvent(self.info, direction, now_ns, data, min(lead, len(data)), position))
+        self.publish(RunEvent(self.info, direction, now_ns, data, min(lead, len(data)), position,
+                              self._forward_time(direction, now_ns)))
 
     def _publish_proxy_frame(self, direction: Direction, data: bytes, now_ns: int) -> None:
         if self.publish is None:

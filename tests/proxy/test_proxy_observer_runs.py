@@ -112,5 +112,5 @@ def test_the_hub_bounds_the_bytes_of_queued_runs_and_counts_what_it_drops() -> N
     hub = ObserverHub([Runs()], queue_bytes=1000)
     info = ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None)
     for index in range(5):
-        hub.publish(RunEvent(info, TO_BROKER, 0, b"x" * 300, 0, index * 300))
+        hub.publish(RunEvent(info, TO_BROKER, 0, b"x" * 300, 0, index * 300, 0))
     assert (hub.queued, hub.dropped) == (3, 2)

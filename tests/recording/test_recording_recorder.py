@@ -298,7 +298,7 @@ async def test_runs_of_passed_through_bytes_are_recorded_as_the_same_frame_recor
                 data = _stream_of(frames, direction)
                 pieces = _cut(data, sizes)
                 for (offset, piece), lead in zip(pieces, _leads(data, pieces), strict=True):
-                    observer.on_run(RunEvent(conn, Direction(direction), BASE_NS, piece, lead, offset))
+                    observer.on_run(RunEvent(conn, Direction(direction), BASE_NS, piece, lead, offset, BASE_NS))
             observer.on_connection(ConnectionEvent(conn, BASE_NS + 1, closed=True, reason="eof"))
     got = list(open_recordings(tmp_path / "runs").frames())
     reference = list(open_recordings(by_frame).frames())
