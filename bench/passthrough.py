@@ -527,8 +527,9 @@ def observer_arms(workdir: Path, otlp_port: int) -> list[tuple[str, str]]:
         ("plain", ""),
         ("recording", f"record: {{dir: '{workdir / 'recordings'}'}}\n"),
         ("metrics", "admin: {listen: '127.0.0.1:0'}\n"),
-        ("traces 1%", f"tracing: {otlp}, sample: 0.01}}\n"),
-        ("traces 100%", f"tracing: {otlp}, sample: 1.0}}\n"),
+        # (admin only to read /metrics at the end: with an OTLP exporter metrics are on anyway)
+        ("traces 1%", f"tracing: {otlp}, sample: 0.01}}\nadmin: {{listen: '127.0.0.1:0'}}\n"),
+        ("traces 100%", f"tracing: {otlp}, sample: 1.0}}\nadmin: {{listen: '127.0.0.1:0'}}\n"),
         ("100 rules, none match", f"rules: '{rules_file(workdir / 'rules-100.yaml', 100, False)}'\n"),
         ("10 rules, 1 at 1%", f"rules: '{rules_file(workdir / 'rules-10.yaml', 10, True)}'\n"),
     ]
@@ -545,6 +546,12 @@ def _scrape_metrics(ready: Path) -> str:
                     return str(response.read().decode())
         time.sleep(0.05)
     raise RuntimeError("no /metrics to scrape")
+
+
+def _metric_sum(text: str, family: str, having: str) -> float:
+    """The sum of a Prometheus family's samples whose labels contain ``having``."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(family + "{") and having in line)
 
 
 def _recorded(recordings: Path) -> tuple[int, int]:
@@ -585,12 +592,16 @@ def measure_observers(target: int, reports: Any, workdir: Path, otlp_port: int,
             if sampler is not None:
                 sampler.send_signal(signal.SIGINT)  # py-spy writes what it sampled and exits
                 sampler.wait(30)
-            if name == "metrics":
+            if name in ("metrics", "traces 1%", "traces 100%"):
                 started = time.perf_counter()
                 text = _scrape_metrics(workdir / "ready.json")
                 row["scrape s"] = time.perf_counter() - started
                 if "pulsar_tap_request_duration_seconds" not in text:
                     raise RuntimeError("/metrics has no request latency histogram")
+                row["observed"] = _metric_sum(text, "pulsar_tap_frames_total", 'command="SEND"') + \
+                    _metric_sum(text, "pulsar_tap_frames_total", 'command="SEND_RECEIPT"')
+                row["sent"] = 2 * sum(SENT_FRAMES)
+                row["events dropped"] = _metric_sum(text, "pulsar_tap_dropped_events_total", 'source="observers"')
         if name == "recording":
             row["recorded"], row["dropped"] = _recorded(workdir / "recordings")
             row["sent"] = 2 * sum(SENT_FRAMES)  # each SEND and its receipt
@@ -614,8 +625,11 @@ def print_observers(results: dict[str, dict[str, float]]) -> None:
         if "recorded" in row:
             line += (f"  recorded {row['recorded']:,.0f} of {row['sent']:,.0f} frames (recorder dropped "
                      f"{row['dropped']:,.0f}; the rest the observer queue dropped)")
+        if "observed" in row:
+            line += (f"  telemetry saw {row['observed']:,.0f} of {row['sent']:,.0f} SENDs + receipts "
+                     f"({row['events dropped']:,.0f} events dropped)")
         if "scrape s" in row:
-            line += f"  /metrics scraped in {row['scrape s']:.2f}s"
+            line += f"; /metrics scraped in {row['scrape s']:.2f}s"
         print(line)
 
 
