@@ -8,8 +8,9 @@ addons):
   the other side's behalf, drop, delay (the direction, or only one lane of it),
   send frames later, slice into small writes, or close;
 - :class:`Observer` s (recorder, tracer, metrics) receive a :class:`FrameEvent` for
-  every frame — as received, and again for what the proxy changed or originated —
-  and never change traffic.  They are fed through a bounded queue with counted
+  every frame — as received, and again for what the proxy changed or originated;
+  those that take runs (``on_run``) get the frames the proxy passed through unchanged
+  as :class:`RunEvent` s, stretches of bytes — and never change traffic.  They are fed through a bounded queue with counted
   drops (``observer_hub``), so a slow observer cannot stall traffic.
 
 Both are synchronous and do no I/O on the relay's path.  The defaults do nothing,
