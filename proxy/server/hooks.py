@@ -10,8 +10,9 @@ addons):
 - :class:`Observer` s (recorder, tracer, metrics) receive a :class:`FrameEvent` for
   every frame — as received, and again for what the proxy changed or originated;
   those that take runs (``on_run``) get the frames the proxy passed through unchanged
-  as :class:`RunEvent` s, stretches of bytes — and never change traffic.  They are fed through a bounded queue with counted
-  drops (``observer_hub``), so a slow observer cannot stall traffic.
+  as :class:`RunEvent` s, stretches of bytes — and never change traffic.  They are
+  fed through a bounded queue with counted drops (``observer_hub``), so a slow
+  observer cannot stall traffic.
 
 Both are synchronous and do no I/O on the relay's path.  The defaults do nothing,
 and with neither installed the relay decodes only what the proxy itself needs.

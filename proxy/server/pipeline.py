@@ -30,8 +30,8 @@ What the pipeline does itself (Pulsar binary protocol, "Connection establishment
 
 Every other frame is passed through as bytes by the :class:`FrameScanner` unless a
 hook (rules) or observers want it; observers that all take runs (``runs``) get the
-passed-through bytes as one :class:`RunEvent` per stretch instead.  The hook is asked only about the frame types it
-declared (``interest``), and its :class:`Verdict` decides.  The session tracker
+passed-through bytes as one :class:`RunEvent` per stretch instead.  The hook is asked
+only about the frame types it declared (``interest``), and its :class:`Verdict` decides.  The session tracker
 observes every frame for observers that read the observation (``observations``);
 for a hook alone it observes the control frames (``accounted_types``: what keeps the
 producer / consumer maps and the request attribution exact), and the data-path frames
