@@ -21,9 +21,20 @@ in their own processes, identical for every path, so the ratios compare the prox
     .venv/bin/python bench/passthrough.py --quick      # shorter phases
     .venv/bin/python bench/passthrough.py --profile /tmp/tap.prof   # pulsar-tap under cProfile
     .venv/bin/python bench/passthrough.py --no-pulsar-proxy         # without the two JVM arms
+    .venv/bin/python bench/passthrough.py --observers               # only the observer arms (below)
     .venv/bin/python bench/passthrough.py --baseline /tmp/main      # also the pulsar-tap of another
         checkout (e.g. ``git archive main | tar -x -C /tmp/main``), measured just before this one:
         a before/after from the same run, as the ``tap/baseline`` column
+
+Observer arms (``--observers`` runs only these; a full run ends with them): pulsar-tap
+plain, then with each observer alone — recording (``record: {dir}``), metrics (``admin``
+set, /metrics scraped once at the end), traces sampled at 1 % and 100 % (``tracing:
+{exporter: otlp, sample}`` posting to an OTLP/HTTP sink on loopback that answers 200),
+100 rules that match nothing, 10 rules of which one (``mark``) matches 1 % of SENDs —
+each as frames/s of 100 B and 1 KiB SEND frames and as a fraction of plain in the same
+run.  Here every SEND carries its own sequence id and the stand-in broker answers each
+with a SEND_RECEIPT (read and discarded by the load client), so telemetry has requests
+to pair.  The recording arm also prints the frames the recorder wrote and dropped.
 """
 
 from __future__ import annotations
@@ -40,7 +51,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,15 +87,31 @@ def connect_frame(mode: str, proxy_to: str | None = None) -> bytes:
     return encode_command(command)
 
 
-def send_frame(total: int) -> bytes:
+def send_frame(total: int, sequence_id: int = 1) -> bytes:
     """A SEND frame of exactly ``total`` bytes (size prefix included)."""
     def build(payload: int) -> bytes:
-        return encode_payload_command(api.CommandSend(producer_id=1, sequence_id=1),
+        return encode_payload_command(api.CommandSend(producer_id=1, sequence_id=sequence_id),
                                       api.MessageMetadata(producer_name="bench", sequence_id=1, publish_time=1),
                                       b"x" * payload)
     frame = build(total - len(build(0)))
     assert len(frame) == total, (len(frame), total)
     return frame
+
+
+#: sequence ids of the observer arms' SENDs: all of them three-byte varints, so every frame of a
+#: size (and every receipt) has the same length
+FIRST_SEQUENCE_ID = 1 << 14
+
+
+def numbered_sends(total: int, count: int) -> bytes:
+    """``count`` SEND frames of ``total`` bytes each, sequence ids FIRST_SEQUENCE_ID + 0, 1, ..."""
+    return b"".join(send_frame(total, FIRST_SEQUENCE_ID + index) for index in range(count))
+
+
+def numbered_receipts(count: int) -> bytes:
+    """The SEND_RECEIPTs answering :func:`numbered_sends`, in order (all of one length)."""
+    return b"".join(encode_command(api.CommandSendReceipt(producer_id=1, sequence_id=FIRST_SEQUENCE_ID + index))
+                    for index in range(count))
 
 
 # -- the stand-in broker ---------------------------------------------------------------------
@@ -96,6 +125,10 @@ class _Peer:
     last_ns: int = 0
     tail: bytes = b""
     reported: bool = False
+    #: mode "sinkr-SIZE-COUNT": frames of SIZE bytes, answered in order from a ring of COUNT receipts
+    frame_size: int = 0
+    receipts: bytes = b""
+    answered: int = 0
 
 
 def _frames_in(buf: bytearray) -> int:
@@ -145,6 +178,8 @@ def broker_main(listen: socket.socket, reports: Any) -> None:
                 peer.received += len(data)
                 peer.last_ns = now
                 peer.tail = (peer.tail + data)[-len(END_OF_STREAM):]
+                if peer.frame_size:
+                    _answer_sends(peer)
                 if peer.tail == END_OF_STREAM and not peer.reported:
                     peer.reported = True
                     reports.put((peer.received - len(END_OF_STREAM), peer.first_ns, peer.last_ns))
@@ -157,6 +192,10 @@ def broker_main(listen: socket.socket, reports: Any) -> None:
                 connect = frame_from_bytes(bytes(peer.buf[:size])).command.connect
                 del peer.buf[:size]
                 peer.mode = connect.client_version.removeprefix("bench-")
+                if peer.mode.startswith("sinkr-"):
+                    _, size, count = peer.mode.split("-")
+                    peer.mode, peer.frame_size = "sink", int(size)
+                    peer.receipts = numbered_receipts(int(count))
                 peer.sock.setblocking(True)
                 peer.sock.sendall(CONNECTED)
                 peer.sock.setblocking(False)
@@ -166,6 +205,8 @@ def broker_main(listen: socket.socket, reports: Any) -> None:
                     peer.last_ns = now
                     peer.tail = bytes(peer.buf[-len(END_OF_STREAM):])
                     peer.buf.clear()
+                    if peer.frame_size:
+                        _answer_sends(peer)
                     if peer.tail == END_OF_STREAM:
                         peer.reported = True
                         reports.put((peer.received - len(END_OF_STREAM), peer.first_ns, peer.last_ns))
@@ -175,6 +216,27 @@ def broker_main(listen: socket.socket, reports: Any) -> None:
                 peer.sock.setblocking(True)
                 peer.sock.sendall(RECEIPT * count)
                 peer.sock.setblocking(False)
+
+
+def _answer_sends(peer: _Peer) -> None:
+    """Write the receipts of the whole SENDs received since the last call (frames of one size)."""
+    whole = peer.received // peer.frame_size
+    if whole <= peer.answered:
+        return
+    ring = peer.receipts
+    size = len(encode_command(api.CommandSendReceipt(producer_id=1, sequence_id=FIRST_SEQUENCE_ID)))
+    count = len(ring) // size
+    start, out = peer.answered % count, []
+    left = whole - peer.answered
+    while left:
+        take = min(left, count - start)
+        out.append(ring[start * size:(start + take) * size])
+        left -= take
+        start = 0
+    peer.answered = whole
+    peer.sock.setblocking(True)
+    peer.sock.sendall(b"".join(out))
+    peer.sock.setblocking(False)
 
 
 # -- the load client -------------------------------------------------------------------------
@@ -209,12 +271,34 @@ def open_session(port: int, mode: str) -> socket.socket:
     return sock
 
 
-def throughput(port: int, reports: Any, frame_size: int, duration: float) -> tuple[float, float]:
-    """(MiB/s, frames/s) one way, timed from the first write to the broker's last byte."""
-    frame = send_frame(frame_size)
+def _drain(sock: socket.socket) -> None:
+    """Read and discard (the receipts) until the socket is shut down."""
+    with contextlib.suppress(OSError):
+        while sock.recv(1 << 20):
+            pass
+
+
+#: SEND frames the load client wrote, per throughput phase (the recording arm compares what was recorded)
+SENT_FRAMES: list[int] = []
+
+
+def throughput(port: int, reports: Any, frame_size: int, duration: float,
+               receipts: bool = False) -> tuple[float, float]:
+    """(MiB/s, frames/s) one way, timed from the first write to the broker's last byte.
+
+    With ``receipts`` every SEND has its own sequence id and the broker answers each with a
+    SEND_RECEIPT, which a thread of this process reads and throws away.
+    """
     per_write = max(1, WRITE_SIZE // frame_size)
-    block = frame * per_write
-    sock = open_session(port, "sink")
+    if receipts:
+        block = numbered_sends(frame_size, per_write)
+        sock = open_session(port, f"sinkr-{frame_size}-{per_write}")
+        sock.settimeout(None)
+        drain = threading.Thread(target=_drain, args=(sock,), daemon=True)
+        drain.start()
+    else:
+        block = send_frame(frame_size) * per_write
+        sock = open_session(port, "sink")
     sent_frames = 0
     start = time.monotonic_ns()
     deadline = start + int(duration * 1e9)
@@ -223,7 +307,11 @@ def throughput(port: int, reports: Any, frame_size: int, duration: float) -> tup
         sent_frames += per_write
     sock.sendall(END_OF_STREAM)
     received, _, last_ns = reports.get(timeout=60)
+    if receipts:
+        sock.shutdown(socket.SHUT_RDWR)
+        drain.join(10)
     sock.close()
+    SENT_FRAMES.append(sent_frames)
     expected = sent_frames * frame_size
     if received != expected:
         raise RuntimeError(f"the broker received {received} bytes, {expected} were sent")
@@ -356,12 +444,14 @@ def warm_up(port: int, reports: Any) -> None:
 
 @contextlib.contextmanager
 def pulsar_tap(target: int, workdir: Path, profile: str | None,
-               tree: Path | None = None) -> Iterator[tuple[int, int]]:
+               tree: Path | None = None, config: Path | None = None) -> Iterator[tuple[int, int]]:
     ready = workdir / "ready.json"
+    ready.unlink(missing_ok=True)
     command = [sys.executable]
     if profile:
         command += ["-m", "cProfile", "-o", profile]
-    command += ["-m", "proxy", "run", "--listen", "127.0.0.1:0", "--upstream", f"pulsar://127.0.0.1:{target}",
+    command += ["-m", "proxy", "run", *(["-c", str(config)] if config else [])]
+    command += ["--listen", "127.0.0.1:0", "--upstream", f"pulsar://127.0.0.1:{target}",
                 "--ready-file", str(ready), "--log-level", "warning", "--keepalive-seconds", "3600",
                 "--drain-seconds", "0"]
     env = {**os.environ, "PYTHONPATH": str(tree or Path(__file__).resolve().parents[1])}
@@ -381,6 +471,166 @@ def pulsar_tap(target: int, workdir: Path, profile: str | None,
             process.wait()
         if process.stdout is not None:
             process.stdout.close()
+
+
+# -- the observer arms -----------------------------------------------------------------------
+OBSERVER_SIZES = [("100 B", 100), ("1 KiB", 1024)]
+
+
+def size_label(size: int) -> str:
+    return f"{size // 1024} KiB" if size % 1024 == 0 else f"{size} B"
+
+
+def otlp_sink_main(listen: socket.socket) -> None:
+    """Answer every OTLP/HTTP export with 200 and throw it away (the traces arms' collector)."""
+    import http.server
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    class Sink(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            del format, args
+
+    server = http.server.ThreadingHTTPServer(listen.getsockname(), Sink, bind_and_activate=False)
+    server.socket.close()
+    server.socket = listen
+    server.serve_forever()
+
+
+def rules_file(path: Path, count: int, matching: bool) -> Path:
+    """``count`` rules matching nothing (SEND / SEND_RECEIPT of topics nobody uses); with
+    ``matching`` the last one instead marks 1 % of the SENDs."""
+    lines = ["seed: 1", "rules:"]
+    for index in range(count):
+        lines.append(f"  - name: r{index}")
+        if matching and index == count - 1:
+            lines += ["    match: {command: [SEND], probability: 0.01}", "    action: {mark: {label: one-in-100}}"]
+            continue
+        command = "SEND" if index % 2 == 0 else "SEND_RECEIPT"
+        lines += [f"    match: {{command: [{command}], topic: 'persistent://public/default/nomatch-{index}-*'}}",
+                  "    action: {delay: {ms: 10}}" if command == "SEND" else "    action: mark"]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def observer_arms(workdir: Path, otlp_port: int) -> list[tuple[str, str]]:
+    """(name, proxy.yaml) of each arm, plain first."""
+    otlp = f"{{exporter: otlp, endpoint: 'http://127.0.0.1:{otlp_port}', protocol: http"
+    return [
+        ("plain", ""),
+        ("recording", f"record: {{dir: '{workdir / 'recordings'}'}}\n"),
+        ("metrics", "admin: {listen: '127.0.0.1:0'}\n"),
+        # (admin only to read /metrics at the end: with an OTLP exporter metrics are on anyway)
+        ("traces 1%", f"tracing: {otlp}, sample: 0.01}}\nadmin: {{listen: '127.0.0.1:0'}}\n"),
+        ("traces 100%", f"tracing: {otlp}, sample: 1.0}}\nadmin: {{listen: '127.0.0.1:0'}}\n"),
+        ("100 rules, none match", f"rules: '{rules_file(workdir / 'rules-100.yaml', 100, False)}'\n"),
+        ("10 rules, 1 at 1%", f"rules: '{rules_file(workdir / 'rules-10.yaml', 10, True)}'\n"),
+    ]
+
+
+def _scrape_metrics(ready: Path) -> str:
+    """/metrics of the running proxy (the admin address from its ready file)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            admin = json.loads(ready.read_text())["admin"]
+            if admin:
+                with urllib.request.urlopen(f"http://{admin}/metrics", timeout=30) as response:
+                    return str(response.read().decode())
+        time.sleep(0.05)
+    raise RuntimeError("no /metrics to scrape")
+
+
+def _metric_sum(text: str, family: str, having: str) -> float:
+    """The sum of a Prometheus family's samples whose labels contain ``having``."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(family + "{") and having in line)
+
+
+def _recorded(recordings: Path) -> tuple[int, int]:
+    """(frames recorded, frames dropped) of every recording under ``recordings``."""
+    from proxy.pb import recording_pb2 as rpb
+
+    recorded = dropped = 0
+    for index_file in recordings.glob("*/index.pb"):
+        index = rpb.RecordingIndex.FromString(index_file.read_bytes())
+        recorded += index.frames_recorded
+        dropped += index.frames_dropped
+    return recorded, dropped
+
+
+def measure_observers(target: int, reports: Any, workdir: Path, otlp_port: int,
+                      args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """frames/s at 100 B and 1 KiB (receipts answered) through pulsar-tap with each observer arm."""
+    results: dict[str, dict[str, float]] = {}
+    chosen = set(args.arms.split(",")) if args.arms else None
+    arms = [(name, text) for name, text in observer_arms(workdir, otlp_port)
+            if chosen is None or name == "plain" or name in chosen]
+    for name, yaml_text in arms * args.observer_rounds:
+        config = workdir / "observer-arm.yaml"
+        config.write_text(yaml_text, encoding="utf-8")
+        row: dict[str, float] = {}
+        shutil.rmtree(workdir / "recordings", ignore_errors=True)
+        SENT_FRAMES.clear()
+        with pulsar_tap(target, workdir, args.profile if args.profile_arm == name else None,
+                        config=config) as (port, pid):
+            sampler = None
+            if args.py_spy and args.profile_arm == name:
+                spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+                sampler = subprocess.Popen([spy, "record", "--pid", str(pid), "--format", "raw", "--threads",
+                                            "--rate", "200", "-o", args.py_spy], stdout=subprocess.DEVNULL,
+                                           stderr=subprocess.DEVNULL)
+            for label, size in OBSERVER_SIZES:
+                row[label] = throughput(port, reports, size, args.duration, receipts=True)[1]
+            if sampler is not None:
+                sampler.send_signal(signal.SIGINT)  # py-spy writes what it sampled and exits
+                sampler.wait(30)
+            if name in ("metrics", "traces 1%", "traces 100%"):
+                started = time.perf_counter()
+                text = _scrape_metrics(workdir / "ready.json")
+                row["scrape s"] = time.perf_counter() - started
+                if "pulsar_tap_request_duration_seconds" not in text:
+                    raise RuntimeError("/metrics has no request latency histogram")
+                row["observed"] = _metric_sum(text, "pulsar_tap_frames_total", 'command="SEND"') + \
+                    _metric_sum(text, "pulsar_tap_frames_total", 'command="SEND_RECEIPT"')
+                row["sent"] = 2 * sum(SENT_FRAMES)
+                row["events dropped"] = _metric_sum(text, "pulsar_tap_dropped_events_total", 'source="observers"')
+        if name == "recording":
+            row["recorded"], row["dropped"] = _recorded(workdir / "recordings")
+            row["sent"] = 2 * sum(SENT_FRAMES)  # each SEND and its receipt
+        best = results.setdefault(name, row)
+        for label, _size in OBSERVER_SIZES:
+            if row[label] > best[label]:
+                best[label] = row[label]
+                best.update({key: value for key, value in row.items() if key not in dict(OBSERVER_SIZES)})
+        print(f"observer arm {name} done", flush=True)
+    return results
+
+
+def print_observers(results: dict[str, dict[str, float]]) -> None:
+    plain = results["plain"]
+    print("observer arms: SEND frames in 1 MiB writes, each answered with a receipt; frames/s (best of the "
+          "rounds) and the fraction of plain pulsar-tap in this run")
+    print(f"{'arm':<24}" + "".join(f"{label + ' f/s':>16}{'x plain':>9}" for label, _ in OBSERVER_SIZES) + "  notes")
+    for name, row in results.items():
+        line = f"{name:<24}" + "".join(f"{row[label]:>16,.0f}{row[label] / plain[label]:>8.2f}x"
+                                       for label, _ in OBSERVER_SIZES)
+        if "recorded" in row:
+            line += (f"  recorded {row['recorded']:,.0f} of {row['sent']:,.0f} frames (recorder dropped "
+                     f"{row['dropped']:,.0f}; the rest the observer queue dropped)")
+        if "observed" in row:
+            line += (f"  telemetry saw {row['observed']:,.0f} of {row['sent']:,.0f} SENDs + receipts "
+                     f"({row['events dropped']:,.0f} events dropped)")
+        if "scrape s" in row:
+            line += f"; /metrics scraped in {row['scrape s']:.2f}s"
+        print(line)
 
 
 # -- the run ---------------------------------------------------------------------------------
@@ -472,11 +722,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", metavar="DIR", type=Path,
                         help="also measure the pulsar-tap of this checkout (its proxy/ package), just before")
     parser.add_argument("--only", choices=("throughput", "latency", "concurrency"), help="run one phase")
+    parser.add_argument("--observers", action="store_true",
+                        help="run only the observer arms (pulsar-tap plain, recording, metrics, traces, rules)")
+    parser.add_argument("--py-spy", metavar="FILE",
+                        help="with --profile-arm: sample that arm's pulsar-tap (every thread) with py-spy into FILE "
+                             "(collapsed stacks)")
+    parser.add_argument("--observer-sizes", metavar="BYTES,...", default="100,1024",
+                        help="frame sizes of the observer arms (default 100,1024)")
+    parser.add_argument("--observer-rounds", type=int, default=1, metavar="N",
+                        help="run the observer arms N times, interleaved, and keep each arm's best (less noise)")
+    parser.add_argument("--arms", metavar="NAME,...",
+                        help="with --observers: only these arms (and plain), e.g. recording,metrics")
+    parser.add_argument("--no-observers", action="store_true", help="leave the observer arms out of a full run")
+    parser.add_argument("--profile-arm", metavar="ARM", default=None,
+                        help="with --profile: profile this observer arm (e.g. recording) instead of the plain run")
     parser.add_argument("--no-pulsar-proxy", action="store_true",
                         help="leave out Apache Pulsar's proxy (its two arms start a JVM each)")
     args = parser.parse_args(argv)
     if args.quick:
         args.duration, args.rounds = 0.7, 2000
+    OBSERVER_SIZES[:] = [(size_label(int(size)), int(size)) for size in args.observer_sizes.split(",")]
 
     context = multiprocessing.get_context("fork")
     reports = context.Queue()
@@ -489,22 +754,34 @@ def main(argv: list[str] | None = None) -> int:
     broker.start()
     listen.close()
     columns: dict[str, dict[str, float] | None] = {}
+    observers: dict[str, dict[str, float]] | None = None
+    otlp_listen = socket.socket()
+    otlp_listen.bind(("127.0.0.1", 0))
+    otlp_listen.listen(64)
+    otlp_sink = context.Process(target=otlp_sink_main, args=(otlp_listen,), daemon=True)
+    otlp_sink.start()
     try:
         with tempfile.TemporaryDirectory() as tmp:
             workdir = Path(tmp)
-            print(f"cpus: {os.cpu_count()}; phases of {args.duration:g}s; {args.rounds} round trips", flush=True)
-            columns["direct"] = measure(target, reports, args)
-            print("direct done", flush=True)
-            with haproxy(target, workdir) as running:
-                if running is None:
-                    print("haproxy was not found: its column is left out (install Debian's haproxy)")
-                    columns["haproxy"] = None
-                else:
-                    columns["haproxy"] = measure(running[0], reports, args, running[1])
-                    print("haproxy done", flush=True)
+            print(f"cpus: {os.cpu_count()}; load average {os.getloadavg()[0]:.2f}; phases of {args.duration:g}s; "
+                  f"{args.rounds} round trips", flush=True)
+            if args.observers:
+                observers = measure_observers(target, reports, workdir, otlp_listen.getsockname()[1], args)
+            columns["direct"] = None
+            if not args.observers:
+                columns["direct"] = measure(target, reports, args)
+                print("direct done", flush=True)
+            columns["haproxy"] = None
+            if not args.observers:
+                with haproxy(target, workdir) as running:
+                    if running is None:
+                        print("haproxy was not found: its column is left out (install Debian's haproxy)")
+                    else:
+                        columns["haproxy"] = measure(running[0], reports, args, running[1])
+                        print("haproxy done", flush=True)
             for name, level in ((PULSAR_PROXY_0, 0), (PULSAR_PROXY_2, 2)):
                 columns[name] = None
-                if args.no_pulsar_proxy:
+                if args.no_pulsar_proxy or args.observers:
                     continue
                 with pulsar_proxy(target, workdir, level) as running:
                     if running is None:
@@ -514,26 +791,36 @@ def main(argv: list[str] | None = None) -> int:
                     warm_up(running[0], reports)
                     columns[name] = measure(running[0], reports, args, running[1])
                     print(f"{name} done", flush=True)
-            if args.baseline is not None:
+            if args.baseline is not None and not args.observers:
                 if not (args.baseline / "proxy" / "__init__.py").is_file():
                     parser.error(f"--baseline {args.baseline}: no proxy/ package there")
                 with pulsar_tap(target, workdir, None, args.baseline) as (port, pid):
                     columns["baseline"] = measure(port, reports, args, pid)
                     print("baseline done", flush=True)
-            with pulsar_tap(target, workdir, args.profile) as (port, pid):
-                columns["pulsar-tap"] = measure(port, reports, args, pid)
-                print("pulsar-tap done", flush=True)
+            if not args.observers:
+                with pulsar_tap(target, workdir, None if args.profile_arm else args.profile) as (port, pid):
+                    columns["pulsar-tap"] = measure(port, reports, args, pid)
+                    print("pulsar-tap done", flush=True)
+            if not args.observers and not args.no_observers and args.only in (None, "throughput"):
+                observers = measure_observers(target, reports, workdir, otlp_listen.getsockname()[1], args)
     finally:
         broker.terminate()
         broker.join(5)
-    print()
-    print_table(columns)
-    direct, tap = columns["direct"], columns["pulsar-tap"]
-    assert direct is not None and tap is not None
-    print()
-    for key, target_text, ok in (targets(direct, columns["haproxy"], tap) if args.only is None else []):
-        verdict = "n/a (no haproxy)" if ok is None else ("met" if ok else "MISSED")
-        print(f"target {key:<18} {target_text:<18} {verdict}")
+        otlp_sink.terminate()
+        otlp_sink.join(5)
+        otlp_listen.close()
+    if not args.observers:
+        print()
+        print_table(columns)
+        direct, tap = columns["direct"], columns["pulsar-tap"]
+        assert direct is not None and tap is not None
+        print()
+        for key, target_text, ok in (targets(direct, columns["haproxy"], tap) if args.only is None else []):
+            verdict = "n/a (no haproxy)" if ok is None else ("met" if ok else "MISSED")
+            print(f"target {key:<18} {target_text:<18} {verdict}")
+    if observers is not None:
+        print()
+        print_observers(observers)
     if args.profile:
         import pstats
 

@@ -16,6 +16,7 @@ One run each, on loopback; every number includes the official client's own costs
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -93,6 +94,7 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=1024)
     args = parser.parse_args()
     n, size = args.messages, args.size
+    print(f"load average at the start: {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
     cluster = ThreadedCluster(ClusterConfig(brokers=1)).start()
     try:
         with tempfile.TemporaryDirectory() as directory:

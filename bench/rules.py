@@ -1,5 +1,8 @@
 """Benchmark of rule evaluation: passthrough throughput with 0, 10 and 100 non-matching rules.
 
+Through the proxy there is one more arm, ``10+1%``: ten rules of which one (``mark``)
+matches 1 % of the SENDs (``probability: 0.01``), the rest as above.
+
 Two tables, each as throughput and as a ratio to 0 rules:
 
 1. **through the proxy**: ``pulsar-tap broker`` and ``pulsar-tap run --rules FILE``
@@ -54,6 +57,14 @@ def rules_text(count: int) -> str:
                   f"    match: {{command: {COMMANDS[index % 4]}, topic: 'persistent://public/default/nomatch-{index}-*'}}",
                   f"    action: {ACTIONS[index % 4] if COMMANDS[index % 4] == '[SEND]' else 'mark'}"]
     return "\n".join(lines) + "\n"
+
+
+def one_matching(count: int) -> str:
+    """``count`` rules as :func:`rules_text`, the last of which marks 1 % of the SENDs."""
+    text = rules_text(count - 1)
+    return text + ("  - name: one-in-100\n"
+                   "    match: {command: [SEND], probability: 0.01}\n"
+                   "    action: {mark: {label: one-in-100}}\n")
 
 
 def traffic() -> list[tuple[bytes, Direction]]:
@@ -165,13 +176,15 @@ def publish_rate(service_url: str, messages: int) -> float:
         client.close()
 
 
-def measure_through_proxy(counts: tuple[int, ...], messages: int) -> dict[int, float]:
+def measure_through_proxy(counts: tuple[int | str, ...], messages: int) -> dict[int | str, float]:
+    """msgs/s per arm: a number of non-matching rules, or ``"10+1%"`` (see :func:`one_matching`)."""
     broker_port, rates = free_port(), {}
     with tempfile.TemporaryDirectory() as tmp, process("broker", "--listen", f"127.0.0.1:{broker_port}"):
         wait_listening(broker_port)
         for count in counts:
             rule_file = Path(tmp) / f"rules-{count}.yaml"
-            rule_file.write_text(rules_text(count).replace("[FLOW, ACK]", "[SEND_RECEIPT]"), encoding="utf-8")
+            text = one_matching(10) if count == "10+1%" else rules_text(int(count))
+            rule_file.write_text(text.replace("[FLOW, ACK]", "[SEND_RECEIPT]"), encoding="utf-8")
             port = free_port()
             with process("run", "--listen", f"127.0.0.1:{port}", "--upstream", f"pulsar://127.0.0.1:{broker_port}",
                          "--rules", str(rule_file), "--log-level", "error"):
@@ -187,8 +200,9 @@ def main() -> None:
     parser.add_argument("--engine-only", action="store_true", help="skip the measurement through the proxy")
     args = parser.parse_args()
     if not args.engine_only:
-        rates = measure_through_proxy((0, 10, 100), args.messages)
-        print("through the proxy (official client, unbatched 100 B sends), non-matching rules")
+        rates = measure_through_proxy((0, 10, 100, "10+1%"), args.messages)
+        print(f"through the proxy (official client, unbatched 100 B sends), non-matching rules "
+              f"(load average {os.getloadavg()[0]:.2f}); 10+1%: one of 10 rules marks 1 % of the SENDs")
         print(f"{'rules':>6} {'msgs/s':>12} {'ratio':>7}")
         for count, rate in rates.items():
             print(f"{count:>6} {rate:>12,.0f} {rate / rates[0]:>7.2f}")

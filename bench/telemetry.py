@@ -253,6 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--mode", choices=("proxy", "observer", "both"), default="both")
     args = parser.parse_args(argv)
+    print(f"load average at the start: {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
     if args.mode in ("observer", "both"):
         bench_observer(args.messages, args.size, args.repeat)
     if args.mode in ("proxy", "both"):

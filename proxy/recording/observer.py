@@ -4,7 +4,10 @@ The proxy's :class:`~proxy.server.observer_hub.ObserverHub` hands each observer
 every frame (as received, and again with origin ``proxy`` for what it changed or
 originated) and every connection opening and closing.  :class:`RecordingObserver`
 passes them to a :class:`~proxy.recording.recorder.Recorder`, which queues them
-without blocking.  The broker address comes from the connection's upstream URL
+without blocking.  Frames the proxy passed through unchanged come in bulk
+(:class:`~proxy.server.hooks.RunEvent`: the bytes of a stretch of one direction)
+and the Recorder cuts them into frame records in its worker thread, so recording
+decodes nothing on the relay's path.  The broker address comes from the connection's upstream URL
 (``pulsar://host:port``); ``frame_filter`` lets a ``record`` rule keep only the
 frames it matches.
 """
@@ -12,10 +15,11 @@ frames it matches.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 from urllib.parse import urlsplit
 
 from proxy.recording.recorder import Address, Recorder
-from proxy.server.hooks import ConnectionEvent, FrameEvent
+from proxy.server.hooks import ConnectionEvent, FrameEvent, RunEvent
 
 
 def broker_address(url: str | None) -> Address:
@@ -50,6 +54,14 @@ class RecordingObserver:
             return
         self.recorder.record(event.connection.conn_id, event.direction, event.origin, event.ts_ns,
                              event.frame.raw, event.fired)
+
+    def on_run(self, event: RunEvent) -> None:
+        # No rule looked at these frames, so none fired: the filter (which reads only ``fired``)
+        # decides for all of them at once.
+        if self.frame_filter is not None and not self.frame_filter(cast(FrameEvent, event)):
+            return
+        self.recorder.record_run(event.connection.conn_id, event.direction, event.ts_ns, event.data,
+                                 event.lead, event.stream_pos)
 
     def on_connection(self, event: ConnectionEvent) -> None:
         conn = event.connection

@@ -1,16 +1,21 @@
 """The Trio recorder: the proxy's observer that writes frames into a recording directory.
 
-The proxy calls :meth:`Recorder.record` for every frame it receives (and again for
-every frame it changed or originated, with origin ``proxy``), and
+The proxy calls :meth:`Recorder.record` for every frame it looks at (and again for
+every frame it changed or originated, with origin ``proxy``),
+:meth:`Recorder.record_run` for each stretch of bytes it passed through unchanged
+(cut into frames by the worker thread, below), and
 :meth:`Recorder.open_connection` / :meth:`Recorder.close_connection` around each
 client connection.  None of these await or touch the disk: they put an item on a
-bounded queue and return.  When the queue is full the frame is dropped and
-counted (per connection and in total, reported in the index and in
+bounded queue (bounded in items and in bytes) and return.  When the queue is full
+the frame (or run) is dropped and counted (per connection and in total, reported in the index and in
 :attr:`Recorder.stats` for /metrics), so a slow disk never stalls traffic.
 
 One writer task drains the queue in batches (gathering for up to 20 ms after a
 batch's first record, so that frames trickling in cost one thread hand-off per
 batch rather than one each) and hands each batch to a worker thread, which
+cuts runs into frames (per connection and direction, carrying a frame that
+continues in the next run; a run that does not follow on from the one before —
+one was dropped — loses the frame cut across the gap, counted as dropped),
 redacts auth data, strips payloads when asked, frames the records
 (:mod:`proxy.recording.segment`) and appends them to the current segment, rotating
 to a new one past ``max_segment_bytes``.  Every write goes straight to
@@ -27,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import os
+import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,19 +41,23 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final, TypeAlias
 
+import crc32c as _crc32c
 import trio
 
 from proxy.errors import ProtocolError, RecordingError
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.pb import recording_pb2 as rpb
 from proxy.protocol.frame import frame_from_bytes
-from proxy.recording.redaction import frame_type_of, redact, strip_payload
-from proxy.recording.segment import FORMAT_VERSION, SEGMENT_MAGIC, encode_frame_record, encode_record
+from proxy.recording.redaction import SECRET_PATHS, frame_type_of, redact, strip_payload
+from proxy.recording.segment import FORMAT_VERSION, SEGMENT_MAGIC, encode_frame_record, encode_record, varint
+from proxy.server.run_cutter import RunCutter, count_frame_starts
 
 INDEX_NAME: Final = "index.pb"
 SEGMENT_SUFFIX: Final = ".ptap"
 DEFAULT_MAX_SEGMENT_BYTES: Final = 256 * 1024 * 1024
 DEFAULT_QUEUE_SIZE: Final = 10_000
+#: bytes of runs waiting for the writer; beyond this a run is dropped (and its frames counted)
+DEFAULT_QUEUE_BYTES: Final = 64 * 1024 * 1024
 #: records taken off the queue per write (bounds the memory of one batch)
 _BATCH_LIMIT: Final = 2_000
 #: how long the writer keeps gathering after a batch's first record before handing it to the
@@ -73,6 +83,8 @@ class RecordConfig:
     max_segment_bytes: int = DEFAULT_MAX_SEGMENT_BYTES
     #: frames waiting for the writer; beyond this they are dropped and counted
     queue_size: int = DEFAULT_QUEUE_SIZE
+    #: bytes of passed-through runs waiting for the writer; beyond this a run is dropped and counted
+    queue_bytes: int = DEFAULT_QUEUE_BYTES
     #: seconds between fsync + index rewrites
     flush_interval: float = 1.0
 
@@ -121,7 +133,28 @@ class _FrameItem:
     rules: tuple[str, ...]
 
 
-_Item: TypeAlias = _FrameItem | rpb.Record
+@dataclass(frozen=True, slots=True)
+class _RunItem:
+    """Bytes passed through unchanged: whole frames, perhaps cut at either end (see ``record_run``)."""
+
+    conn_id: int
+    direction: int
+    ts_ns: int
+    data: bytes
+    lead: int
+    stream_pos: int
+
+
+_Item: TypeAlias = _FrameItem | _RunItem | rpb.Record
+
+_SIZE_PREFIX = struct.Struct(">I")
+_RECORD_HEAD = struct.Struct(">II")
+#: the sender of a run's frames, by direction (runs are never the proxy's own frames)
+_RUN_ORIGIN: Final = {rpb.TO_BROKER: rpb.CLIENT, rpb.TO_CLIENT: rpb.BROKER}
+
+
+#: buffers per writev (the kernel's IOV_MAX on Linux)
+_IOV_MAX: Final = 1024
 
 
 @dataclass(slots=True)
@@ -132,6 +165,14 @@ class _BatchResult:
     per_connection: dict[int, list[int]] = field(default_factory=dict)
     #: conn id -> protocol version seen in CONNECT (client) or CONNECTED (broker)
     versions: dict[int, tuple[bool, int]] = field(default_factory=dict)
+    #: frames cut across a gap in a stream (a dropped run): neither start nor end was recorded
+    frames_lost: int = 0
+
+    def count(self, conn_id: int, wire_bytes: int, frames: int = 1) -> None:
+        counts = self.per_connection.setdefault(conn_id, [0, 0])
+        counts[0] += frames
+        counts[1] += wire_bytes
+        self.frames += frames
 
 
 class _SegmentFiles:
@@ -160,12 +201,23 @@ class _SegmentFiles:
         self._write(SEGMENT_MAGIC + encode_record(header))
 
     def _write(self, data: bytes) -> None:
+        self._write_parts([data], len(data))
+
+    def _write_parts(self, parts: list[bytes], size: int) -> None:
+        """Write ``parts`` (``size`` bytes in all) in order, gathered by the kernel (no joined copy)."""
         assert self._file is not None
-        view = memoryview(data)
-        while view:
-            written = os.write(self._file, view)
-            view = view[written:]
-        self._size += len(data)
+        index = 0
+        while index < len(parts):
+            chunk = parts[index:index + _IOV_MAX]
+            written = os.writev(self._file, chunk)
+            chunk_size = sum(len(part) for part in chunk)
+            if written < chunk_size:  # a short write (a signal, a full disk): the rest one by one
+                rest = b"".join(chunk)
+                view = memoryview(rest)[written:]
+                while view:
+                    view = view[os.write(self._file, view):]
+            index += len(chunk)
+        self._size += size
         self._dirty = True
 
     def append(self, records: Sequence[bytes]) -> int:
@@ -179,14 +231,14 @@ class _SegmentFiles:
             if self._size + pending_size + len(rec) > self.config.max_segment_bytes and \
                     (pending or self._size > len(SEGMENT_MAGIC) + 64):
                 if pending:
-                    self._write(b"".join(pending))
+                    self._write_parts(pending, pending_size)
                     total += pending_size
                     pending, pending_size = [], 0
                 self._open_next()
             pending.append(rec)
             pending_size += len(rec)
         if pending:
-            self._write(b"".join(pending))
+            self._write_parts(pending, pending_size)
             total += pending_size
         return total
 
@@ -216,41 +268,111 @@ class _SegmentFiles:
         self.sync(index)
 
 
-def _encode_batch(items: Sequence[_Item], config: RecordConfig) -> tuple[list[bytes], _BatchResult]:
-    """Turn queue items into framed records (runs in the worker thread)."""
+def _encode_batch(items: Sequence[_Item], config: RecordConfig,
+                  streams: dict[tuple[int, int], RunCutter] | None = None) -> tuple[list[bytes], _BatchResult]:
+    """Turn queue items into framed records (runs in the worker thread; ``streams`` is its state)."""
     out: list[bytes] = []
     result = _BatchResult()
+    if streams is None:
+        streams = {}
     for item in items:
+        if type(item) is _RunItem:
+            _encode_run(item, streams, config, out, result)
+            continue
         if isinstance(item, rpb.Record):
+            if item.HasField("closed"):
+                conn_id = item.closed.conn_id
+                for direction in (rpb.TO_BROKER, rpb.TO_CLIENT):
+                    streams.pop((conn_id, direction), None)
             out.append(encode_record(item))
             continue
+        assert isinstance(item, _FrameItem)
         raw = item.raw
         frame_type = frame_type_of(raw)
         if frame_type in (api.BaseCommand.CONNECT, api.BaseCommand.CONNECTED):
             version = _protocol_version(raw, frame_type)
             if version is not None:
                 result.versions[item.conn_id] = (frame_type == api.BaseCommand.CONNECTED, version)
-        redacted = False
-        if config.redact:
-            raw, redacted = redact(raw)
-        record = rpb.FrameRecord(conn_id=item.conn_id, direction=item.direction,
-                                 origin=item.origin, ts_ns=item.ts_ns, rules=item.rules)
-        wire_size = len(raw)
-        stripped = None if config.include_payloads else strip_payload(raw)
-        if stripped is not None:
-            record.data = stripped
-            record.original_size = wire_size
-            record.payload_stripped = True
-        else:
-            record.data = raw
-        if redacted:
-            record.redacted = True
-        out.append(encode_frame_record(record))
-        counts = result.per_connection.setdefault(item.conn_id, [0, 0])
-        counts[0] += 1
-        counts[1] += len(item.raw)
-        result.frames += 1
+        out.append(_frame_record(item.conn_id, item.direction, item.origin, item.ts_ns, raw, item.rules, config))
+        result.count(item.conn_id, len(raw))
     return out, result
+
+
+def _frame_record(conn_id: int, direction: int, origin: int, ts_ns: int, raw: bytes, rules: Sequence[str],
+                  config: RecordConfig) -> bytes:
+    """One frame's record, redacted and stripped as ``config`` says (the general way)."""
+    redacted = False
+    if config.redact:
+        raw, redacted = redact(raw)
+    record = rpb.FrameRecord(conn_id=conn_id, direction=direction, origin=origin, ts_ns=ts_ns, rules=rules)
+    wire_size = len(raw)
+    stripped = None if config.include_payloads else strip_payload(raw)
+    if stripped is not None:
+        record.data = stripped
+        record.original_size = wire_size
+        record.payload_stripped = True
+    else:
+        record.data = raw
+    if redacted:
+        record.redacted = True
+    return encode_frame_record(record)
+
+
+def _encode_run(item: _RunItem, streams: dict[tuple[int, int], RunCutter], config: RecordConfig,
+                out: list[bytes], result: _BatchResult) -> None:
+    """Cut a run into whole frames (after the stream's carried frame start) and append their records."""
+    key = (item.conn_id, item.direction)
+    cutter = streams.get(key)
+    if cutter is None:
+        cutter = streams[key] = RunCutter()
+    lost = cutter.lost
+    origin = _RUN_ORIGIN[item.direction]
+    completed, pos = cutter.begin(item.data, item.lead, item.stream_pos)
+    if completed is not None:
+        _encode_run_frames(item, origin, completed, 0, config, out, result)
+    cutter.end(item.data, _encode_run_frames(item, origin, item.data, pos, config, out, result))
+    result.frames_lost += cutter.lost - lost
+
+
+def _encode_run_frames(item: _RunItem, origin: int, data: bytes, pos: int, config: RecordConfig,
+                       out: list[bytes], result: _BatchResult) -> int:
+    """Append the records of the whole frames in ``data`` from ``pos``; returns where the first partial one starts."""
+    # FrameRecord fields 1-4 and the tag of field 5, in field order as protobuf writes them: the
+    # same for every frame of the run, so each record is written with no message object
+    fields = (b"\x08" + varint(item.conn_id) + b"\x10" + bytes((item.direction,)) + b"\x18" + bytes((origin,))
+              + b"\x20" + varint(item.ts_ns) + b"\x2a")
+    general = not config.include_payloads
+    secret_types = SECRET_PATHS if config.redact else {}
+    unpack, pack, crc = _SIZE_PREFIX.unpack_from, _RECORD_HEAD.pack, _crc32c.crc32c
+    view = memoryview(data)
+    #: frame size -> (the record body up to the frame's bytes, its CRC32C): frames of a run mostly share sizes
+    heads: dict[int, tuple[bytes, int]] = {}
+    frames = wire_bytes = 0
+    end = len(data)
+    while end - pos >= 10:
+        size = unpack(data, pos)[0] + 4
+        if end - pos < size:
+            break
+        start = pos
+        pos += size
+        frames += 1
+        wire_bytes += size
+        # a command in canonical form opens 08 TYPE (see scanner); others, secrets and stripped
+        # payloads go the general way
+        kind = data[start + 9]
+        if general or size < 10 or data[start + 8] != 0x08 or kind > 0x7F or kind in secret_types:
+            out.append(_frame_record(item.conn_id, item.direction, origin, item.ts_ns, data[start:pos], (), config))
+            continue
+        head = heads.get(size)
+        if head is None:
+            fields_and_size = fields + varint(size)
+            body_head = b"\x12" + varint(len(fields_and_size) + size) + fields_and_size
+            head = heads[size] = (body_head, crc(body_head))
+        frame = view[start:pos]
+        out.append(pack(len(head[0]) + size, crc(frame, head[1])) + head[0] + frame)
+    if frames:
+        result.count(item.conn_id, wire_bytes, frames)
+    return pos
 
 
 async def _gather(receive: trio.MemoryReceiveChannel[_Item], batch: list[_Item], deadline: float) -> bool:
@@ -324,6 +446,10 @@ class Recorder:
         self._files: _SegmentFiles | None = None
         self._index_dirty = True
         self._closed = False
+        #: bytes of runs queued and not yet taken by the writer (bounded by ``config.queue_bytes``)
+        self._queued_run_bytes = 0
+        #: the worker thread's cutting state per (connection, direction)
+        self._streams: dict[tuple[int, int], RunCutter] = {}
         self.start_ns = 0
         #: the recording directory, set on entry
         self.path = Path()
@@ -342,6 +468,28 @@ class Recorder:
                 info.frames_dropped += 1
             self._index_dirty = True
             return False
+        return True
+
+    def record_run(self, conn_id: int, direction: str | enum.Enum, ts_ns: int, data: bytes, lead: int,
+                   stream_pos: int) -> bool:
+        """Queue bytes the proxy passed through unchanged, received at ``ts_ns`` (see ``hooks.RunEvent``).
+
+        They are cut into frame records by the writer: the first ``lead`` bytes finish a
+        frame begun in an earlier run, and a frame cut at the end continues in the next
+        run of the same direction.  ``stream_pos`` (the offset of ``data`` in the
+        direction's stream) shows the writer when a run in between was dropped.  False
+        when it was dropped (queue full or closed); the frames that begin in it are counted.
+        """
+        item = _RunItem(conn_id, DIRECTIONS[_enum_name(direction)], ts_ns, data, lead, stream_pos)
+        if self._queued_run_bytes + len(data) > self.config.queue_bytes or not self._offer(item):
+            lost = count_frame_starts(data, lead)
+            self.stats.frames_dropped += lost
+            info = self._connections.get(conn_id)
+            if info is not None:
+                info.frames_dropped += lost
+            self._index_dirty = True
+            return False
+        self._queued_run_bytes += len(data)
         return True
 
     def open_connection(self, conn_id: int, client_addr: Address, broker_addr: Address,
@@ -441,13 +589,17 @@ class Recorder:
         assert self._files is not None
         files, config = self._files, self.config
 
+        self._queued_run_bytes -= sum(len(item.data) for item in batch if type(item) is _RunItem)
+        streams = self._streams
+
         def work() -> _BatchResult:
-            records, result = _encode_batch(batch, config)
+            records, result = _encode_batch(batch, config, streams)
             result.bytes_written = files.append(records)
             return result
 
         result = await trio.to_thread.run_sync(work)
         self.stats.frames_recorded += result.frames
+        self.stats.frames_dropped += result.frames_lost
         self.stats.bytes_written += result.bytes_written
         self.stats.segments = len(files.segments)
         for conn_id, (frames, wire_bytes) in result.per_connection.items():

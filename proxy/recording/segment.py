@@ -82,11 +82,12 @@ def encode_frame_record(frame: rpb.FrameRecord) -> bytes:
     length as a varint, then the FrameRecord's bytes: the same bytes protobuf writes.
     """
     inner: bytes = frame.SerializeToString()
-    body = b"\x12" + _varint(len(inner)) + inner
+    body = b"\x12" + varint(len(inner)) + inner
     return _RECORD_HEADER.pack(len(body), crc32c(body)) + body
 
 
-def _varint(value: int) -> bytes:
+def varint(value: int) -> bytes:
+    """``value`` as a protobuf varint."""
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
@@ -314,10 +315,10 @@ class SegmentDecoder:
             return False
         body_start = pos + _RECORD_HEADER_SIZE
         end = body_start + size
-        varint = _read_varint(buf, body_start + 1, min(end, len(buf)))
-        if varint is None:
+        length_field = _read_varint(buf, body_start + 1, min(end, len(buf)))
+        if length_field is None:
             return False if self._eof or len(buf) >= min(end, body_start + 11) else None
-        length, used = varint
+        length, used = length_field
         if 1 + used + length != size:
             return False
         if end > len(buf):
@@ -394,4 +395,4 @@ def decode_segment(data: bytes) -> tuple[list[rpb.Record], int]:
 
 
 __all__ = ["FORMAT_VERSION", "MAX_RECORD_BYTES", "SEGMENT_MAGIC", "SegmentDecoder", "SegmentScan", "SkippedRange",
-           "decode_segment", "encode_frame_record", "encode_record", "scan_segment"]
+           "decode_segment", "encode_frame_record", "encode_record", "scan_segment", "varint"]

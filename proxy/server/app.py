@@ -260,7 +260,7 @@ class ProxyServer:
             info, settings=self.settings, directory=self.directory, default_broker=broker,
             now_ns=clock(), hook=self.hook,
             publish=self.observers.publish if self.observers.active else None,
-            observations=self.observers.needs_observation)
+            observations=self.observers.needs_observation, runs=self.observers.takes_runs)
         relay = Relay(self, transport, pipeline, _clock=clock)
         self.relays.add(relay)
         log.debug("connection accepted", conn=info.conn_id, client=peer, listener=label)

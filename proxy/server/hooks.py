@@ -9,9 +9,11 @@ addons):
   other side's behalf, drop, delay (the direction, or only one lane of it), send
   frames later, slice into small writes, or close;
 - :class:`Observer` s (recorder, tracer, metrics) receive a :class:`FrameEvent` for
-  every frame — as received, and again for what the proxy changed or originated —
-  and never change traffic.  They are fed through a bounded queue with counted
-  drops (``observer_hub``), so a slow observer cannot stall traffic.
+  every frame — as received, and again for what the proxy changed or originated;
+  those that take runs (``on_run``) get the frames the proxy passed through unchanged
+  as :class:`RunEvent` s, stretches of bytes — and never change traffic.  They are
+  fed through a bounded queue with counted drops (``observer_hub``), so a slow
+  observer cannot stall traffic.
 
 Both are synchronous and do no I/O on the relay's path.  The defaults do nothing,
 and with neither installed the relay decodes only what the proxy itself needs.
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from proxy.protocol.frame import Frame
 from proxy.protocol.session import Direction, Observation
@@ -111,6 +113,29 @@ class FrameEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class RunEvent:
+    """Bytes the proxy passed through unchanged, as received, for observers that take runs.
+
+    ``data`` is a stretch of one direction's stream; it may begin with the rest of a
+    frame begun in an earlier event (``lead`` bytes of it) and may end inside a frame
+    (continued in a later event).  ``stream_pos`` is the offset of its first byte in
+    the direction's stream (the same count advances by every received frame handed
+    out as a :class:`FrameEvent`), so that a reader can tell when events were dropped.
+    """
+
+    connection: ConnectionInfo
+    direction: Direction
+    ts_ns: int
+    data: bytes
+    lead: int
+    stream_pos: int
+    #: when the bytes left the proxy: ``ts_ns``, or later behind what a rule's delay holds
+    forwarded_ns: int
+    #: no rule looked at these frames, so none fired (as ``FrameEvent.fired``)
+    fired: ClassVar[tuple[str, ...]] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ConnectionEvent:
     """A proxied connection opened (``closed`` False) or closed, with the reason."""
 
@@ -127,6 +152,12 @@ class Observer(Protocol):
     :attr:`FrameEvent.observation`: if no observer needs one (and no hook is installed),
     the relay does not run its session tracker for them and events carry ``None``.
     Observers without the attribute are given observations.
+
+    An observer that needs only the bytes (the recorder) may also have
+    ``on_run(event: RunEvent) -> None``: when every observer has it (and no hook wants
+    every frame), the relay does not build a Frame and a FrameEvent for each frame it
+    passes through unchanged: each stretch of them comes as one :class:`RunEvent`, and
+    only the frames the proxy looks at anyway come as FrameEvents.
     """
 
     def on_frame(self, event: FrameEvent) -> None:

@@ -1,35 +1,45 @@
 """Delivers frame and connection events to observers without ever stalling traffic.
 
-The relay calls :meth:`ObserverHub.publish` (synchronous, never blocks); events go
+The relay calls :meth:`ObserverHub.publish` (synchronous, never blocks); events (frames,
+runs of passed-through bytes, connections) go
 into one bounded Trio memory channel and a single task hands them to each
-observer.  Overflow policy: when the queue is full the event is dropped and
-counted in ``dropped`` — traffic always wins over telemetry.  An observer that
+observer.  Overflow policy: when the queue is full (in events, or in the bytes of
+queued runs) the event is dropped and counted in ``dropped`` — traffic always wins over telemetry.  An observer that
 raises is logged and counted, and keeps receiving later events.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Final
 
 import structlog
 import trio
 
-from proxy.server.hooks import ConnectionEvent, FrameEvent, Observer
+from proxy.server.hooks import ConnectionEvent, FrameEvent, Observer, RunEvent
 
 DEFAULT_QUEUE_SIZE: Final = 10_000
+#: bytes of RunEvents queued at most (each holds up to a receive buffer of bytes)
+DEFAULT_QUEUE_BYTES: Final = 64 * 1024 * 1024
+
+#: how long the hub's task delivers per scheduling turn at most (the relays run in between)
+_DELIVER_SECONDS_PER_TURN: Final = 0.002
 
 log = structlog.get_logger("pulsar_tap.observers")
 
-Event = FrameEvent | ConnectionEvent
+Event = FrameEvent | RunEvent | ConnectionEvent
 
 
 class ObserverHub:
     """A bounded queue between the relays and the observers; see the module docstring."""
 
-    def __init__(self, observers: list[Observer] | None = None, queue_size: int = DEFAULT_QUEUE_SIZE) -> None:
+    def __init__(self, observers: list[Observer] | None = None, queue_size: int = DEFAULT_QUEUE_SIZE,
+                 queue_bytes: int = DEFAULT_QUEUE_BYTES) -> None:
         self.observers: list[Observer] = list(observers or [])
-        # Bounded: overflow drops the event and counts it (see publish).
+        # Bounded in events and in the bytes of runs: overflow drops the event and counts it (see publish).
         self._send, self._receive = trio.open_memory_channel[Event](queue_size)
+        self.queue_bytes = queue_bytes
+        self._queued_run_bytes = 0
         self.dropped = 0
         self.delivered = 0
         self.observer_errors = 0
@@ -45,13 +55,24 @@ class ObserverHub:
         return any(getattr(observer, "needs_observation", True) for observer in self.observers)
 
     @property
+    def takes_runs(self) -> bool:
+        """True when every observer takes passed-through bytes in bulk (``on_run``, see ``hooks.Observer``)."""
+        return bool(self.observers) and all(callable(getattr(observer, "on_run", None))
+                                            for observer in self.observers)
+
+    @property
     def queued(self) -> int:
         """Events published and not yet delivered."""
         return self._send.statistics().current_buffer_used
 
     def publish(self, event: Event) -> None:
+        run_bytes = len(event.data) if type(event) is RunEvent else 0
+        if run_bytes and self._queued_run_bytes + run_bytes > self.queue_bytes:
+            self.dropped += 1
+            return
         try:
             self._send.send_nowait(event)
+            self._queued_run_bytes += run_bytes
         except trio.WouldBlock:
             self.dropped += 1
         except (trio.ClosedResourceError, trio.BrokenResourceError):
@@ -59,17 +80,33 @@ class ObserverHub:
 
     async def run(self) -> None:
         """Deliver events until :meth:`close` (the queue is drained first)."""
-        async with self._receive:
-            async for event in self._receive:
+        receive = self._receive
+        clock = time.perf_counter
+        async with receive:
+            async for event in receive:
+                # What else is waiting, without a trip through the scheduler per event (the relays
+                # publish many events per turn; one each would leave the queue to overflow), for
+                # at most a slice of time: then the relays go on (the queue absorbs the rest).
+                until = clock() + _DELIVER_SECONDS_PER_TURN
                 self._deliver(event)
+                while clock() < until:
+                    try:
+                        event = receive.receive_nowait()
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                    self._deliver(event)
 
     def close(self) -> None:
         self._send.close()
 
     def _deliver(self, event: Event) -> None:
+        if type(event) is RunEvent:
+            self._queued_run_bytes -= len(event.data)
         for observer in self.observers:
             try:
-                if isinstance(event, FrameEvent):
+                if isinstance(event, RunEvent):
+                    observer.on_run(event)  # type: ignore[attr-defined]
+                elif isinstance(event, FrameEvent):
                     observer.on_frame(event)
                 else:
                     observer.on_connection(event)

@@ -29,8 +29,9 @@ What the pipeline does itself (Pulsar binary protocol, "Connection establishment
   ChecksumError instead of being forwarded.
 
 Every other frame is passed through as bytes by the :class:`FrameScanner` unless a
-hook (rules) or observers want it.  The hook is asked only about the frame types it
-declared (``interest``), and its :class:`Verdict` decides.  The session tracker
+hook (rules) or observers want it; observers that all take runs (``runs``) get the
+passed-through bytes as one :class:`RunEvent` per stretch instead.  The hook is asked
+only about the frame types it declared (``interest``), and its :class:`Verdict` decides.  The session tracker
 observes every frame for observers that read the observation (``observations``);
 for a hook alone it observes the control frames (``accounted_types``: what keeps the
 producer / consumer maps and the request attribution exact), and the data-path frames
@@ -62,6 +63,7 @@ from proxy.server.hooks import (
     FrameEvent,
     FrameHook,
     Origin,
+    RunEvent,
     origin_of,
 )
 from proxy.server.lookup import BROKER_NAMING_TYPES, BrokerDirectory, rewrite_broker_urls
@@ -158,8 +160,8 @@ class ConnectionPipeline:
 
     def __init__(self, info: ConnectionInfo, *, settings: PipelineSettings, directory: BrokerDirectory,
                  default_broker: ServiceUrl, now_ns: int, hook: FrameHook | None = None,
-                 publish: Callable[[FrameEvent | ConnectionEvent], None] | None = None,
-                 observations: bool = True) -> None:
+                 publish: Callable[[FrameEvent | RunEvent | ConnectionEvent], None] | None = None,
+                 observations: bool = True, runs: bool = False) -> None:
         self.info = info
         self.settings = settings
         self.directory = directory
@@ -183,6 +185,11 @@ class ConnectionPipeline:
         # that read FrameEvent.observation (``observations``; a recorder needs raw bytes only).
         self._observations = publish is not None and observations
         tracked = hook is not None or self._observations
+        # Observers that take passed-through bytes in bulk (``runs``: the recorder) get each
+        # stretch of them as one RunEvent, and no frame is decoded for them.
+        self._runs = publish is not None and runs
+        #: per direction, the stream offset of the next byte handed out (the RunEvents' stream_pos)
+        self._stream_pos = {TO_BROKER: 0, TO_CLIENT: 0}
         self.tracker = SessionTracker(strict=False) if tracked else None
         # Per direction: the frame types the hook looks at, and those the tracker observes
         # (None: every type); set by _refresh_wanted, again whenever the hook's interest changes.
@@ -212,16 +219,25 @@ class ConnectionPipeline:
             self._refresh_wanted()  # the rules changed: look at what they can match now
         self.sides[direction].last_rx_ns = now_ns
         self.bytes_in[direction] += len(data)
-        pieces = self.scanners[direction].feed(data)
+        scanner = self.scanners[direction]
+        lead = scanner.passing_through if self._runs else 0
+        pieces = scanner.feed(data)
         if len(pieces) == 1 and type(pieces[0]) is not Frame and not self._injections_waiting \
                 and not self.held.lane_busy(direction):
+            if self._runs:
+                self._publish_run(direction, pieces[0], lead, now_ns)
             return [Send(direction, pieces)]  # the fast path: nothing to look at, nothing held
         actions: list[Action] = []
         run: list[Piece | bytes] = []
         for piece in pieces:
             if type(piece) is not Frame:
                 run.append(piece)
+                if self._runs:
+                    self._publish_run(direction, piece, lead, now_ns)
+                    lead = 0
                 continue
+            if self._runs:
+                self._stream_pos[direction] += len(piece.raw)
             forwarded = self._on_frame(piece, direction, now_ns, actions, run)
             self._release_event(forwarded is not None)
             if forwarded is not None:
@@ -557,6 +573,15 @@ class ConnectionPipeline:
             self._emit(direction, list(run), actions)
             run.clear()
 
+    def _publish_run(self, direction: Direction, piece: Piece, lead: int, now_ns: int) -> None:
+        """Hand passed-through bytes to the observers that take runs (a copy: the buffer is reused)."""
+        assert self.publish is not None
+        data = bytes(piece)  # type: ignore[arg-type]  # (never a Frame here)
+        position = self._stream_pos[direction]
+        self._stream_pos[direction] = position + len(data)
+        self.publish(RunEvent(self.info, direction, now_ns, data, min(lead, len(data)), position,
+                              self._forward_time(direction, now_ns)))
+
     def _publish_proxy_frame(self, direction: Direction, data: bytes, now_ns: int) -> None:
         if self.publish is None:
             return
@@ -580,7 +605,7 @@ class ConnectionPipeline:
             if T.FLOW not in self._accounted or T.MESSAGE not in self._accounted:
                 self.permits_exact = False  # and stays so: permits missed now are never recounted
         for direction, scanner in self.scanners.items():
-            want_all = self.publish is not None
+            want_all = self.publish is not None and not self._runs
             wanted: set[int] = {T.PING, T.PONG}
             if self.tracker is not None and self._accounted is not None:
                 wanted |= self._accounted

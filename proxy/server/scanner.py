@@ -125,6 +125,11 @@ class FrameScanner:
         return self._skip == 0 and not self._carry
 
     @property
+    def passing_through(self) -> int:
+        """Bytes of a passed-through frame still to come: the next ``feed`` hands them out first."""
+        return self._skip
+
+    @property
     def buffered(self) -> int:
         return len(self._carry)
 

@@ -11,15 +11,19 @@ finished exchanges and delivery cycles to the :class:`~proxy.telemetry.tracer.Sp
 
 :class:`TelemetryObserver` adapts it to the proxy's observer hook
 (:class:`proxy.server.hooks.Observer`): it is called from the observer task, behind
-the bounded queue, never on the relay's path.
+the bounded queue, never on the relay's path.  It takes the frames the proxy passed
+through unchanged in bulk (``on_run``, see :mod:`proxy.server.run_cutter`), so the
+relay builds no Frame and no event per frame for telemetry.
 """
 
 from __future__ import annotations
 
+from proxy.errors import ProtocolError
 from proxy.protocol.commands import type_name
-from proxy.protocol.frame import Frame
+from proxy.protocol.frame import Frame, peek_type
 from proxy.protocol.session import Direction
-from proxy.server.hooks import ConnectionEvent, ConnectionInfo, FrameEvent
+from proxy.server.hooks import ConnectionEvent, ConnectionInfo, FrameEvent, RunEvent
+from proxy.server.run_cutter import RunCutter, whole_frames
 from proxy.telemetry.metrics import ProxyMetrics
 from proxy.telemetry.tracer import Peer, SpanWriter
 from proxy.telemetry.tracker import ConnectionTimeline, FrameOutcome
@@ -133,10 +137,19 @@ class TelemetryObserver:
 
     def __init__(self, telemetry: Telemetry) -> None:
         self.telemetry = telemetry
+        #: per (connection, direction): the runs cut back into frames
+        self._cutters: dict[tuple[int, Direction], RunCutter] = {}
+
+    @property
+    def frames_lost(self) -> int:
+        """Frames of open connections that dropped runs cut (neither whole nor observed)."""
+        return sum(cutter.lost for cutter in self._cutters.values())
 
     def on_connection(self, event: ConnectionEvent) -> None:
         info = event.connection
         if event.closed:
+            self._cutters.pop((info.conn_id, Direction.TO_BROKER), None)
+            self._cutters.pop((info.conn_id, Direction.TO_CLIENT), None)
             self.telemetry.connection_closed(info.conn_id, event.ts_ns, event.reason)
         else:
             self.telemetry.connection_opened(info.conn_id, event.ts_ns, info.client, _broker_of(info))
@@ -145,3 +158,34 @@ class TelemetryObserver:
         self.telemetry.frame(event.connection.conn_id, event.direction, event.frame, event.ts_ns,
                              forwarded_ns=event.forwarded_ns, origin=event.origin.value, fired=event.fired,
                              broker=_broker_of(event.connection), marks=event.marks)
+
+    def on_run(self, event: RunEvent) -> None:
+        """Frames passed through unchanged: each as a FrameEvent of its own would tell."""
+        conn_id, direction, data = event.connection.conn_id, event.direction, event.data
+        cutter = self._cutters.get((conn_id, direction))
+        if cutter is None:
+            cutter = self._cutters[(conn_id, direction)] = RunCutter()
+        completed, pos = cutter.begin(data, event.lead, event.stream_pos)
+        spans, end = whole_frames(data, pos)
+        cutter.end(data, end)
+        raws = [data[start:stop] for start, stop in spans]
+        if completed is not None:
+            raws.insert(0, completed)
+        telemetry, broker = self.telemetry, _broker_of(event.connection)
+        origin = "client" if direction is Direction.TO_BROKER else "broker"
+        for raw in raws:
+            frame = _passed_frame(raw)
+            if frame is not None:
+                telemetry.frame(conn_id, direction, frame, event.ts_ns, forwarded_ns=event.forwarded_ns,
+                                origin=origin, broker=broker)
+
+
+def _passed_frame(raw: bytes) -> Frame | None:
+    """A Frame of bytes the relay checked and passed (its type read from the canonical ``08 TYPE``)."""
+    cmd_size = int.from_bytes(raw[4:8], "big")
+    if raw[8] == 0x08 and raw[9] < 0x80:
+        return Frame(raw, raw[9], cmd_size)
+    try:
+        return Frame(raw, peek_type(raw, 8, 8 + cmd_size), cmd_size)
+    except ProtocolError:
+        return None

@@ -245,3 +245,116 @@ async def test_frames_arriving_one_by_one_are_handed_to_the_writer_thread_in_few
     assert sum(appends) == len(frames) + 1  # every frame, and the opened record
     assert len(appends) <= 3
     assert len(list(open_recordings(tmp_path).frames())) == len(frames)
+
+
+def _stream_of(frames: list, direction: str) -> bytes:  # type: ignore[type-arg]
+    return b"".join(f.raw for f in frames if f.direction == direction and f.origin != "proxy")
+
+
+def _cut(data: bytes, sizes: list[int]) -> list[tuple[int, bytes]]:
+    """``data`` cut into pieces of the given sizes (cycled): (stream offset, piece)."""
+    pieces, pos, index = [], 0, 0
+    while pos < len(data):
+        size = sizes[index % len(sizes)]
+        pieces.append((pos, data[pos:pos + size]))
+        pos += size
+        index += 1
+    return pieces
+
+
+def _leads(data: bytes, pieces: list[tuple[int, bytes]]) -> list[int]:
+    """For each piece, how many of its first bytes finish a frame begun in an earlier piece."""
+    starts, pos = set(), 0
+    while pos < len(data):
+        starts.add(pos)
+        pos += int.from_bytes(data[pos:pos + 4], "big") + 4
+    leads = []
+    for offset, piece in pieces:
+        lead = 0
+        while lead < len(piece) and offset + lead not in starts:
+            lead += 1
+        leads.append(lead)
+    return leads
+
+
+async def test_runs_of_passed_through_bytes_are_recorded_as_the_same_frame_records(tmp_path: Path) -> None:
+    """The proxy hands the recorder what it passed through unchanged as runs of bytes cut anywhere
+    (inside a size prefix, inside a payload): the recording holds every frame whole, byte for byte,
+    in order, with auth data redacted — the same records as frames handed over one by one."""
+    from proxy.protocol.session import Direction
+    from proxy.recording.observer import RecordingObserver
+    from proxy.server.hooks import ConnectionEvent, ConnectionInfo, RunEvent
+
+    frames = [f for f in session(sends=6) if f.origin != "proxy"]
+    conn = ConnectionInfo(conn_id=4, client="127.0.0.1:41000", listener="127.0.0.1:6650",
+                          broker_url="pulsar://127.0.0.1:6651")
+    by_frame = tmp_path / "one-by-one"
+    await record_sessions(by_frame, [frames])  # the reference: every frame on its own
+    with trio.fail_after(10):
+        async with Recorder(RecordConfig(dir=tmp_path / "runs")) as recorder:
+            observer = RecordingObserver(recorder)
+            observer.on_connection(ConnectionEvent(conn, BASE_NS, closed=False))
+            for direction, sizes in (("to_broker", [1, 3, 7, 200, 2, 64]), ("to_client", [5, 11, 4096, 3])):
+                data = _stream_of(frames, direction)
+                pieces = _cut(data, sizes)
+                for (offset, piece), lead in zip(pieces, _leads(data, pieces), strict=True):
+                    observer.on_run(RunEvent(conn, Direction(direction), BASE_NS, piece, lead, offset, BASE_NS))
+            observer.on_connection(ConnectionEvent(conn, BASE_NS + 1, closed=True, reason="eof"))
+    got = list(open_recordings(tmp_path / "runs").frames())
+    reference = list(open_recordings(by_frame).frames())
+    for direction in ("to_broker", "to_client"):
+        assert [g.raw for g in got if g.direction == direction] == \
+            [r.raw for r in reference if r.direction == direction]
+    assert all(g.origin == ("client" if g.direction == "to_broker" else "broker") for g in got)
+    connect = next(g for g in got if g.frame.type_name == "CONNECT")
+    assert connect.redacted and b"token-secret-123" not in connect.raw
+    index = open_recordings(tmp_path / "runs").connections[4]
+    assert (index.frames, index.bytes) == (len(frames), sum(len(f.raw) for f in frames))
+
+
+def test_a_run_is_written_as_protobuf_would_write_its_frame_records() -> None:
+    """The writer frames a run's records without message objects: the bytes are protobuf's own."""
+    from proxy.recording import recorder as rec
+
+    config = RecordConfig(dir=Path("unused"))
+    frames = [f.raw for f in session(sends=2) if f.direction == "to_client" and f.origin == "broker"]
+    run = rec._RunItem(7, rpb.TO_CLIENT, BASE_NS, b"".join(frames), 0, 0)
+    fast, result = rec._encode_batch([run], config)
+    general, _ = rec._encode_batch([rec._FrameItem(7, rpb.TO_CLIENT, rpb.BROKER, BASE_NS, raw, ())
+                                    for raw in frames], config)
+    assert fast == general and result.frames == len(frames)
+
+
+def test_a_dropped_run_loses_only_the_frames_it_touched() -> None:
+    """A run the queue dropped leaves a gap in its stream: the frames the gap cuts are left out
+    (counted as lost), every other frame is recorded whole, and nothing is mis-cut after it."""
+    from proxy.recording import recorder as rec
+
+    config = RecordConfig(dir=Path("unused"), redact=False)
+    frames = [f.raw for f in session(sends=8) if f.direction == "to_broker"]
+    data = b"".join(frames)
+    pieces = _cut(data, [37])
+    leads = _leads(data, pieces)
+    items = [rec._RunItem(1, rpb.TO_BROKER, BASE_NS, piece, lead, offset)
+             for (offset, piece), lead in zip(pieces, leads, strict=True)]
+    for dropped in (len(items) // 2, len(items) // 2 + 2, 3):
+        _check_gap(frames, pieces, items, dropped, config)
+
+
+def _check_gap(frames: list[bytes], pieces: list[tuple[int, bytes]], items: list, dropped: int,  # type: ignore[type-arg]
+               config: RecordConfig) -> None:
+    from proxy.recording import recorder as rec
+    from proxy.recording.segment import SEGMENT_MAGIC, scan_segment
+
+    records, result = rec._encode_batch(items[:dropped] + items[dropped + 1:], config)
+    kept = [r.frame.data for r in scan_segment(SEGMENT_MAGIC + b"".join(records)).records]
+    gap_start, gap_end = pieces[dropped][0], pieces[dropped][0] + len(pieces[dropped][1])
+    untouched, touched, pos = [], 0, 0
+    for raw in frames:
+        if pos + len(raw) <= gap_start or pos >= gap_end:
+            untouched.append(raw)
+        elif pos < gap_start or pos + len(raw) > gap_end:
+            touched += 1  # cut by the gap: neither start nor end was recorded
+        pos += len(raw)
+    assert kept == untouched
+    assert result.frames == len(kept) and result.frames_lost == touched >= 1

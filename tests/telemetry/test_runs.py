@@ -1,0 +1,90 @@
+"""Telemetry fed in bulk: frames the proxy passed through unchanged come as runs of bytes.
+
+The relay hands observers that take runs (``on_run``) one RunEvent per stretch of
+passed-through bytes instead of a Frame and a FrameEvent per frame; telemetry cuts
+them back into frames.  The spans and metrics must be those of frames one by one.
+"""
+
+from __future__ import annotations
+
+import random
+
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from proxy.config.proxy_config import ServiceUrl
+from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.frame import encode_command, encode_payload_command
+from proxy.protocol.session import Direction
+from proxy.server.hooks import ConnectionEvent, ConnectionInfo, FrameEvent, RunEvent
+from proxy.server.lookup import BrokerDirectory
+from proxy.server.pipeline import ConnectionPipeline, PipelineSettings
+from proxy.telemetry import TelemetryPipeline, build_telemetry
+
+TO_BROKER, TO_CLIENT = Direction.TO_BROKER, Direction.TO_CLIENT
+TOPIC = "persistent://public/default/runs"
+
+
+def traffic() -> list[tuple[Direction, bytes]]:
+    """A producer session as the wire carries it: handshake, PRODUCER, SENDs and receipts interleaved."""
+    frames = [(TO_BROKER, encode_command(api.CommandConnect(client_version="t", protocol_version=21))),
+              (TO_CLIENT, encode_command(api.CommandConnected(server_version="b", protocol_version=21))),
+              (TO_BROKER, encode_command(api.CommandProducer(topic=TOPIC, producer_id=1, request_id=1))),
+              (TO_CLIENT, encode_command(api.CommandProducerSuccess(request_id=1, producer_name="p")))]
+    metadata = api.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1)
+    for seq in range(300):
+        frames.append((TO_BROKER, encode_payload_command(api.CommandSend(producer_id=1, sequence_id=seq),
+                                                         metadata, b"x" * (10 + seq * 7 % 3000))))
+        if seq % 3 == 2:
+            for answered in range(seq - 2, seq + 1):
+                frames.append((TO_CLIENT, encode_command(api.CommandSendReceipt(
+                    producer_id=1, sequence_id=answered, message_id=api.MessageIdData(ledgerId=1, entryId=answered)))))
+    return frames
+
+
+def run_through_pipeline(runs: bool) -> tuple[TelemetryPipeline, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    built = build_telemetry(span_exporter=exporter, seed=1)
+    observer = built.observer
+    events: list[FrameEvent | RunEvent | ConnectionEvent] = []
+    info = ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None)
+    pipeline = ConnectionPipeline(
+        info, settings=PipelineSettings(), default_broker=ServiceUrl.parse("pulsar://10.9.9.1:6650"),
+        directory=BrokerDirectory("proxy.example", upstream_tls=False, open_listener=lambda broker: 40001),
+        now_ns=0, publish=events.append, observations=False, runs=runs)
+    rng = random.Random(3)
+    now = 1_000
+    for direction, raw in traffic():
+        # each frame arrives in a few reads cut anywhere (the clock moves between them)
+        pos = 0
+        while pos < len(raw):
+            take = rng.choice([1, 5, 64, 2000, len(raw)])
+            pipeline.receive(direction, raw[pos:pos + take], now)
+            pos += take
+            now += 1_000
+    pipeline.announce()
+    for event in events:
+        if isinstance(event, RunEvent):
+            observer.on_run(event)
+        elif isinstance(event, FrameEvent):
+            observer.on_frame(event)
+        else:
+            observer.on_connection(event)
+    observer.on_connection(ConnectionEvent(pipeline.info, now, closed=True, reason="done"))
+    built.force_flush()
+    return built, exporter
+
+
+def test_runs_give_the_same_spans_and_metrics_as_frames_one_by_one() -> None:
+    by_frame, frame_spans = run_through_pipeline(runs=False)
+    by_run, run_spans = run_through_pipeline(runs=True)
+    assert by_run.prometheus_text() == by_frame.prometheus_text()
+    assert 'command="SEND",outcome="ok"' in by_run.prometheus_text()
+
+    def described(exporter: InMemorySpanExporter) -> list[tuple[str, int, int | None, object]]:
+        return sorted((span.name, span.start_time or 0, span.end_time, span.attributes.get("messaging.message.id"))
+                      for span in exporter.get_finished_spans() if span.attributes is not None)
+
+    assert described(run_spans) == described(frame_spans)
+    assert sum(1 for span in run_spans.get_finished_spans() if span.name.startswith("SEND")) == 300
+    by_frame.shutdown()
+    by_run.shutdown()
