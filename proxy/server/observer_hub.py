@@ -1,16 +1,21 @@
 """Delivers frame and connection events to observers without ever stalling traffic.
 
 The relay calls :meth:`ObserverHub.publish` (synchronous, never blocks); events (frames,
-runs of passed-through bytes, connections) go
-into one bounded Trio memory channel and a single task hands them to each
-observer.  Overflow policy: when the queue is full (in events, or in the bytes of
-queued runs) the event is dropped and counted in ``dropped`` — traffic always wins over telemetry.  An observer that
-raises is logged and counted, and keeps receiving later events.
+runs of passed-through bytes, connections) go into one bounded Trio memory channel and
+a single task hands them to each observer, for a slice of time per scheduling turn (the relays run in between).  A long
+run (a relay reads up to 256 KiB at once) is handed over in pieces of about
+``RUN_PIECE_BYTES``, cut between frames, so that an observer that works per frame
+(telemetry) never holds the relays up for a whole run.  Overflow policy: when the
+queue is full (in events, or in the bytes of queued runs) the event is dropped and
+counted in ``dropped`` — traffic always wins over telemetry.  An observer that raises
+is logged and counted, and keeps receiving later events.
 """
 
 from __future__ import annotations
 
+import struct
 import time
+from collections import deque
 from typing import Final
 
 import structlog
@@ -25,6 +30,11 @@ DEFAULT_QUEUE_BYTES: Final = 64 * 1024 * 1024
 #: how long the hub's task delivers per scheduling turn at most (the relays run in between)
 _DELIVER_SECONDS_PER_TURN: Final = 0.002
 
+#: a run longer than this is delivered in pieces of about this size, cut between frames
+RUN_PIECE_BYTES: Final = 32 * 1024
+
+_SIZE = struct.Struct(">I")
+
 log = structlog.get_logger("pulsar_tap.observers")
 
 Event = FrameEvent | RunEvent | ConnectionEvent
@@ -34,7 +44,8 @@ class ObserverHub:
     """A bounded queue between the relays and the observers; see the module docstring."""
 
     def __init__(self, observers: list[Observer] | None = None, queue_size: int = DEFAULT_QUEUE_SIZE,
-                 queue_bytes: int = DEFAULT_QUEUE_BYTES) -> None:
+                 queue_bytes: int = DEFAULT_QUEUE_BYTES, slice_seconds: float = _DELIVER_SECONDS_PER_TURN,
+                 run_piece_bytes: int = RUN_PIECE_BYTES) -> None:
         self.observers: list[Observer] = list(observers or [])
         # Bounded in events and in the bytes of runs: overflow drops the event and counts it (see publish).
         self._send, self._receive = trio.open_memory_channel[Event](queue_size)
@@ -43,6 +54,10 @@ class ObserverHub:
         self.dropped = 0
         self.delivered = 0
         self.observer_errors = 0
+        self.slice_seconds = slice_seconds
+        self.run_piece_bytes = run_piece_bytes
+        #: taken from the queue, not yet delivered: the pieces of a long run
+        self._pieces: deque[Event] = deque()
 
     @property
     def active(self) -> bool:
@@ -80,21 +95,49 @@ class ObserverHub:
 
     async def run(self) -> None:
         """Deliver events until :meth:`close` (the queue is drained first)."""
-        receive = self._receive
+        receive, pieces = self._receive, self._pieces
         clock = time.perf_counter
         async with receive:
-            async for event in receive:
+            while True:
+                if pieces:
+                    await trio.lowlevel.checkpoint()  # the rest of a long run: the relays go first
+                else:
+                    try:
+                        self._take(await receive.receive())
+                    except trio.EndOfChannel:
+                        return
                 # What else is waiting, without a trip through the scheduler per event (the relays
                 # publish many events per turn; one each would leave the queue to overflow), for
                 # at most a slice of time: then the relays go on (the queue absorbs the rest).
-                until = clock() + _DELIVER_SECONDS_PER_TURN
-                self._deliver(event)
+                until = clock() + self.slice_seconds
+                self._deliver(pieces.popleft())
                 while clock() < until:
-                    try:
-                        event = receive.receive_nowait()
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
-                    self._deliver(event)
+                    if not pieces:
+                        try:
+                            self._take(receive.receive_nowait())
+                        except (trio.WouldBlock, trio.EndOfChannel):
+                            break
+                    self._deliver(pieces.popleft())
+
+    def _take(self, event: Event) -> None:
+        """Queue an event for delivery; a long run as pieces cut between frames."""
+        if type(event) is not RunEvent or len(event.data) <= self.run_piece_bytes:
+            self._pieces.append(event)
+            return
+        data, limit, start, pos, end = event.data, self.run_piece_bytes, 0, event.lead, len(event.data)
+        while end - pos >= 4:
+            frame_end = pos + _SIZE.unpack_from(data, pos)[0] + 4
+            if frame_end - start > limit and pos > start:
+                self._pieces.append(self._piece(event, start, pos))
+                start = pos
+            pos = frame_end
+        self._pieces.append(self._piece(event, start, end))
+
+    @staticmethod
+    def _piece(event: RunEvent, start: int, stop: int) -> RunEvent:
+        return RunEvent(event.connection, event.direction, event.ts_ns, event.data[start:stop],
+                        min(event.lead, stop) if start == 0 else 0, event.stream_pos + start,
+                        event.forwarded_ns)
 
     def close(self) -> None:
         self._send.close()

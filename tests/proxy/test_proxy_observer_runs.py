@@ -114,3 +114,87 @@ def test_the_hub_bounds_the_bytes_of_queued_runs_and_counts_what_it_drops() -> N
     for index in range(5):
         hub.publish(RunEvent(info, TO_BROKER, 0, b"x" * 300, 0, index * 300, 0))
     assert (hub.queued, hub.dropped) == (3, 2)
+
+
+class _Collect:
+    def __init__(self, log: list[object]) -> None:
+        self.log = log
+
+    def on_frame(self, event: FrameEvent) -> None: ...
+    def on_connection(self, event: ConnectionEvent) -> None: ...
+
+    def on_run(self, event: RunEvent) -> None:
+        self.log.append(event)
+
+
+async def _deliver_all(hub: ObserverHub, *events: RunEvent, ticks: list[object] | None = None) -> None:
+    import trio
+
+    async def tick() -> None:
+        assert ticks is not None
+        for _ in range(1000):
+            ticks.append("tick")
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(hub.run)
+        if ticks is not None:
+            nursery.start_soon(tick)
+        for event in events:
+            hub.publish(event)
+        hub.close()
+
+
+async def test_the_hub_hands_a_long_run_over_in_pieces_cut_between_frames() -> None:
+    from proxy.server.run_cutter import RunCutter, whole_frames
+
+    big, small = sends(1, 100_000), sends(3000, 60)
+    tail = big[:30_000]  # a frame begun here, finished by a later run
+    lead = 5_000  # the run starts with the last bytes of a frame begun before
+    data = big[-lead:] + small + big + tail
+    log: list[object] = []
+    hub = ObserverHub([_Collect(log)], run_piece_bytes=32 * 1024)
+    info = ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None)
+    run = RunEvent(info, TO_BROKER, 7, data, lead, 1000, 8)
+    await _deliver_all(hub, run)
+    pieces = [event for event in log if isinstance(event, RunEvent)]
+    assert len(pieces) > 3
+    assert b"".join(piece.data for piece in pieces) == data
+    assert [piece.stream_pos for piece in pieces] == [1000 + sum(len(p.data) for p in pieces[:i])
+                                                      for i in range(len(pieces))]
+    assert [piece.lead for piece in pieces] == [lead] + [0] * (len(pieces) - 1)
+    assert {(piece.ts_ns, piece.forwarded_ns) for piece in pieces} == {(7, 8)}
+    # each piece holds whole frames up to the limit, or one frame longer than it
+    for piece in pieces[1:-1]:
+        spans, end = whole_frames(piece.data, 0)
+        assert end == len(piece.data)
+        assert len(piece.data) <= 32 * 1024 or len(spans) == 1
+    # cut into frames, the pieces give what the whole run gives
+    def frames_of(runs: list[RunEvent]) -> list[bytes]:
+        cutter, out = RunCutter(), []
+        for r in runs:
+            completed, pos = cutter.begin(r.data, r.lead, r.stream_pos)
+            spans, end = whole_frames(r.data, pos)
+            cutter.end(r.data, end)
+            out += ([completed] if completed else []) + [r.data[a:b] for a, b in spans]
+        return out
+    assert frames_of(pieces) == frames_of([run]) and len(frames_of([run])) == 3001
+    assert hub.delivered == len(pieces) and hub._queued_run_bytes == 0
+
+
+async def test_the_relays_run_between_the_pieces_of_a_long_run() -> None:
+    log: list[object] = []
+    hub = ObserverHub([_Collect(log)], slice_seconds=0.0, run_piece_bytes=4096)
+    info = ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None)
+    await _deliver_all(hub, RunEvent(info, TO_BROKER, 0, sends(500, 60), 0, 0, 0), ticks=log)
+    kinds = ["piece" if isinstance(entry, RunEvent) else "tick" for entry in log]
+    first, last = kinds.index("piece"), len(kinds) - 1 - kinds[::-1].index("piece")
+    assert kinds.count("piece") > 5
+    assert "tick" in kinds[first:last]  # the other task ran while the run was being delivered
+    # and with no slice limit the whole run goes at once
+    log.clear()
+    hub = ObserverHub([_Collect(log)], slice_seconds=60.0, run_piece_bytes=4096)
+    await _deliver_all(hub, RunEvent(info, TO_BROKER, 0, sends(500, 60), 0, 0, 0), ticks=log)
+    kinds = ["piece" if isinstance(entry, RunEvent) else "tick" for entry in log]
+    first, last = kinds.index("piece"), len(kinds) - 1 - kinds[::-1].index("piece")
+    assert "tick" not in kinds[first:last]
