@@ -157,7 +157,10 @@ class Observer(Protocol):
     ``on_run(event: RunEvent) -> None``: when every observer has it (and no hook wants
     every frame), the relay does not build a Frame and a FrameEvent for each frame it
     passes through unchanged: each stretch of them comes as one :class:`RunEvent`, and
-    only the frames the proxy looks at anyway come as FrameEvents.
+    only the frames the proxy looks at anyway come as FrameEvents.  One that works frame
+    by frame on what a run holds (telemetry) sets ``runs_in_pieces = True``: the hub then
+    hands long runs over in pieces cut between frames and lets the relays run in between
+    (see ``observer_hub``); others get each run whole, as received.
     """
 
     def on_frame(self, event: FrameEvent) -> None:

@@ -4,8 +4,8 @@ The relay calls :meth:`ObserverHub.publish` (synchronous, never blocks); events 
 runs of passed-through bytes, connections) go into one bounded Trio memory channel and
 a single task hands them to each observer, for a slice of time per scheduling turn (the relays run in between).  A long
 run (a relay reads up to 256 KiB at once) is handed over in pieces of about
-``RUN_PIECE_BYTES``, cut between frames, so that an observer that works per frame
-(telemetry) never holds the relays up for a whole run.  Overflow policy: when the
+``RUN_PIECE_BYTES``, cut between frames, when an observer works frame by frame on runs
+(``runs_in_pieces``: telemetry), so that it never holds the relays up for a whole run.  Overflow policy: when the
 queue is full (in events, or in the bytes of queued runs) the event is dropped and
 counted in ``dropped`` — traffic always wins over telemetry.  An observer that raises
 is logged and counted, and keeps receiving later events.
@@ -76,6 +76,11 @@ class ObserverHub:
                                             for observer in self.observers)
 
     @property
+    def cuts_runs(self) -> bool:
+        """True when an observer works frame by frame on runs (``runs_in_pieces``): long runs come in pieces."""
+        return any(getattr(observer, "runs_in_pieces", False) for observer in self.observers)
+
+    @property
     def queued(self) -> int:
         """Events published and not yet delivered."""
         return self._send.statistics().current_buffer_used
@@ -121,7 +126,7 @@ class ObserverHub:
 
     def _take(self, event: Event) -> None:
         """Queue an event for delivery; a long run as pieces cut between frames."""
-        if type(event) is not RunEvent or len(event.data) <= self.run_piece_bytes:
+        if type(event) is not RunEvent or len(event.data) <= self.run_piece_bytes or not self.cuts_runs:
             self._pieces.append(event)
             return
         data, limit, start, pos, end = event.data, self.run_piece_bytes, 0, event.lead, len(event.data)

@@ -134,6 +134,8 @@ class TelemetryObserver:
 
     #: telemetry pairs requests with its own tracker (it also sees the proxy's frames)
     needs_observation = False
+    #: each run is cut into frames and each frame worked on: long runs come in pieces
+    runs_in_pieces = True
 
     def __init__(self, telemetry: Telemetry) -> None:
         self.telemetry = telemetry

@@ -117,6 +117,8 @@ def test_the_hub_bounds_the_bytes_of_queued_runs_and_counts_what_it_drops() -> N
 
 
 class _Collect:
+    runs_in_pieces = True
+
     def __init__(self, log: list[object]) -> None:
         self.log = log
 
@@ -198,3 +200,16 @@ async def test_the_relays_run_between_the_pieces_of_a_long_run() -> None:
     kinds = ["piece" if isinstance(entry, RunEvent) else "tick" for entry in log]
     first, last = kinds.index("piece"), len(kinds) - 1 - kinds[::-1].index("piece")
     assert "tick" not in kinds[first:last]
+
+
+async def test_observers_that_take_runs_whole_get_them_as_received() -> None:
+    log: list[object] = []
+
+    class Whole(_Collect):
+        runs_in_pieces = False
+
+    hub = ObserverHub([Whole(log)], slice_seconds=0.0, run_piece_bytes=4096)
+    info = ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None)
+    run = RunEvent(info, TO_BROKER, 0, sends(500, 60), 0, 0, 0)
+    await _deliver_all(hub, run)
+    assert log == [run]
