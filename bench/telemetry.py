@@ -47,11 +47,11 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from proxy.config.proxy_config import HostPort, LimitsConfig, ProxyConfig, ServiceUrl
+from proxy.core.hooks import ConnectionEvent, FrameEvent, Observer
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.frame import Frame, encode_command, encode_payload_command, frame_from_bytes
 from proxy.protocol.session import Direction
 from proxy.server.app import ProxyServer
-from proxy.server.hooks import ConnectionEvent, FrameEvent, Observer
 from proxy.telemetry import ExportSettings, TelemetryPipeline, build_telemetry
 
 MODES = ("off", "noop-observer", "metrics", "traces-100%", "traces-1%")

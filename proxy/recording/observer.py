@@ -5,7 +5,7 @@ every frame (as received, and again with origin ``proxy`` for what it changed or
 originated) and every connection opening and closing.  :class:`RecordingObserver`
 passes them to a :class:`~proxy.recording.recorder.Recorder`, which queues them
 without blocking.  Frames the proxy passed through unchanged come in bulk
-(:class:`~proxy.server.hooks.RunEvent`: the bytes of a stretch of one direction)
+(:class:`~proxy.core.hooks.RunEvent`: the bytes of a stretch of one direction)
 and the Recorder cuts them into frame records in its worker thread, so recording
 decodes nothing on the relay's path.  The broker address comes from the connection's upstream URL
 (``pulsar://host:port``); ``frame_filter`` lets a ``record`` rule keep only the
@@ -18,8 +18,8 @@ from collections.abc import Callable
 from typing import cast
 from urllib.parse import urlsplit
 
+from proxy.core.hooks import ConnectionEvent, FrameEvent, RunEvent
 from proxy.recording.recorder import Address, Recorder
-from proxy.server.hooks import ConnectionEvent, FrameEvent, RunEvent
 
 
 def broker_address(url: str | None) -> Address:

@@ -44,13 +44,13 @@ from typing import Final, TypeAlias
 import crc32c as _crc32c
 import trio
 
+from proxy.core.run_cutter import RunCutter, count_frame_starts
 from proxy.errors import ProtocolError, RecordingError
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.pb import recording_pb2 as rpb
 from proxy.protocol.frame import frame_from_bytes
 from proxy.recording.redaction import SECRET_PATHS, frame_type_of, redact, strip_payload
 from proxy.recording.segment import FORMAT_VERSION, SEGMENT_MAGIC, encode_frame_record, encode_record, varint
-from proxy.server.run_cutter import RunCutter, count_frame_starts
 
 INDEX_NAME: Final = "index.pb"
 SEGMENT_SUFFIX: Final = ".ptap"

@@ -22,13 +22,13 @@ from typing import Any
 import trio
 
 from proxy.config.proxy_config import HostPort, LimitsConfig, ProxyConfig, ServiceUrl
+from proxy.core.hooks import ConnectionEvent, FrameEvent, FrameHook
 from proxy.errors import PulsarTapError
 from proxy.recording.observer import RecordingObserver
 from proxy.recording.recorder import RecordConfig, Recorder
 from proxy.replay.matcher import AnswerBook
 from proxy.replay.server import ReplayServer
 from proxy.server.app import ProxyServer
-from proxy.server.hooks import ConnectionEvent, FrameEvent, FrameHook
 from proxy.server.threaded import LoopThread
 
 

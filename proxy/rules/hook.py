@@ -1,4 +1,4 @@
-"""The rules engine as the proxy's :class:`~proxy.server.hooks.FrameHook`, and its record filter.
+"""The rules engine as the proxy's :class:`~proxy.core.hooks.FrameHook`, and its record filter.
 
 The engine's :class:`~proxy.rules.verdict.Verdict` goes to the relay as it is (one
 decision type from engine to relay: a throttled SEND's ``lane`` holds only its
@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from proxy.core.hooks import FrameContext, FrameEvent
 from proxy.protocol.frame import Frame
 from proxy.protocol.session import Direction
 from proxy.rules.engine import RulesEngine
 from proxy.rules.verdict import Verdict
-from proxy.server.hooks import FrameContext, FrameEvent
 
 
 class RulesHook:

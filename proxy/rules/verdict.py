@@ -2,7 +2,7 @@
 
 The rules engine returns it (:mod:`proxy.rules.engine`, each action class of
 :mod:`proxy.rules.actions` building its own), the relay's sans-IO pipeline carries it
-out (``proxy.server.pipeline``); nothing translates it in between.  Frames are
+out (``proxy.core.pipeline``); nothing translates it in between.  Frames are
 addressed by side (``to_client`` / ``to_broker``), not relative to the sender, so a
 rule on either direction reads the same.  Order of effects for one frame:
 
@@ -10,7 +10,7 @@ rule on either direction reads the same.  Order of effects for one frame:
    wait behind it (none overtakes it) but are not delayed by it beyond its own
    release, so frames in flight are delayed side by side; with a ``lane`` only the
    frames of that lane wait (throttling one producer must not slow another
-   producer on the same connection; see ``proxy.server.holding``);
+   producer on the same connection; see ``proxy.core.holding``);
 2. write the frame (``replacement`` instead of its bytes when set; nothing when
    ``forward`` is false), in writes of ``slice_bytes`` when that is > 0;
 3. write the extra frames ``to_client`` and ``to_broker`` (answers on the broker's

@@ -1,6 +1,7 @@
-"""The proxy: listeners, per-connection relays, upstream connections and lookup rewriting.
+"""The proxy's Trio layer: listeners, per-connection relays, upstream connections, observers' task.
 
-The per-connection logic (``pipeline``, ``scanner``, ``lookup``, ``keepalive``) is
-sans-IO; ``transport``, ``upstream``, ``relay`` and ``app`` are the thin Trio layer
-that moves bytes, owns sockets and timers, and carries the pipeline's actions out.
+The per-connection logic is sans-IO and lives in :mod:`proxy.core` (pipeline, scanner,
+lookup rewriting, holding, the hook/observer contract); ``transport``, ``upstream``,
+``relay`` and ``app`` move bytes, own sockets and timers, and carry the pipeline's
+actions out; ``stack`` wires rules, recording, telemetry and the admin API to them.
 """

@@ -26,11 +26,11 @@ import trio
 
 from proxy.config.proxy_config import HostPort, ProxyConfig, ServiceUrl
 from proxy.containment import contained
+from proxy.core.hooks import ConnectionInfo, FrameHook, Observer
+from proxy.core.lookup import BrokerDirectory
+from proxy.core.pipeline import ConnectionPipeline, PipelineSettings
 from proxy.errors import ProtocolError
-from proxy.server.hooks import ConnectionInfo, FrameHook, Observer
-from proxy.server.lookup import BrokerDirectory
 from proxy.server.observer_hub import ObserverHub
-from proxy.server.pipeline import ConnectionPipeline, PipelineSettings
 from proxy.server.reactor import Reactor
 from proxy.server.relay import Relay, TrioEpochClock, next_conn_id
 from proxy.server.transport import SocketTransport, StreamTransport, Transport, peer_name

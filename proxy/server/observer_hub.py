@@ -21,7 +21,7 @@ from typing import Final
 import structlog
 import trio
 
-from proxy.server.hooks import ConnectionEvent, FrameEvent, Observer, RunEvent
+from proxy.core.hooks import ConnectionEvent, FrameEvent, Observer, RunEvent
 
 DEFAULT_QUEUE_SIZE: Final = 10_000
 #: bytes of RunEvents queued at most (each holds up to a receive buffer of bytes)

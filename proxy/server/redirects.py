@@ -23,13 +23,13 @@ from __future__ import annotations
 import itertools
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Final
 
 import structlog
 import trio
 
 from proxy.config.proxy_config import ServiceUrl
+from proxy.core.lookup import Redirected, failed_answer
 from proxy.errors import ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.commands import T
@@ -47,23 +47,8 @@ MAX_REDIRECTS: Final = 10
 HOP_TIMEOUT_S: Final = 30.0
 
 
-@dataclass(frozen=True, slots=True)
-class Redirected:
-    """A client's LOOKUP that a broker answered with Redirect: what to ask whom next."""
-
-    lookup: api.CommandLookupTopic
-    broker: ServiceUrl
-    authoritative: bool
-
-
 class LookupFailed(Exception):
     """Following a Redirect failed; the message goes to the client in a Failed answer."""
-
-
-def failed_answer(request_id: int, message: str) -> bytes:
-    """The Failed LOOKUP_RESPONSE (ServiceNotReady) the client gets when following fails."""
-    return encode_command(api.CommandLookupTopicResponse(
-        request_id=request_id, response=LookupType.Failed, error=api.ServerError.ServiceNotReady, message=message))
 
 
 class _Link:

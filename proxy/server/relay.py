@@ -1,6 +1,6 @@
 """One proxied connection on Trio: read both sides, let the pipeline decide, write.
 
-The relay is the thin I/O loop around :class:`~proxy.server.pipeline.ConnectionPipeline`.
+The relay is the thin I/O loop around :class:`~proxy.core.pipeline.ConnectionPipeline`.
 Its two directions and its keepalive timer share one nursery: when one ends (a peer
 closed, a protocol error, a dead peer, a rule's close), the nursery is cancelled
 and both sockets are closed in ``finally``.  Backpressure is natural: a direction
@@ -50,10 +50,8 @@ import structlog
 import trio
 
 from proxy.config.proxy_config import ServiceUrl
-from proxy.errors import ProtocolError
-from proxy.protocol.session import Direction
-from proxy.server.hooks import ConnectionEvent, ConnectionInfo
-from proxy.server.pipeline import (
+from proxy.core.hooks import ConnectionEvent, ConnectionInfo
+from proxy.core.pipeline import (
     TO_BROKER,
     TO_CLIENT,
     Action,
@@ -64,6 +62,8 @@ from proxy.server.pipeline import (
     OpenUpstream,
     Send,
 )
+from proxy.errors import ProtocolError
+from proxy.protocol.session import Direction
 from proxy.server.reactor import Reactor
 from proxy.server.redirects import LookupFailed, LookupLinks
 from proxy.server.transport import RECV_SIZE, SocketTransport, Transport

@@ -21,9 +21,9 @@ from typing import Any, Self
 import trio
 
 from proxy.config.proxy_config import HostPort, ProxyConfig
+from proxy.core.hooks import Observer
 from proxy.errors import PulsarTapError
 from proxy.server.app import ProxyServer
-from proxy.server.hooks import Observer
 from proxy.server.stack import ProxyStack, running_proxy
 
 

@@ -24,7 +24,7 @@ from typing import Final, Protocol
 
 import trio
 
-from proxy.server.scanner import Piece
+from proxy.core.scanner import Piece
 
 #: bytes asked for per receive; bounds what one direction holds besides its scanner
 RECV_SIZE: Final = 256 * 1024

@@ -10,20 +10,20 @@ finished exchanges and delivery cycles to the :class:`~proxy.telemetry.tracer.Sp
 (if metrics are on).  It never changes traffic and never raises on odd frames.
 
 :class:`TelemetryObserver` adapts it to the proxy's observer hook
-(:class:`proxy.server.hooks.Observer`): it is called from the observer task, behind
+(:class:`proxy.core.hooks.Observer`): it is called from the observer task, behind
 the bounded queue, never on the relay's path.  It takes the frames the proxy passed
-through unchanged in bulk (``on_run``, see :mod:`proxy.server.run_cutter`), so the
+through unchanged in bulk (``on_run``, see :mod:`proxy.core.run_cutter`), so the
 relay builds no Frame and no event per frame for telemetry.
 """
 
 from __future__ import annotations
 
+from proxy.core.hooks import ConnectionEvent, ConnectionInfo, FrameEvent, RunEvent
+from proxy.core.run_cutter import RunCutter, whole_frames
 from proxy.errors import ProtocolError
 from proxy.protocol.commands import type_name
 from proxy.protocol.frame import Frame, peek_type
 from proxy.protocol.session import Direction
-from proxy.server.hooks import ConnectionEvent, ConnectionInfo, FrameEvent, RunEvent
-from proxy.server.run_cutter import RunCutter, whole_frames
 from proxy.telemetry.metrics import ProxyMetrics
 from proxy.telemetry.tracer import Peer, SpanWriter
 from proxy.telemetry.tracker import ConnectionTimeline, FrameOutcome

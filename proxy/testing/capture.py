@@ -2,7 +2,7 @@
 
 Two halves:
 
-- :class:`CaptureObserver` is a proxy observer (``proxy.server.hooks.Observer``)
+- :class:`CaptureObserver` is a proxy observer (``proxy.core.hooks.Observer``)
   running in the tap's loop.  It keeps, per connection, the frames that set up
   state (CONNECT, PRODUCER, SUBSCRIBE, their answers, closes), so that frames
   carrying only ids can later be attributed to their topic, and, while a capture
@@ -34,12 +34,12 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Final, Protocol
 
+from proxy.core.hooks import ConnectionEvent, FrameEvent
 from proxy.errors import ProtocolError
 from proxy.protocol.commands import DATA_PATH_TYPES, T
 from proxy.protocol.session import Direction, RequestPair, SessionTracker
 from proxy.recording.reader import RecordedFrame
 from proxy.recording.timeline import TimelineBuilder, TimelineEntry
-from proxy.server.hooks import ConnectionEvent, FrameEvent
 from proxy.testing.errors import TapError
 from proxy.testing.faults import full_topic_pattern
 

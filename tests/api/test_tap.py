@@ -17,10 +17,10 @@ import trio
 import trio.lowlevel
 
 from proxy.broker.embedded import ThreadedCluster
+from proxy.core.hooks import ConnectionEvent, ConnectionInfo, FrameEvent, Origin
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.frame import encode_command, frame_from_bytes
 from proxy.protocol.session import Direction
-from proxy.server.hooks import ConnectionEvent, ConnectionInfo, FrameEvent, Origin
 from proxy.testing import AdminClient, Tap, TapError, delay, drop, error, timeout
 from proxy.testing.capture import CaptureObserver
 

@@ -1,4 +1,4 @@
-"""A Playbook for :class:`~proxy.server.pipeline.ConnectionPipeline`: events in, the exact actions out.
+"""A Playbook for :class:`~proxy.core.pipeline.ConnectionPipeline`: events in, the exact actions out.
 
 After mitmproxy's proxy-core tests: a test writes the conversation as it should happen,
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.core.pipeline import Action, ConnectionPipeline, Send
 from proxy.protocol.session import Direction
-from proxy.server.pipeline import Action, ConnectionPipeline, Send
 
 
 @dataclass(frozen=True)

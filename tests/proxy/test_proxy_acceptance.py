@@ -18,9 +18,9 @@ import structlog
 from proxy_harness import ProxyFactory, ThreadedProxy, TlsMaterial
 
 from proxy.broker import ClusterConfig, ThreadedCluster
+from proxy.core.hooks import ConnectionEvent, FrameEvent
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.session import Direction
-from proxy.server.hooks import ConnectionEvent, FrameEvent
 
 MESSAGES = 10_000
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 import random
 
 from proxy.config.proxy_config import ServiceUrl
+from proxy.core.hooks import ConnectionEvent, ConnectionInfo, FrameEvent, Origin, RunEvent
+from proxy.core.lookup import BrokerDirectory
+from proxy.core.pipeline import ConnectionPipeline, PipelineSettings, Send
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.frame import encode_command, encode_payload_command
 from proxy.protocol.session import Direction
-from proxy.server.hooks import ConnectionEvent, ConnectionInfo, FrameEvent, Origin, RunEvent
-from proxy.server.lookup import BrokerDirectory
 from proxy.server.observer_hub import ObserverHub
-from proxy.server.pipeline import ConnectionPipeline, PipelineSettings, Send
 
 TO_BROKER, TO_CLIENT = Direction.TO_BROKER, Direction.TO_CLIENT
 Event = FrameEvent | RunEvent | ConnectionEvent
@@ -148,7 +148,7 @@ async def _deliver_all(hub: ObserverHub, *events: RunEvent, ticks: list[object] 
 
 
 async def test_the_hub_hands_a_long_run_over_in_pieces_cut_between_frames() -> None:
-    from proxy.server.run_cutter import RunCutter, whole_frames
+    from proxy.core.run_cutter import RunCutter, whole_frames
 
     big, small = sends(1, 100_000), sends(3000, 60)
     tail = big[:30_000]  # a frame begun here, finished by a later run

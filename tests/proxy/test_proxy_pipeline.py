@@ -8,17 +8,9 @@ import pytest
 from pipeline_playbook import Playbook, Receive, ReleaseDue, Tick
 
 from proxy.config.proxy_config import HostPort, ServiceUrl
-from proxy.errors import ProtocolError
-from proxy.pb import PulsarApi_pb2 as api
-from proxy.protocol.frame import Frame, encode_command, encode_payload_command, frame_from_bytes
-from proxy.protocol.session import Direction
-from proxy.rules.engine import RulesEngine
-from proxy.rules.hook import RulesHook
-from proxy.rules.loader import load_rules_text
-from proxy.rules.verdict import DROP, Verdict
-from proxy.server.hooks import ConnectionEvent, ConnectionInfo, FrameContext, FrameEvent, Origin
-from proxy.server.lookup import BrokerDirectory, UnroutableBroker
-from proxy.server.pipeline import (
+from proxy.core.hooks import ConnectionEvent, ConnectionInfo, FrameContext, FrameEvent, Origin
+from proxy.core.lookup import BrokerDirectory, UnroutableBroker
+from proxy.core.pipeline import (
     MAX_PROTOCOL_VERSION,
     Close,
     ConnectionPipeline,
@@ -28,6 +20,14 @@ from proxy.server.pipeline import (
     PipelineSettings,
     Send,
 )
+from proxy.errors import ProtocolError
+from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.frame import Frame, encode_command, encode_payload_command, frame_from_bytes
+from proxy.protocol.session import Direction
+from proxy.rules.engine import RulesEngine
+from proxy.rules.hook import RulesHook
+from proxy.rules.loader import load_rules_text
+from proxy.rules.verdict import DROP, Verdict
 
 T = api.BaseCommand.Type
 TO_BROKER, TO_CLIENT = Direction.TO_BROKER, Direction.TO_CLIENT

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.core.scanner import FrameScanner
 from proxy.errors import BadMagic, FrameTooLarge, MalformedFrame, ProtocolError, UnknownCommand
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.frame import Frame, encode_command, encode_payload_command
-from proxy.server.scanner import FrameScanner
 
 T = api.BaseCommand.Type
 

@@ -195,10 +195,10 @@ def test_a_recorder_killed_mid_write_leaves_a_recording_readable_to_its_last_who
 
 
 async def test_the_proxy_observer_hook_feeds_the_recorder(tmp_path: Path) -> None:
+    from proxy.core.hooks import ConnectionEvent, ConnectionInfo, FrameEvent, Origin
     from proxy.protocol.frame import frame_from_bytes
     from proxy.protocol.session import Direction
     from proxy.recording.observer import RecordingObserver, broker_address
-    from proxy.server.hooks import ConnectionEvent, ConnectionInfo, FrameEvent, Origin
 
     assert broker_address("pulsar+ssl://broker-1:6651") == ("broker-1", 6651)
     assert broker_address("pulsar://10.0.0.5") == ("10.0.0.5", 6650)
@@ -281,9 +281,9 @@ async def test_runs_of_passed_through_bytes_are_recorded_as_the_same_frame_recor
     """The proxy hands the recorder what it passed through unchanged as runs of bytes cut anywhere
     (inside a size prefix, inside a payload): the recording holds every frame whole, byte for byte,
     in order, with auth data redacted — the same records as frames handed over one by one."""
+    from proxy.core.hooks import ConnectionEvent, ConnectionInfo, RunEvent
     from proxy.protocol.session import Direction
     from proxy.recording.observer import RecordingObserver
-    from proxy.server.hooks import ConnectionEvent, ConnectionInfo, RunEvent
 
     frames = [f for f in session(sends=6) if f.origin != "proxy"]
     conn = ConnectionInfo(conn_id=4, client="127.0.0.1:41000", listener="127.0.0.1:6650",

@@ -405,8 +405,8 @@ rules:
 
 def test_the_hook_hands_the_engines_verdict_to_the_relay_as_it_is() -> None:
     """One decision type from engine to relay: frames stay addressed by side, nothing translates them."""
+    from proxy.core.hooks import ConnectionInfo, FrameContext
     from proxy.rules.hook import RulesHook
-    from proxy.server.hooks import ConnectionInfo, FrameContext
 
     session = one_rule("{error: {code: ServiceNotReady}}", "{command: [LOOKUP]}")
     lookup = frame(api.CommandLookupTopic(topic=TOPIC, request_id=5))

@@ -5,8 +5,8 @@ from __future__ import annotations
 from rules_helpers import TO_BROKER, Session, engine_for
 from rules_helpers import frame as make_frame
 
+from proxy.core.holding import HoldQueue
 from proxy.pb import PulsarApi_pb2 as api
-from proxy.server.holding import HoldQueue
 
 
 def test_a_lane_keeps_its_order_and_other_lanes_leave_at_their_own_time() -> None:

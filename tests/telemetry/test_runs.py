@@ -12,12 +12,12 @@ import random
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from proxy.config.proxy_config import ServiceUrl
+from proxy.core.hooks import ConnectionEvent, ConnectionInfo, FrameEvent, RunEvent
+from proxy.core.lookup import BrokerDirectory
+from proxy.core.pipeline import ConnectionPipeline, PipelineSettings
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.frame import encode_command, encode_payload_command
 from proxy.protocol.session import Direction
-from proxy.server.hooks import ConnectionEvent, ConnectionInfo, FrameEvent, RunEvent
-from proxy.server.lookup import BrokerDirectory
-from proxy.server.pipeline import ConnectionPipeline, PipelineSettings
 from proxy.telemetry import TelemetryPipeline, build_telemetry
 
 TO_BROKER, TO_CLIENT = Direction.TO_BROKER, Direction.TO_CLIENT

@@ -1,6 +1,6 @@
 """Whole frames back out of RunEvents: what observers that take runs use to see frames.
 
-A :class:`~proxy.server.hooks.RunEvent` is a stretch of one direction's stream that
+A :class:`~proxy.core.hooks.RunEvent` is a stretch of one direction's stream that
 may begin with the rest of a frame (``lead`` bytes) and end inside one.  A
 :class:`RunCutter` per (connection, direction) carries the start of a frame cut at a
 run's end into the next run, and uses ``stream_pos`` to notice a run that was

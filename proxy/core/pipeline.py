@@ -49,14 +49,8 @@ from dataclasses import dataclass, field, replace
 from typing import Final
 
 from proxy.config.proxy_config import ServiceUrl
-from proxy.errors import ProtocolError
-from proxy.pb import PulsarApi_pb2 as api
-from proxy.protocol.commands import T
-from proxy.protocol.frame import DEFAULT_MAX_FRAME_BYTES, Frame, encode_command, frame_from_bytes
-from proxy.protocol.session import Direction, Observation, SessionTracker, accounted_types
-from proxy.rules.verdict import FORWARD, Verdict
-from proxy.server.holding import HoldQueue
-from proxy.server.hooks import (
+from proxy.core.holding import HoldQueue
+from proxy.core.hooks import (
     ConnectionEvent,
     ConnectionInfo,
     FrameContext,
@@ -66,9 +60,14 @@ from proxy.server.hooks import (
     RunEvent,
     origin_of,
 )
-from proxy.server.lookup import BROKER_NAMING_TYPES, BrokerDirectory, rewrite_broker_urls
-from proxy.server.redirects import Redirected, failed_answer
-from proxy.server.scanner import FrameScanner, Piece
+from proxy.core.lookup import BROKER_NAMING_TYPES, BrokerDirectory, Redirected, failed_answer, rewrite_broker_urls
+from proxy.core.scanner import FrameScanner, Piece
+from proxy.errors import ProtocolError
+from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.commands import T
+from proxy.protocol.frame import DEFAULT_MAX_FRAME_BYTES, Frame, encode_command, frame_from_bytes
+from proxy.protocol.session import Direction, Observation, SessionTracker, accounted_types
+from proxy.rules.verdict import FORWARD, Verdict
 
 TO_BROKER: Final = Direction.TO_BROKER
 TO_CLIENT: Final = Direction.TO_CLIENT

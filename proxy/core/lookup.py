@@ -25,6 +25,7 @@ here does I/O.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Final
 
 from proxy.config.proxy_config import HostPort, ServiceUrl
@@ -138,3 +139,20 @@ def rewrite_broker_urls(frame: Frame, directory: BrokerDirectory, mode: str) -> 
             and cmd.lookupTopicResponse.response == LookupType.Connect):
         cmd.lookupTopicResponse.proxy_through_service_url = True
     return encode_command(cmd)
+
+
+@dataclass(frozen=True, slots=True)
+class Redirected:
+    """A client's LOOKUP that a broker answered with Redirect: what to ask whom next."""
+
+    lookup: api.CommandLookupTopic
+    broker: ServiceUrl
+    authoritative: bool
+
+
+def failed_answer(request_id: int, message: str) -> bytes:
+    """The Failed LOOKUP_RESPONSE (ServiceNotReady) the client gets when following fails."""
+    return encode_command(api.CommandLookupTopicResponse(
+        request_id=request_id, response=LookupType.Failed, error=api.ServerError.ServiceNotReady, message=message))
+
+
