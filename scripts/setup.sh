@@ -31,8 +31,10 @@ apt_install() {
             echo "setup: please install Debian packages: $*" >&2; return 0; fi
     fi
     echo "setup: installing Debian packages: $*" >&2
-    $sudo apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+    # wait for another package manager (an unattended upgrade, a second setup) to finish
+    local wait=(-o DPkg::Lock::Timeout=600)
+    $sudo apt-get "${wait[@]}" update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get "${wait[@]}" install -y -qq "$@" >/dev/null
 }
 
 need=()
