@@ -15,7 +15,8 @@ import contextlib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from proxy.config.yaml_lines import LineList, LineMap
+from proxy.config import fields
+from proxy.config.yaml_lines import LineMap
 from proxy.errors import ConfigError
 
 V = TypeVar("V")
@@ -36,25 +37,14 @@ class Collector:
 
 
 def line_of(container: Any, key: Any) -> int | None:
-    if isinstance(container, LineMap | LineList):
-        return container.line_of(key) or None
-    return None
+    """The line of ``key`` in a LineMap / LineList (None for plain containers or no line)."""
+    return fields.line_of(container, key) or None
 
 
 def type_word(value: Any) -> str:
-    if value is None:
-        return "nothing"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "a mapping"
-    return type(value).__name__
+    """What a value is, in an error message; rule files call every number a number."""
+    word = fields.type_word(value)
+    return "a number" if word == "an integer" else word
 
 
 class Section:
