@@ -6,6 +6,7 @@ what it has, a second one during shutdown changes nothing but speed, and no trac
 from __future__ import annotations
 
 import json
+import random
 import signal
 import socket
 import time
@@ -27,11 +28,22 @@ SAMPLE = str(ROOT / "recordings" / "sample")
 
 @pytest.fixture
 def busy_port() -> Iterator[int]:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        yield sock.getsockname()[1]
+    """A port held by a listener here, whose port below is free: both below the kernel's ephemeral range
+    (``ip_local_port_range``), so no process's ``--listen 127.0.0.1:0`` or outgoing connection can take the free one
+    while the test's processes start side by side."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in random.sample(range(10_001, low), 200):
+        with socket.socket() as below, socket.socket() as sock:
+            try:
+                below.bind(("127.0.0.1", port - 1))
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            below.close()
+            sock.listen()
+            yield port
+            return
+    raise AssertionError(f"no two free ports side by side below {low}")
 
 
 def free_port() -> int:
@@ -171,11 +183,15 @@ def test_a_busy_port_is_one_line_naming_it(busy_port: int) -> None:
         "replay --serve": (["replay", SAMPLE, "--serve", "--listen", busy], " (--listen)"),
     }
     processes = {name: (TapProcess(*argv), flag) for name, (argv, flag) in cases.items()}
-    for name, (process, flag) in processes.items():
-        code = process.finish()
-        (line,) = process.lines["stderr"]
-        assert code == 2 and no_traceback(process), (name, process.stderr)
-        assert line.endswith(f"error: cannot listen on {busy}{flag}: Address already in use"), (name, line)
+    try:
+        for name, (process, flag) in processes.items():
+            code = process.finish()
+            (line,) = process.lines["stderr"]
+            assert code == 2 and no_traceback(process), (name, process.stderr)
+            assert line.endswith(f"error: cannot listen on {busy}{flag}: Address already in use"), (name, line)
+    finally:
+        for process, _ in processes.values():
+            process.stop()
 
 
 def test_run_warns_of_an_unreachable_upstream_serves_anyway_and_reports_it_until_it_comes(tmp_path: Path) -> None:
