@@ -64,7 +64,7 @@ async def test_negative_ack_redelivers_after_the_delay_with_a_redelivery_count(c
 async def test_cumulative_ack_and_resubscribe_resumes_after_the_acked_position(cluster: ThreadedCluster) -> None:
     with trio.fail_after(20):
         async with PulsarClient(cluster.service_url) as client:
-            producer = await client.create_producer("cumulative", batching_max_messages=4)
+            producer = await client.create_producer("cumulative", batching_max_messages=4, batching_max_delay=60)
             consumer = await client.subscribe("cumulative", "sub", subscription_type="Failover")
             receipts = [await producer.send_async(b"%d" % i) for i in range(12)]
             await producer.flush()
@@ -83,7 +83,7 @@ async def test_cumulative_ack_and_resubscribe_resumes_after_the_acked_position(c
 async def test_reader_reads_from_earliest_and_after_a_message_id_inside_a_batch(cluster: ThreadedCluster) -> None:
     with trio.fail_after(20):
         async with PulsarClient(cluster.service_url) as client:
-            producer = await client.create_producer("reader", batching_max_messages=5)
+            producer = await client.create_producer("reader", batching_max_messages=5, batching_max_delay=60)
             receipts = [await producer.send_async(b"%d" % i) for i in range(10)]
             await producer.flush()
             ids = [r.result() for r in receipts]
