@@ -6,6 +6,8 @@ and client-side (re-enact the recorded clients against a broker and diff the ans
 - :mod:`proxy.replay.served` — one live connection answered from the recording (sans-IO);
 - :mod:`proxy.replay.server` — the Trio server for ``replay --serve``;
 - :mod:`proxy.replay.forward` — ``--unmatched forward``;
-- :mod:`proxy.replay.replayer` — client-side replay and its diff;
-- :mod:`proxy.replay.rig` — a recording proxy and a replay server on threads, for scripts and tests.
+- :mod:`proxy.replay.replayer` — client-side replay and its diff.
+
+A recording proxy and a replay server on threads, for scripts and tests, are in
+:mod:`proxy.testing.rig` (the test-suite API).
 """
