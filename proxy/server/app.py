@@ -18,7 +18,6 @@ import contextlib
 import errno
 import socket
 import ssl
-import time
 from dataclasses import dataclass
 
 import structlog
@@ -35,7 +34,6 @@ from proxy.server.reactor import Reactor
 from proxy.server.relay import Relay, TrioEpochClock, next_conn_id
 from proxy.server.transport import SocketTransport, StreamTransport, Transport, peer_name
 from proxy.server.upstream import client_side_context, upstream_context
-from proxy.telemetry import telemetry_for_proxy
 
 log = structlog.get_logger("pulsar_tap.proxy")
 
@@ -66,12 +64,6 @@ class ProxyServer:
         self.reactor: Reactor | None = Reactor() if reactor else None
         self.hook = hook
         self.observers = ObserverHub(observers)
-        # Telemetry (proxy/telemetry): spans per ``tracing:``, metrics for /metrics; an observer like any other.
-        self.telemetry = telemetry_for_proxy(config)
-        if self.telemetry is not None:
-            self.observers.observers.append(self.telemetry.observer)
-            if self.telemetry.metrics is not None:
-                self.telemetry.metrics.add_drop_source("observers", lambda: self.observers.dropped)
         self.client_tls_context: ssl.SSLContext | None = client_side_context(config.tls)
         self.upstream_tls_context: ssl.SSLContext | None = (
             upstream_context(config.tls) if config.upstream.tls or config.tls.upstream_ca else None)
@@ -142,9 +134,6 @@ class ProxyServer:
                 self.observers.close()
                 if self.reactor is not None:
                     self.reactor.stop()
-        if self.telemetry is not None:  # after the observer task drained the queue
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(self.telemetry.shutdown, time.time_ns())
 
     async def _drain(self) -> None:
         grace = self.config.limits.drain_seconds
