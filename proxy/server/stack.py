@@ -171,7 +171,7 @@ async def running_proxy(config: ProxyConfig, *, server: ProxyServer | None = Non
             with trio.move_on_after(1.0):  # a refused or failing upstream is said before "ready"
                 await answered.wait()
             if engine is not None and isinstance(config.rules, str):
-                from proxy.rules.reload import watch_rule_file
+                from proxy.server.rule_watch import watch_rule_file
 
                 services.start_soon(watch_rule_file, config.rules, engine)
             if config.admin is not None and engine is not None:
