@@ -149,7 +149,8 @@ async def running_proxy(config: ProxyConfig, *, server: ProxyServer | None = Non
                 telemetry.metrics.add_drop_source("observers", lambda: observers.dropped)
         if config.record is not None:
             from proxy.recording.observer import RecordingObserver
-            from proxy.recording.recorder import RecordConfig, Recorder
+            from proxy.recording.writer import RecordConfig
+            from proxy.server.recorder import Recorder
 
             section = config.record
             recorder = await exits.enter_async_context(Recorder(RecordConfig(
