@@ -115,35 +115,35 @@ async def test_a_client_that_never_sends_connect_is_closed_after_two_keepalive_i
             assert broker.connections == 0  # no upstream was ever opened
 
 
+async def receipts_under_rule(rule: str, writes: list[bytes], gap_s: float) -> list[tuple[int, float]]:
+    """Send ``writes`` ``gap_s`` apart through a relay with ``rule``; receipts with their arrival times."""
+    hook = rules_hook(f"rules:\n  - {rule}\n")
+    with trio.fail_after(60):
+        async with memory_relay(FakeBroker(), hook=hook) as (client, _relay):
+            decoder = await connected(client)
+            start = trio.current_time()
+            for data in writes:
+                await client.send_all(data)
+                await trio.sleep(gap_s)
+            count = sum(len(list(FrameDecoder().receive(data))) for data in writes)
+            return await receipts_with_times(client, decoder, count, start)
+
+
 async def test_delayed_frames_are_each_held_for_their_own_delay_side_by_side(
         autojump_clock: trio.testing.MockClock) -> None:
     """SPEC 'delay': each frame is delayed by its own amount from its arrival, not after the one before."""
-    hook = rules_hook("rules:\n  - name: slow-receipts\n    match: {command: [SEND_RECEIPT]}\n"
-                      "    action: {delay: {ms: 200}}\n")
-    broker = FakeBroker()
-    with trio.fail_after(60):
-        async with memory_relay(broker, hook=hook) as (client, _relay):
-            decoder = await connected(client)
-            start = trio.current_time()
-            for seq in range(3):  # 50 ms apart: all three are held at once
-                await client.send_all(send_frame(seq, 10))
-                await trio.sleep(0.05)
-            arrived = await receipts_with_times(client, decoder, 3, start)
+    arrived = await receipts_under_rule(  # 50 ms apart: all three are held at once
+        "{name: slow-receipts, match: {command: [SEND_RECEIPT]}, action: {delay: {ms: 200}}}",
+        [send_frame(seq, 10) for seq in range(3)], 0.05)
     assert [seq for seq, _ in arrived] == [0, 1, 2]
     assert [at for _, at in arrived] == pytest.approx([0.2, 0.25, 0.3], abs=1e-6)
 
 
 async def test_a_throttle_paces_a_burst_to_its_rate_and_keeps_the_order(
         autojump_clock: trio.testing.MockClock) -> None:
-    hook = rules_hook("rules:\n  - name: ten-per-second\n    match: {command: [SEND]}\n"
-                      "    action: {throttle: {messages_per_second: 10}}\n")
-    broker = FakeBroker()
-    with trio.fail_after(60):
-        async with memory_relay(broker, hook=hook) as (client, _relay):
-            decoder = await connected(client)
-            start = trio.current_time()
-            await client.send_all(b"".join(send_frame(seq, 10) for seq in range(5)))  # one write
-            arrived = await receipts_with_times(client, decoder, 5, start)
+    arrived = await receipts_under_rule(  # five SENDs in one write
+        "{name: ten-per-second, match: {command: [SEND]}, action: {throttle: {messages_per_second: 10}}}",
+        [b"".join(send_frame(seq, 10) for seq in range(5))], 0)
     assert [seq for seq, _ in arrived] == [0, 1, 2, 3, 4]
     # burst 1 (smooth pacing): the first at once, then one every 100 ms
     assert [at for _, at in arrived] == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4], abs=1e-6)
