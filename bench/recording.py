@@ -20,7 +20,8 @@ import trio
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.frame import encode_payload_command
 from proxy.recording.reader import open_recordings
-from proxy.recording.recorder import RecordConfig, Recorder
+from proxy.recording.writer import RecordConfig
+from proxy.server.recorder import Recorder
 
 
 async def bench(frames: int, size: int, queue: int) -> None:

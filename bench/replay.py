@@ -34,7 +34,7 @@ from proxy.recording.reader import open_recordings
 from proxy.replay.conversation import build_conversations
 from proxy.replay.matcher import AnswerBook
 from proxy.replay.replayer import replay_recording
-from proxy.replay.rig import RecordingProxy, ThreadedReplayServer
+from proxy.testing.rig import RecordingProxy, ThreadedReplayServer
 
 
 def produce_and_consume(url: str, topic: str, messages: int, size: int) -> tuple[float, tuple[int, float]]:

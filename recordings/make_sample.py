@@ -20,7 +20,7 @@ from pathlib import Path
 
 from proxy.broker.cluster import ClusterConfig
 from proxy.broker.embedded import ThreadedCluster
-from proxy.replay.rig import RecordingProxy, official_session
+from proxy.testing.rig import RecordingProxy, official_session
 
 HERE = Path(__file__).resolve().parent
 

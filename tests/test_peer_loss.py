@@ -41,12 +41,12 @@ from proxy.protocol.frame import FrameDecoder, encode_command, encode_payload_co
 from proxy.recording.reader import open_recordings
 from proxy.replay.conversation import build_conversations
 from proxy.replay.matcher import AnswerBook
-from proxy.replay.rig import ThreadedReplayServer
 from proxy.rules.engine import RulesEngine
 from proxy.rules.hook import RulesHook
 from proxy.rules.loader import load_rules_text
 from proxy.server.app import ProxyServer
 from proxy.server.threaded import ThreadedProxy
+from proxy.testing.rig import ThreadedReplayServer
 
 T = api.BaseCommand.Type
 LOGGER = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)

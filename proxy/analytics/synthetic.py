@@ -28,9 +28,9 @@ from proxy.pb import recording_pb2 as rpb
 from proxy.protocol import markers
 from proxy.protocol.frame import encode_command, encode_payload_command
 from proxy.protocol.message import encode_payload
-from proxy.recording.recorder import INDEX_NAME
 from proxy.recording.redaction import strip_payload
 from proxy.recording.segment import FORMAT_VERSION, SEGMENT_MAGIC, encode_frame_record, encode_record
+from proxy.recording.writer import INDEX_NAME
 
 _COMPRESSIONS = (api.NONE, api.LZ4, api.ZLIB, api.ZSTD, api.SNAPPY)
 #: emit(direction, frame bytes) -> capture time: record one frame of the connection being written

@@ -93,7 +93,8 @@ def _replay(args: argparse.Namespace) -> int:
 
     from proxy.cli.interrupt import EXIT_INTERRUPTED, on_signals
     from proxy.client.names import parse_service_url
-    from proxy.replay.replayer import ClientReplayer, ReplayResult, load_conversations
+    from proxy.replay.client_side import ReplayResult, load_conversations
+    from proxy.replay.replayer import ClientReplayer
 
     parse_service_url(args.upstream)  # a bad URL is a usage error before anything is read
     conversations, report = load_conversations(args.recording)

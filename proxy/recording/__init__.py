@@ -1,8 +1,9 @@
-"""Recording Pulsar sessions: the segment format, the Trio recorder, readers, show and export.
+"""Recording Pulsar sessions: the segment format, the writer, readers, show and export.
 
 The format (proto/recording.proto, recordings/FORMAT.md) is written by
-:class:`~proxy.recording.recorder.Recorder` and read by
-:func:`~proxy.recording.reader.open_recordings`.
+:mod:`proxy.recording.writer` (fed by the proxy's Trio recorder,
+:class:`proxy.server.recorder.Recorder`) and read by
+:func:`~proxy.recording.reader.open_recordings`.  Nothing here imports trio.
 """
 
 from proxy.recording.reader import (
@@ -13,7 +14,7 @@ from proxy.recording.reader import (
     RecordingSet,
     open_recordings,
 )
-from proxy.recording.recorder import RecordConfig, Recorder, RecorderStats
+from proxy.recording.writer import RecordConfig, RecorderStats
 
-__all__ = ["ReadReport", "RecordConfig", "RecordedFrame", "Recorder", "RecorderStats", "Recording",
+__all__ = ["ReadReport", "RecordConfig", "RecordedFrame", "RecorderStats", "Recording",
            "RecordingFollower", "RecordingSet", "open_recordings"]

@@ -3,7 +3,8 @@
 The proxy's :class:`~proxy.server.observer_hub.ObserverHub` hands each observer
 every frame (as received, and again with origin ``proxy`` for what it changed or
 originated) and every connection opening and closing.  :class:`RecordingObserver`
-passes them to a :class:`~proxy.recording.recorder.Recorder`, which queues them
+passes them to a recorder (:class:`~proxy.recording.writer.FrameRecorder`; the proxy's is
+:class:`proxy.server.recorder.Recorder`), which queues them
 without blocking.  Frames the proxy passed through unchanged come in bulk
 (:class:`~proxy.core.hooks.RunEvent`: the bytes of a stretch of one direction)
 and the Recorder cuts them into frame records in its worker thread, so recording
@@ -19,7 +20,7 @@ from typing import cast
 from urllib.parse import urlsplit
 
 from proxy.core.hooks import ConnectionEvent, FrameEvent, RunEvent
-from proxy.recording.recorder import Address, Recorder
+from proxy.recording.writer import Address, FrameRecorder
 
 
 def broker_address(url: str | None) -> Address:
@@ -38,12 +39,12 @@ def broker_address(url: str | None) -> Address:
 
 
 class RecordingObserver:
-    """Feeds a running Recorder from the proxy's observer hub."""
+    """Feeds a running recorder from the proxy's observer hub."""
 
     #: the recorder keeps raw bytes; the frame filter looks at ``fired`` only
     needs_observation = False
 
-    def __init__(self, recorder: Recorder, *, lookup_mode: str | None = None,
+    def __init__(self, recorder: FrameRecorder, *, lookup_mode: str | None = None,
                  frame_filter: Callable[[FrameEvent], bool] | None = None) -> None:
         self.recorder = recorder
         self.lookup_mode = lookup_mode

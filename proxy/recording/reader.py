@@ -46,9 +46,9 @@ from google.protobuf.message import DecodeError
 from proxy.errors import RecordingError
 from proxy.pb import recording_pb2 as rpb
 from proxy.protocol.frame import Frame, frame_from_bytes
-from proxy.recording.recorder import INDEX_NAME, SEGMENT_SUFFIX
 from proxy.recording.redaction import zero_fill
 from proxy.recording.segment import SegmentDecoder, SkippedRange
+from proxy.recording.writer import INDEX_NAME, SEGMENT_SUFFIX
 
 DIRECTION_NAMES: Final[dict[int, str]] = {rpb.TO_BROKER: "to_broker", rpb.TO_CLIENT: "to_client"}
 ORIGIN_NAMES: Final[dict[int, str]] = {rpb.CLIENT: "client", rpb.BROKER: "broker", rpb.PROXY: "proxy"}

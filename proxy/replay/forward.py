@@ -11,6 +11,10 @@ the client.  A forwarded LOOKUP's ``Connect`` / ``Redirect`` is rewritten to
 point at the replay server, so the client keeps talking to it.  A broker
 refusal becomes ERROR with the broker's code; an unreachable upstream becomes
 ERROR ``ServiceNotReady``.
+
+Which connection a frame goes to, and what a failure is answered with, are decided
+sans-IO (:mod:`proxy.replay.routes`); this module is the Trio edge that owns the
+connections and the request tasks.
 """
 
 from __future__ import annotations
@@ -24,11 +28,12 @@ import trio
 from proxy.client.connection import ClientConnection, ConnectionConfig, ConnectionPool
 from proxy.client.lookup import LookupService
 from proxy.client.names import parse_service_url
-from proxy.errors import BrokerError, ClientError
+from proxy.errors import ClientError
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.commands import T
 from proxy.protocol.frame import Frame, encode_command
-from proxy.replay.matcher import error_answer, lookup_answer
+from proxy.replay.matcher import lookup_answer
+from proxy.replay.routes import ForwardRoutes, failure_answer, has_request_id
 
 log = structlog.get_logger("pulsar_tap.replay")
 
@@ -63,51 +68,39 @@ class Forwarder:
         self._pool = ConnectionPool(nursery, config)
         self.reply = reply
         self.own_url = own_url
-        self._producers: dict[int, ClientConnection] = {}
-        self._consumers: dict[int, ClientConnection] = {}
+        self._routes: ForwardRoutes[ClientConnection] = ForwardRoutes()
         self.forwarded = 0
 
     def forward(self, frame: Frame) -> None:
         """Relay one frame; frames without an answer go out at once, in order, requests in a task."""
         self.forwarded += 1
-        sub: Any = frame.sub
-        kind = frame.type
-        connection = None
-        if kind in (T.SEND, T.CLOSE_PRODUCER):
-            connection = self._producers.get(sub.producer_id)
-        elif "consumer_id" in sub.DESCRIPTOR.fields_by_name and kind != T.SUBSCRIBE:
-            connection = self._consumers.get(sub.consumer_id)
-        has_request_id = "request_id" in sub.DESCRIPTOR.fields_by_name and sub.HasField("request_id")
-        if connection is not None and not has_request_id:
+        connection = self._routes.route(frame)
+        request = has_request_id(frame)
+        if connection is not None and not request:
             try:
-                connection.send(frame.raw, kind)
+                connection.send(frame.raw, frame.type)
             except ClientError as exc:
                 log.warning("cannot forward", command=frame.type_name, error=str(exc))
             return
-        if has_request_id:
+        if request:
             self._nursery.start_soon(self._request, frame, connection)
 
     async def _request(self, frame: Frame, connection: ClientConnection | None) -> None:
         sub: Any = frame.sub
-        kind = frame.type
         try:
             if connection is None:
                 connection = await self._connection_for(frame)
-            if kind == T.PRODUCER:
-                self._producers[sub.producer_id] = connection
-                connection.register_producer(sub.producer_id, _Relay(self, "producer", sub.producer_id))
-            elif kind == T.SUBSCRIBE:
-                self._consumers[sub.consumer_id] = connection
-                connection.register_consumer(sub.consumer_id, _Relay(self, "consumer", sub.consumer_id))
+            bound = self._routes.bind(frame, connection)
+            if bound is not None:
+                kind, entity_id = bound
+                if kind == "producer":
+                    connection.register_producer(entity_id, _Relay(self, kind, entity_id))
+                else:
+                    connection.register_consumer(entity_id, _Relay(self, kind, entity_id))
             answer = await connection.request(sub)
-        except BrokerError as exc:
-            self._forget(frame)
-            self.reply(encode_command(error_answer(sub.request_id, _error_code(exc.server_error), exc.message)))
-            return
         except ClientError as exc:
             self._forget(frame)
-            self.reply(encode_command(error_answer(sub.request_id, api.ServerError.ServiceNotReady,
-                                                   f"upstream: {exc}")))
+            self.reply(failure_answer(sub.request_id, exc))
             return
         if answer.type == T.LOOKUP_RESPONSE:
             self.reply(encode_command(lookup_answer(answer, sub.request_id, self.own_url)))
@@ -122,22 +115,14 @@ class Forwarder:
         return await self._pool.get(self._addresses[0])
 
     def _forget(self, frame: Frame) -> None:
-        sub: Any = frame.sub
-        if frame.type == T.PRODUCER:
-            connection = self._producers.pop(sub.producer_id, None)
-            if connection is not None:
-                connection.unregister_producer(sub.producer_id)
-        elif frame.type == T.SUBSCRIBE:
-            connection = self._consumers.pop(sub.consumer_id, None)
-            if connection is not None:
-                connection.unregister_consumer(sub.consumer_id)
-
-
-def _error_code(name: str) -> int:
-    try:
-        return int(api.ServerError.Value(name))
-    except ValueError:
-        return int(api.ServerError.UnknownError)
+        forgotten = self._routes.forget(frame)
+        if forgotten is None:
+            return
+        connection, kind, entity_id = forgotten
+        if kind == "producer":
+            connection.unregister_producer(entity_id)
+        else:
+            connection.unregister_consumer(entity_id)
 
 
 __all__ = ["Forwarder"]

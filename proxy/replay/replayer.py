@@ -34,8 +34,10 @@ asked them — and are counted in ``ReplayResult.proxy_handled``.
 Each request's answer is compared with the recorded one by outcome only
 (``ok``, ``error:CODE``, ``unanswered``; ``not-sent`` when the producer or
 consumer it needs could not be created): message ids, generated names and
-timing are not differences.  :class:`ReplayDiff` is one differing request, printed
-as ``DIFF conn=N COMMAND topic=T recorded=OUTCOME replayed=OUTCOME``.
+timing are not differences.  :class:`~proxy.replay.client_side.ReplayDiff` is one
+differing request, printed as ``DIFF conn=N COMMAND topic=T recorded=OUTCOME replayed=OUTCOME``.
+That account, the step order and the comparison are sans-IO
+(:mod:`proxy.replay.client_side`); this module is the Trio edge that talks to the broker.
 
 :meth:`ClientReplayer.stop` (``pulsar-tap replay`` calls it on SIGINT/SIGTERM)
 ends the replay early: nothing more is sent, the answers to what was sent are
@@ -46,10 +48,7 @@ awaited briefly, and only the requests that were replayed are compared
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import structlog
 import trio
@@ -61,43 +60,22 @@ from proxy.errors import BrokerError, ClientError, ConnectionFailed, ProtocolErr
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.commands import T, sub_command
 from proxy.protocol.frame import Frame, encode_payload_command
+from proxy.replay.client_side import (
+    NOT_SENT,
+    ReplayResult,
+    ReplayScore,
+    live_producer_name,
+    load_conversations,
+    recorded_producer_name,
+    steps_in_order,
+)
 from proxy.replay.conversation import OK, UNANSWERED, Conversation, Exchange, Step, error_outcome, with_command
 from proxy.replay.matcher import message_id_key
 
-if TYPE_CHECKING:
-    from proxy.recording.reader import ReadReport
-
 log = structlog.get_logger("pulsar_tap.replay")
 
-NOT_SENT: Final = "not-sent"
 #: handshake and keepalive frames: the connection layer plays those itself
 _CONNECTION_FRAMES: Final = frozenset({T.CONNECT, T.PING, T.PONG, T.AUTH_RESPONSE})
-
-
-@dataclass(frozen=True, slots=True)
-class ReplayDiff:
-    """One request whose replayed answer differs from the recorded one."""
-
-    conn: int
-    command: str
-    topic: str | None
-    recorded: str
-    replayed: str
-
-    def format(self) -> str:
-        return (f"DIFF conn={self.conn} {self.command} topic={self.topic or '-'} "
-                f"recorded={self.recorded} replayed={self.replayed}")
-
-
-@dataclass(slots=True)
-class ReplayResult:
-    requests: int = 0
-    frames_sent: int = 0
-    #: recorded requests the proxy answered or swallowed: not replayed, not compared
-    proxy_handled: int = 0
-    diffs: list[ReplayDiff] = field(default_factory=list)
-    #: stopped before the end (SIGINT/SIGTERM): only the requests replayed so far were compared
-    stopped: bool = False
 
 
 class _LiveProducer:
@@ -164,15 +142,6 @@ class _LiveConsumer:
         return None
 
 
-def _steps_in_order(conversations: dict[int, Conversation]) -> Iterator[tuple[Conversation, Step]]:
-    streams = [((step.ts_ns, conv.conn, i), conv, step) for conv in conversations.values()
-               for i, step in enumerate(conv.steps)]
-    heapq.heapify(streams)
-    while streams:
-        _, conv, step = heapq.heappop(streams)
-        yield conv, step
-
-
 class ClientReplayer:
     """Re-enacts recorded client connections against ``upstream`` (see the module docstring)."""
 
@@ -194,13 +163,11 @@ class ClientReplayer:
         self._retired_producers: list[_LiveProducer] = []  # replaced by a re-creation; answers still count
         self._producer_names: dict[str, str] = {}  # name the recorded broker gave -> name the live one gave
         self._consumers: dict[tuple[int, int], _LiveConsumer] = {}
-        self._outcomes: dict[int, str] = {}
         self._next_id = 0
         self._lookup: LookupService | None = None
         self._pool: ConnectionPool | None = None
-        self.result = ReplayResult()
-        #: ids of the exchanges whose request was issued (the ones compared when stopped early)
-        self._issued: set[int] = set()
+        self.score = ReplayScore(conversations)
+        self.result = self.score.result
         self._stop = trio.Event()
         #: progress: recorded requests in all, steps issued, and the recorded time reached (ns from the first step)
         self.requests_total = sum(1 for conv in conversations.values() for e in conv.exchanges if not e.proxy_handled)
@@ -235,7 +202,7 @@ class ClientReplayer:
                 nursery.cancel_scope.cancel()
         if unreachable is not None:
             raise ConnectionFailed(f"cannot reach the upstream: {unreachable}")
-        self._collect_diffs()
+        self.score.diffs()
         if self.result.proxy_handled:
             log.info("requests the proxy answered or swallowed were not replayed",
                      proxy_handled=self.result.proxy_handled)
@@ -249,7 +216,7 @@ class ClientReplayer:
         start_ns: int | None = None
         clock_start = trio.current_time()
         first_ns: int | None = None
-        for conv, step in _steps_in_order(self.conversations):
+        for conv, step in steps_in_order(self.conversations):
             first_ns = step.ts_ns if first_ns is None else first_ns
             self.position_ns = step.ts_ns - first_ns
             self.steps_done += 1
@@ -267,8 +234,7 @@ class ClientReplayer:
                 start_ns = step.ts_ns if start_ns is None else start_ns
                 await trio.sleep_until(clock_start + (step.ts_ns - start_ns) / 1e9 / self.speed)
             if step.exchange is not None:
-                self.result.requests += 1
-                self._issued.add(id(step.exchange))
+                self.score.issued(step.exchange)
             try:
                 outcome = await self._replay_step(conv, step)
             except BrokerError as exc:
@@ -280,7 +246,7 @@ class ClientReplayer:
                 log.warning("replayed request failed", conn=conv.conn, command=step.frame.type_name, error=str(exc))
                 outcome = NOT_SENT
             if step.exchange is not None and outcome is not None:
-                self._outcomes[id(step.exchange)] = outcome
+                self.score.answered(step.exchange, outcome)
 
     async def _replay_step(self, conv: Conversation, step: Step) -> str | None:
         """Re-issue one recorded frame; returns the outcome of a request (None: answered later, or none)."""
@@ -388,15 +354,9 @@ class ClientReplayer:
             log.warning("closing a replayed producer failed", conn=conn, error=str(exc))
 
     def _remember_producer_name(self, conv: Conversation, recorded_id: int, answer: Frame) -> None:
-        recorded = next((e.response for e in conv.exchanges
-                         if e.response is not None and e.response.type == T.PRODUCER_SUCCESS
-                         and e.request.type == T.PRODUCER
-                         and e.request.command.producer.producer_id == recorded_id), None)
-        if recorded is None or answer.type != T.PRODUCER_SUCCESS:
-            return
-        recorded_name: str = recorded.command.producer_success.producer_name
-        live_name: str = answer.command.producer_success.producer_name
-        self._producer_names.setdefault(recorded_name, live_name)
+        recorded_name, live_name = recorded_producer_name(conv, recorded_id), live_producer_name(answer)
+        if recorded_name is not None and live_name is not None:
+            self._producer_names.setdefault(recorded_name, live_name)
 
     def _send(self, conv: Conversation, step: Step, sub: Any) -> str | None:
         producer = self._producers.get((conv.conn, sub.producer_id))
@@ -450,30 +410,7 @@ class ClientReplayer:
             for producer in self._producers.values():
                 await producer.all_answered.wait()
         for producer in [*self._retired_producers, *self._producers.values()]:
-            self._outcomes.update(producer.outcomes)
-
-    def _collect_diffs(self) -> None:
-        for conv in sorted(self.conversations.values(), key=lambda c: c.conn):
-            for exchange in conv.exchanges:
-                if exchange.proxy_handled or (self.result.stopped and id(exchange) not in self._issued):
-                    continue
-                replayed = self._outcomes.get(id(exchange), UNANSWERED)
-                if exchange.abandoned and OK not in (replayed, exchange.outcome):
-                    continue
-                if replayed != exchange.outcome:
-                    self.result.diffs.append(ReplayDiff(conv.conn, exchange.command, exchange.topic,
-                                                        exchange.outcome, replayed))
-
-
-def load_conversations(path: str) -> tuple[dict[int, Conversation], ReadReport]:
-    """The recorded conversations at ``path``, and what the reader skipped (damaged records)."""
-    from proxy.recording.reader import open_recordings
-    from proxy.replay.conversation import build_conversations
-
-    recordings = open_recordings(path)
-    conversations = build_conversations(recordings.frames())
-    return conversations, recordings.report
-
+            self.score.outcomes.update(producer.outcomes)
 
 async def replay_recording(path: str, upstream: str, *, speed: float = 1.0, operation_timeout: float = 10.0,
                            receipt_timeout: float = 10.0, token: str | None = None) -> ReplayResult:
@@ -484,4 +421,4 @@ async def replay_recording(path: str, upstream: str, *, speed: float = 1.0, oper
     return await replayer.run()
 
 
-__all__ = ["NOT_SENT", "ClientReplayer", "ReplayDiff", "ReplayResult", "load_conversations", "replay_recording"]
+__all__ = ["ClientReplayer", "replay_recording"]

@@ -1,34 +1,27 @@
-"""Hot reload: watch a rule file and put a changed, valid version in force.
+"""Hot reload: put a changed, valid version of a watched rule file in force.
 
-The file is polled (its size, mtime and finally its bytes) every ``interval_s``;
-a change that loads cleanly replaces the engine's rules atomically
-(:meth:`RulesEngine.replace` keeps the counters of unchanged rules), and an
-invalid one is logged — every error, as ``FILE:LINE: KEY: message`` — while the
-old rules stay in force.  This is the only part of :mod:`proxy.rules` that does
-I/O; it runs as a task in the proxy's nursery.
+:class:`RuleFileWatch` remembers the content it last saw of a rule file (a SHA-256
+of its bytes) and is shown the content found at each poll: a change that loads
+cleanly replaces the engine's rules atomically (:meth:`RulesEngine.replace` keeps the
+counters of unchanged rules), and an invalid one is logged — every error, as
+``FILE:LINE: KEY: message`` — while the old rules stay in force.  It reads the file
+but never waits and never schedules: the polling task, which reads the digest in a
+worker thread every ``interval_s``, is :func:`proxy.server.rule_watch.watch_rule_file`
+(the Trio edge).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 from pathlib import Path
 
 import structlog
-import trio
 
 from proxy.errors import ConfigError
 from proxy.rules.engine import RulesEngine
 from proxy.rules.loader import load_rules_text
 
 log = structlog.get_logger("pulsar_tap.rules")
-
-
-def _digest(path: Path) -> str | None:
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
-        return None
 
 
 def reload_once(path: Path, engine: RulesEngine) -> bool:
@@ -48,21 +41,33 @@ def reload_once(path: Path, engine: RulesEngine) -> bool:
     return True
 
 
-async def watch_rule_file(path: str | Path, engine: RulesEngine, interval_s: float = 1.0, *,
-                          polled: Callable[[bool | None], None] | None = None) -> None:
-    """Poll ``path`` forever (until cancelled), reloading it whenever its content changes.
+class RuleFileWatch:
+    """What a watcher of ``path`` knows: the content it last saw, and what to do with a change."""
 
-    ``polled`` is told the outcome of every poll: None (unchanged or unreadable), True (the
-    change was put in force) or False (the change was refused).
-    """
-    rule_file = Path(path)
-    seen = await trio.to_thread.run_sync(_digest, rule_file)
-    while True:
-        await trio.sleep(interval_s)
-        current = await trio.to_thread.run_sync(_digest, rule_file)
-        outcome: bool | None = None
-        if current is not None and current != seen:
-            seen = current
-            outcome = reload_once(rule_file, engine)
-        if polled is not None:
-            polled(outcome)
+    def __init__(self, path: Path, engine: RulesEngine) -> None:
+        self.path = path
+        self.engine = engine
+        #: digest of the content last seen (None: not seen yet, or unreadable when first read)
+        self.seen: str | None = None
+
+    def read_digest(self) -> str | None:
+        """The file's current content digest; None when it cannot be read.  Safe in a worker thread."""
+        try:
+            return hashlib.sha256(self.path.read_bytes()).hexdigest()
+        except OSError:
+            return None
+
+    def start(self, digest: str | None) -> None:
+        """The content in force when watching starts (already loaded): not a change."""
+        self.seen = digest
+
+    def saw(self, digest: str | None) -> bool | None:
+        """One poll found ``digest``: None (unchanged or unreadable), True (the change was put
+        in force) or False (the change was refused, logged).  Call it where the engine is used."""
+        if digest is None or digest == self.seen:
+            return None
+        self.seen = digest
+        return reload_once(self.path, self.engine)
+
+
+__all__ = ["RuleFileWatch", "reload_once"]

@@ -4,8 +4,10 @@
 lookup modes one listener per broker discovered in lookup answers (ephemeral ports
 on the listen host, or ``broker_ports``), each stable for the life of the process.
 Every accepted connection becomes a :class:`~proxy.server.relay.Relay` in one
-nursery.  ``limits.max_connections`` is enforced at accept: an extra connection is
-closed at once (logged), others are unaffected.
+nursery (:meth:`ProxyServer.new_relay`; ``connect_upstream`` opens its broker
+connection — tests give both memory streams instead of sockets).
+``limits.max_connections`` is enforced at accept: an extra connection is closed at
+once (logged), others are unaffected.
 
 Shutdown (SIGTERM/SIGINT via :meth:`request_shutdown`): stop accepting, stop
 reading clients at their next frame boundary, let the brokers' answers drain for
@@ -16,9 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import socket
 import ssl
-import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import structlog
@@ -34,8 +37,7 @@ from proxy.server.observer_hub import ObserverHub
 from proxy.server.reactor import Reactor
 from proxy.server.relay import Relay, TrioEpochClock, next_conn_id
 from proxy.server.transport import SocketTransport, StreamTransport, Transport, peer_name
-from proxy.server.upstream import client_side_context, upstream_context
-from proxy.telemetry import telemetry_for_proxy
+from proxy.server.upstream import client_side_context, open_upstream, upstream_context
 
 log = structlog.get_logger("pulsar_tap.proxy")
 
@@ -56,25 +58,26 @@ class ListenerInfo:
     broker: ServiceUrl         # where its connections go by default
 
 
+#: opens a relay's connection to a broker (default: a socket, TLS per the broker's URL)
+UpstreamConnector = Callable[[ServiceUrl], Awaitable[Transport]]
+
+
 class ProxyServer:
     """One running ``pulsar-tap run``; see the module docstring."""
 
     def __init__(self, config: ProxyConfig, *, hook: FrameHook | None = None,
-                 observers: list[Observer] | None = None, reactor: bool = True) -> None:
+                 observers: list[Observer] | None = None, reactor: bool = True,
+                 connect_upstream: UpstreamConnector | None = None) -> None:
         self.config = config
         #: serves plain-socket relays in batches (see ``reactor``); None: one task wake-up per chunk
         self.reactor: Reactor | None = Reactor() if reactor else None
         self.hook = hook
         self.observers = ObserverHub(observers)
-        # Telemetry (proxy/telemetry): spans per ``tracing:``, metrics for /metrics; an observer like any other.
-        self.telemetry = telemetry_for_proxy(config)
-        if self.telemetry is not None:
-            self.observers.observers.append(self.telemetry.observer)
-            if self.telemetry.metrics is not None:
-                self.telemetry.metrics.add_drop_source("observers", lambda: self.observers.dropped)
         self.client_tls_context: ssl.SSLContext | None = client_side_context(config.tls)
         self.upstream_tls_context: ssl.SSLContext | None = (
             upstream_context(config.tls) if config.upstream.tls or config.tls.upstream_ca else None)
+        self.connect_upstream: UpstreamConnector = connect_upstream or functools.partial(
+            open_upstream, context=self.upstream_tls_context)
         self.settings = PipelineSettings(
             lookup_mode=config.lookup, max_frame_bytes=config.limits.max_frame_bytes,
             verify_checksums=config.limits.verify_checksums,
@@ -142,9 +145,6 @@ class ProxyServer:
                 self.observers.close()
                 if self.reactor is not None:
                     self.reactor.stop()
-        if self.telemetry is not None:  # after the observer task drained the queue
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(self.telemetry.shutdown, time.time_ns())
 
     async def _drain(self) -> None:
         grace = self.config.limits.drain_seconds
@@ -254,6 +254,16 @@ class ProxyServer:
             transport = StreamTransport(stream, peer, conn)
         else:
             transport = SocketTransport(conn, peer)
+        relay = self.new_relay(transport, peer, broker, label)
+        self.relays.add(relay)
+        log.debug("connection accepted", conn=relay.info.conn_id, client=peer, listener=label)
+        try:
+            await relay.run()
+        finally:
+            self.relays.discard(relay)
+
+    def new_relay(self, client: Transport, peer: str, broker: ServiceUrl, label: str) -> Relay:
+        """The relay of one accepted client connection (call it in the Trio run; ``relay.run()`` serves it)."""
         info = ConnectionInfo(next_conn_id(), peer, label, None)
         clock = TrioEpochClock()
         pipeline = ConnectionPipeline(
@@ -261,10 +271,4 @@ class ProxyServer:
             now_ns=clock(), hook=self.hook,
             publish=self.observers.publish if self.observers.active else None,
             observations=self.observers.needs_observation, runs=self.observers.takes_runs)
-        relay = Relay(self, transport, pipeline, _clock=clock)
-        self.relays.add(relay)
-        log.debug("connection accepted", conn=info.conn_id, client=peer, listener=label)
-        try:
-            await relay.run()
-        finally:
-            self.relays.discard(relay)
+        return Relay(self, client, pipeline, _clock=clock)

@@ -67,7 +67,7 @@ from proxy.protocol.session import Direction
 from proxy.server.reactor import Reactor
 from proxy.server.redirects import LookupFailed, LookupLinks
 from proxy.server.transport import RECV_SIZE, SocketTransport, Transport
-from proxy.server.upstream import UpstreamUnavailable, open_upstream
+from proxy.server.upstream import UpstreamUnavailable
 
 if TYPE_CHECKING:
     from proxy.server.app import ProxyServer
@@ -335,7 +335,7 @@ class Relay:
             self.end(_Ending(f"client connection lost: {exc}"))
 
     async def _open_upstream(self, broker: ServiceUrl) -> None:
-        self.upstream = await open_upstream(broker, self.server.upstream_tls_context)
+        self.upstream = await self.server.connect_upstream(broker)
         log.debug("upstream connected", conn=self.info.conn_id, broker=str(broker))
         assert self._nursery is not None
         self._nursery.start_soon(self._pump, TO_CLIENT)

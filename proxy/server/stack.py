@@ -8,19 +8,22 @@
   can add them;
 - the recorder (``record:``) as an observer, its directory created per run (only
   the frames ``record`` rules match, while there are such rules);
-- telemetry, which :class:`~proxy.server.app.ProxyServer` builds from ``tracing:``
-  (and metrics when ``admin`` serves /metrics);
+- telemetry (spans per ``tracing:``, metrics when ``admin`` serves /metrics) as an
+  observer, shut down (its last spans flushed) once the server has drained;
 - the admin API (``admin:``) on hypercorn, with the connections, metrics and health providers;
 - the upstream probe (:mod:`proxy.server.upstream_probe`): a warning when the upstream
   does not answer (the proxy serves anyway), ``/healthz`` says which.
 
-Everything runs in one nursery; leaving the ``async with`` shuts the proxy down,
-drains it, and finishes the recording.
+This is the one place the parts are wired together: the server itself
+(:class:`~proxy.server.app.ProxyServer`) only serves connections to the hook and the
+observers it is given.  Everything runs in one nursery; leaving the ``async with``
+shuts the proxy down, drains it, and finishes the recording.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +41,7 @@ from proxy.rules.loader import load_rules_file, ruleset_from_data
 from proxy.rules.model import RuleSet
 from proxy.server.app import ProxyServer
 from proxy.server.upstream_probe import UpstreamHealth, probe_upstream
+from proxy.telemetry import TelemetryPipeline, telemetry_for_proxy
 
 log = structlog.get_logger("pulsar_tap.proxy")
 
@@ -52,6 +56,8 @@ class ProxyStack:
     recording_path: Path | None = None
     admin_address: str | None = None
     upstream_health: UpstreamHealth | None = None
+    #: spans and metrics (``tracing:``, /metrics); None when neither is wanted
+    telemetry: TelemetryPipeline | None = None
 
     @property
     def address(self) -> str:
@@ -79,7 +85,7 @@ def _read_token(path: str | None) -> str | None:
     return token
 
 
-def connection_rows(server: ProxyServer) -> list[dict[str, Any]]:
+def connection_rows(server: ProxyServer, telemetry_pipeline: TelemetryPipeline | None) -> list[dict[str, Any]]:
     """``GET /connections``: peers, producers, consumers, topics, bytes and permits per connection.
 
     Outstanding FLOW permits come from telemetry, which sees every frame (the admin API
@@ -88,7 +94,7 @@ def connection_rows(server: ProxyServer) -> list[dict[str, Any]]:
     relay path needs them, so it is the fallback.
     """
     rows = []
-    telemetry = server.telemetry.telemetry if server.telemetry is not None else None
+    telemetry = telemetry_pipeline.telemetry if telemetry_pipeline is not None else None
     for relay in list(server.relays):
         pipeline = relay.pipeline
         info = pipeline.info
@@ -134,9 +140,17 @@ async def running_proxy(config: ProxyConfig, *, server: ProxyServer | None = Non
         server.hook = RulesHook(engine)
     stack = ProxyStack(config, server, engine, upstream_health=UpstreamHealth(str(config.upstream)))
     async with contextlib.AsyncExitStack() as exits:
+        stack.telemetry = telemetry = telemetry_for_proxy(config)
+        if telemetry is not None:
+            exits.push_async_callback(_shut_down_telemetry, telemetry)
+            observers = server.observers
+            observers.observers.append(telemetry.observer)
+            if telemetry.metrics is not None:
+                telemetry.metrics.add_drop_source("observers", lambda: observers.dropped)
         if config.record is not None:
             from proxy.recording.observer import RecordingObserver
-            from proxy.recording.recorder import RecordConfig, Recorder
+            from proxy.recording.writer import RecordConfig
+            from proxy.server.recorder import Recorder
 
             section = config.record
             recorder = await exits.enter_async_context(Recorder(RecordConfig(
@@ -158,12 +172,11 @@ async def running_proxy(config: ProxyConfig, *, server: ProxyServer | None = Non
             with trio.move_on_after(1.0):  # a refused or failing upstream is said before "ready"
                 await answered.wait()
             if engine is not None and isinstance(config.rules, str):
-                from proxy.rules.reload import watch_rule_file
+                from proxy.server.rule_watch import watch_rule_file
 
                 services.start_soon(watch_rule_file, config.rules, engine)
             if config.admin is not None and engine is not None:
-                stack.admin_address = await _start_admin(services, server, engine, config, token,
-                                                         stack.upstream_health)
+                stack.admin_address = await _start_admin(services, stack, engine, token)
             try:
                 yield stack
             finally:
@@ -172,14 +185,19 @@ async def running_proxy(config: ProxyConfig, *, server: ProxyServer | None = Non
         services.cancel_scope.cancel()
 
 
-async def _start_admin(nursery: trio.Nursery, server: ProxyServer, engine: RulesEngine, config: ProxyConfig,
-                       token: str | None, health: UpstreamHealth) -> str:
+async def _shut_down_telemetry(telemetry: TelemetryPipeline) -> None:
+    """Flush the last spans; called once the server returned (its observer task drained the queue)."""
+    with trio.CancelScope(shield=True):
+        await trio.to_thread.run_sync(telemetry.shutdown, time.time_ns())
+
+
+async def _start_admin(nursery: trio.Nursery, stack: ProxyStack, engine: RulesEngine, token: str | None) -> str:
     from proxy.admin.app import AdminApp
     from proxy.admin.serve import serve_admin
 
-    assert config.admin is not None
-    telemetry = server.telemetry
-    app = AdminApp(engine, token=token, connections=lambda: connection_rows(server),
+    config, server, telemetry, health = stack.config, stack.server, stack.telemetry, stack.upstream_health
+    assert config.admin is not None and health is not None
+    app = AdminApp(engine, token=token, connections=lambda: connection_rows(server, telemetry),
                    metrics=telemetry.admin_metrics if telemetry is not None else None, health=health.to_json)
     try:
         bound = await nursery.start(serve_admin, app, config.admin.listen.host, config.admin.listen.port)

@@ -9,8 +9,9 @@ pieces with one ``sendmsg`` (gathered I/O); writers on the same socket (the two
 relay directions, keepalive) are serialised by a lock taken only when a write has
 to wait, so frames never interleave.
 
-:class:`StreamTransport` wraps any ``trio.abc.Stream`` (``trio.SSLStream`` for TLS)
-with the same interface.  OS errors become ``trio.BrokenResourceError`` here, at
+:class:`StreamTransport` wraps any ``trio.abc.Stream`` (``trio.SSLStream`` for TLS;
+the memory streams of the relay's timing tests, which pass a half-close on) with the
+same interface.  OS errors become ``trio.BrokenResourceError`` here, at
 the edge.
 """
 
@@ -299,6 +300,10 @@ class StreamTransport:
                 await self.stream.send_all(data)
 
     async def send_eof(self) -> None:
+        if isinstance(self.stream, trio.abc.HalfCloseableStream):  # a memory stream in tests
+            async with self._write_lock:
+                await self.stream.send_eof()
+            return
         # TLS has no half-close here: the caller ends the connection instead.
         raise trio.BrokenResourceError("half-close is not supported over TLS")
 

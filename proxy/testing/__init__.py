@@ -23,7 +23,10 @@
 - :class:`Capture` — what ``tap.recording()`` returns (:mod:`proxy.testing.capture`);
 - :class:`EmbeddedCluster` — in-memory brokers (:mod:`proxy.testing.cluster`);
 - :class:`Cassette` — record a test's traffic once, replay it broker-side after
-  (:mod:`proxy.testing.cassette`).
+  (:mod:`proxy.testing.cassette`);
+- :mod:`proxy.testing.rig` — ``RecordingProxy`` and ``ThreadedReplayServer``: a recording
+  proxy and a broker-side replay server, each on a Trio loop of its own thread, for
+  scripts and tests that drive blocking clients (cassettes use them; import them from there).
 
 The pytest plugin (``proxy.pytest_plugin``, registered as ``pulsar_tap``) builds
 fixtures on these; ``tests/examples/README.md`` of the project shows both in use.

@@ -12,7 +12,7 @@ it follows VCR.py's record modes:
 ``all``            always record against the upstream, replacing the cassette
 =================  ================================================================
 
-Recording puts a recording proxy (:class:`~proxy.replay.rig.RecordingProxy`)
+Recording puts a recording proxy (:class:`~proxy.testing.rig.RecordingProxy`)
 between the test's tap and the upstream, so a cassette holds what the broker was
 asked and answered; the tap's own rules act in front of it exactly as in a replay.
 Replaying serves the cassette with ``pulsar-tap replay --serve``'s machinery
@@ -107,7 +107,7 @@ class CassetteSession:
     """One test's use of a cassette: connect the tap to :attr:`service_url`, then :meth:`finish`."""
 
     def __init__(self, cassette: Cassette, plan: Plan) -> None:
-        from proxy.replay.rig import RecordingProxy, ThreadedReplayServer
+        from proxy.testing.rig import RecordingProxy, ThreadedReplayServer
 
         self.cassette = cassette
         self.plan: Plan = plan
@@ -124,7 +124,7 @@ class CassetteSession:
         return self.plan != "record"
 
     def _start_recording(self, upstream: str) -> None:
-        from proxy.replay.rig import RecordingProxy
+        from proxy.testing.rig import RecordingProxy
 
         self._scratch = tempfile.TemporaryDirectory(prefix="pulsar-cassette-")
         self._recorder = RecordingProxy(upstream, self._scratch.name).start()
@@ -134,7 +134,7 @@ class CassetteSession:
         from proxy.recording.reader import open_recordings
         from proxy.replay.conversation import build_conversations
         from proxy.replay.matcher import AnswerBook
-        from proxy.replay.rig import ThreadedReplayServer
+        from proxy.testing.rig import ThreadedReplayServer
 
         try:
             frames = open_recordings(self.cassette.path).frames()

@@ -20,7 +20,7 @@ from tap_process import TapProcess, no_traceback
 from proxy.broker.cluster import ClusterConfig
 from proxy.broker.embedded import ThreadedCluster
 from proxy.recording.reader import open_recordings
-from proxy.replay.rig import RecordingProxy, official_session
+from proxy.testing.rig import RecordingProxy, official_session
 
 TOPIC = "persistent://public/default/damage-orders"
 DAMAGE_AT = 50_000

@@ -20,7 +20,7 @@ from tap_process import ROOT, TapProcess, no_traceback
 from proxy.broker.cluster import ClusterConfig
 from proxy.broker.embedded import ThreadedCluster
 from proxy.recording.reader import open_recordings
-from proxy.replay.rig import RecordingProxy
+from proxy.testing.rig import RecordingProxy
 
 SIGINT, SIGTERM = signal.SIGINT, signal.SIGTERM
 SAMPLE = str(ROOT / "recordings" / "sample")

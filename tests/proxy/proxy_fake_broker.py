@@ -1,4 +1,5 @@
-"""A scripted broker for relay tests: real loopback sockets, the project's own codec.
+"""A scripted broker for relay tests: loopback sockets (``serve``) or any Trio stream
+(``handle``, e.g. one end of a memory stream pair), the project's own codec.
 
 It answers CONNECT with CONNECTED, PING with PONG (unless told not to), SEND with
 SEND_RECEIPT (after ``receipt_delay``), LOOKUP with ``lookup_answer``; it keeps the
@@ -14,7 +15,7 @@ import trio
 
 from proxy.errors import ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
-from proxy.protocol.frame import Frame, FrameDecoder, encode_command
+from proxy.protocol.frame import Frame, FrameDecoder, encode_command, encode_payload_command
 
 T = api.BaseCommand.Type
 
@@ -41,10 +42,11 @@ class FakeBroker:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
         self.port = listeners[0].socket.getsockname()[1]
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(trio.serve_listeners, self._handle, listeners)
+            nursery.start_soon(trio.serve_listeners, self.handle, listeners)
             task_status.started(self)
 
-    async def _handle(self, stream: trio.SocketStream) -> None:
+    async def handle(self, stream: trio.abc.Stream) -> None:
+        """Serve one proxy connection on ``stream`` until it closes."""
         self.connections += 1
         self.open_connections += 1
         decoder = FrameDecoder(64 * 1024 * 1024)
@@ -67,7 +69,7 @@ class FakeBroker:
         finally:
             self.open_connections -= 1
 
-    async def _answer(self, frame: Frame, stream: trio.SocketStream, nursery: trio.Nursery) -> None:
+    async def _answer(self, frame: Frame, stream: trio.abc.Stream, nursery: trio.Nursery) -> None:
         kind = frame.type
         if kind == T.CONNECT:
             connected = api.CommandConnected(server_version="fake", protocol_version=21)
@@ -92,6 +94,13 @@ class FakeBroker:
 
 
 CONNECT = encode_command(api.CommandConnect(client_version="relay-test", protocol_version=21))
+
+
+def send_frame(seq: int, size: int) -> bytes:
+    """A SEND of producer 1 with a ``size``-byte payload."""
+    return encode_payload_command(api.CommandSend(producer_id=1, sequence_id=seq),
+                                  api.MessageMetadata(producer_name="p", sequence_id=seq, publish_time=1),
+                                  bytes([seq % 251]) * size)
 
 
 async def receive_frames(stream: trio.abc.ReceiveStream, decoder: FrameDecoder, count: int) -> list[Frame]:

@@ -475,9 +475,8 @@ def test_connections_rows_take_permits_from_telemetry_and_else_only_from_an_exac
             p.receive(direction, data, 0)
             if telemetry is not None:
                 telemetry.telemetry.frame(p.info.conn_id, direction, frame_from_bytes(data), 0)
-        server = SimpleNamespace(relays=[SimpleNamespace(pipeline=p, upstream_local_address=None)],
-                                 telemetry=telemetry)
-        (rows[name],) = connection_rows(server)  # type: ignore[arg-type]
+        server = SimpleNamespace(relays=[SimpleNamespace(pipeline=p, upstream_local_address=None)])
+        (rows[name],) = connection_rows(server, telemetry)  # type: ignore[arg-type]
         if telemetry is not None:
             telemetry.shutdown()
     for row in rows.values():

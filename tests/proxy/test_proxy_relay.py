@@ -1,4 +1,8 @@
-"""The relay on real loopback sockets, against a scripted broker: bytes, limits, hostile clients."""
+"""The relay on real loopback sockets, against a scripted broker: bytes, limits, hostile clients.
+
+Its timers (keepalive, held frames, draining) are tested on memory streams and Trio's virtual
+clock in ``test_relay_timing.py``.
+"""
 
 from __future__ import annotations
 
@@ -10,21 +14,15 @@ from collections.abc import AsyncIterator
 import pytest
 import structlog
 import trio
-from proxy_fake_broker import CONNECT, FakeBroker, handshake, receive_frames
+from proxy_fake_broker import CONNECT, FakeBroker, handshake, receive_frames, send_frame
 
 from proxy.config.proxy_config import HostPort, LimitsConfig, ProxyConfig, ServiceUrl
 from proxy.pb import PulsarApi_pb2 as api
-from proxy.protocol.frame import Frame, FrameDecoder, encode_command, encode_payload_command
+from proxy.protocol.frame import Frame, FrameDecoder, encode_command
 from proxy.protocol.session import Direction
 from proxy.server.app import ProxyServer
 
 T = api.BaseCommand.Type
-
-
-def send_frame(seq: int, size: int) -> bytes:
-    return encode_payload_command(api.CommandSend(producer_id=1, sequence_id=seq),
-                                  api.MessageMetadata(producer_name="p", sequence_id=seq, publish_time=1),
-                                  bytes([seq % 251]) * size)
 
 
 async def start(nursery: trio.Nursery, broker: FakeBroker, reactor: bool = True, **limits: object) -> ProxyServer:
@@ -105,30 +103,11 @@ async def test_connections_beyond_max_connections_are_refused(nursery: trio.Nurs
         assert server.refused_connections == 1
         await first.send_all(send_frame(0, 10))
         await second.aclose()
-        await trio.sleep(0.1)
+        while server.active_connections > 1:  # noqa: ASYNC110 - the server notices the close in its own time
+            await trio.sleep(0.01)
         third, _ = await handshake(server.main_address.port)  # room again
         await third.aclose()
         await first.aclose()
-
-
-async def test_a_broker_that_stops_answering_is_detected_and_both_sides_closed(nursery: trio.Nursery) -> None:
-    broker = FakeBroker(answer_pings=False)
-    server = await start(nursery, broker, keepalive_seconds=0.2)
-    with trio.fail_after(5):
-        stream, decoder = await handshake(server.main_address.port)
-        start_time = trio.current_time()
-        # The client keeps answering the proxy's PINGs; the broker does not.
-        while True:
-            data = await stream.receive_some(1024)
-            if not data:
-                break
-            for frame in decoder.receive(data):
-                if frame.type == T.PING:
-                    await stream.send_all(encode_command(api.CommandPong()))
-        assert 0.3 < trio.current_time() - start_time < 2
-        await stream.aclose()
-        await trio.sleep(0.05)
-        assert broker.open_connections == 0
 
 
 async def test_a_slow_reader_applies_backpressure_instead_of_buffering(nursery: trio.Nursery) -> None:
@@ -183,7 +162,8 @@ async def test_shutdown_lets_in_flight_answers_drain(nursery: trio.Nursery) -> N
     with trio.fail_after(10):
         stream, decoder = await handshake(server.main_address.port)
         await stream.send_all(send_frame(5, 10))
-        await trio.sleep(0.05)
+        while not any(frame.type == T.SEND for frame in broker.frames):  # noqa: ASYNC110 - in flight now
+            await trio.sleep(0.01)
         server.request_shutdown()
         [receipt] = await receive_frames(stream, decoder, 1)
         assert receipt.command.send_receipt.sequence_id == 5

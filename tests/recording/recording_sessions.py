@@ -10,7 +10,8 @@ from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol import compression
 from proxy.protocol.frame import encode_command, encode_payload_command
 from proxy.protocol.message import encode_payload
-from proxy.recording.recorder import RecordConfig, Recorder
+from proxy.recording.writer import RecordConfig
+from proxy.server.recorder import Recorder
 
 TOPIC = "persistent://public/default/orders"
 BASE_NS = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z

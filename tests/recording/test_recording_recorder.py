@@ -19,7 +19,8 @@ from recording_sessions import BASE_NS, record_sessions, session
 from proxy.errors import RecordingError
 from proxy.pb import recording_pb2 as rpb
 from proxy.recording.reader import Recording, open_recordings
-from proxy.recording.recorder import RecordConfig, Recorder, recording_dir_name
+from proxy.recording.writer import RecordConfig, recording_dir_name
+from proxy.server.recorder import Recorder
 
 
 async def test_every_frame_is_read_back_with_its_exact_bytes_in_capture_order(tmp_path: Path) -> None:
@@ -139,7 +140,8 @@ _KILLED_WRITER = textwrap.dedent("""
     import sys, time, trio
     from proxy.pb import PulsarApi_pb2 as api
     from proxy.protocol.frame import encode_payload_command
-    from proxy.recording.recorder import RecordConfig, Recorder
+    from proxy.recording.writer import RecordConfig
+    from proxy.server.recorder import Recorder
 
     async def main():
         async with Recorder(RecordConfig(dir=sys.argv[1], max_segment_bytes=1 << 30)) as rec:
@@ -225,16 +227,16 @@ async def test_frames_arriving_one_by_one_are_handed_to_the_writer_thread_in_few
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each hand-off to the worker thread wakes a thread and the Trio loop: frames trickling in
     (as they do through a proxy) are gathered for a moment and written together, all of them."""
-    from proxy.recording import recorder as recorder_module
+    from proxy.recording import writer as recorder_module
 
     appends: list[int] = []
-    real_append = recorder_module._SegmentFiles.append
+    real_append = recorder_module.SegmentFiles.append
 
-    def counting_append(self: recorder_module._SegmentFiles, records: list[bytes]) -> int:
+    def counting_append(self: recorder_module.SegmentFiles, records: list[bytes]) -> int:
         appends.append(len(records))
         return real_append(self, records)
 
-    monkeypatch.setattr(recorder_module._SegmentFiles, "append", counting_append)
+    monkeypatch.setattr(recorder_module.SegmentFiles, "append", counting_append)
     frames = session() * 10
     with trio.fail_after(10):
         async with Recorder(RecordConfig(dir=tmp_path)) as recorder:
@@ -314,13 +316,13 @@ async def test_runs_of_passed_through_bytes_are_recorded_as_the_same_frame_recor
 
 def test_a_run_is_written_as_protobuf_would_write_its_frame_records() -> None:
     """The writer frames a run's records without message objects: the bytes are protobuf's own."""
-    from proxy.recording import recorder as rec
+    from proxy.recording import writer as rec
 
     config = RecordConfig(dir=Path("unused"))
     frames = [f.raw for f in session(sends=2) if f.direction == "to_client" and f.origin == "broker"]
-    run = rec._RunItem(7, rpb.TO_CLIENT, BASE_NS, b"".join(frames), 0, 0)
-    fast, result = rec._encode_batch([run], config)
-    general, _ = rec._encode_batch([rec._FrameItem(7, rpb.TO_CLIENT, rpb.BROKER, BASE_NS, raw, ())
+    run = rec.RunItem(7, rpb.TO_CLIENT, BASE_NS, b"".join(frames), 0, 0)
+    fast, result = rec.encode_batch([run], config)
+    general, _ = rec.encode_batch([rec.FrameItem(7, rpb.TO_CLIENT, rpb.BROKER, BASE_NS, raw, ())
                                     for raw in frames], config)
     assert fast == general and result.frames == len(frames)
 
@@ -328,14 +330,14 @@ def test_a_run_is_written_as_protobuf_would_write_its_frame_records() -> None:
 def test_a_dropped_run_loses_only_the_frames_it_touched() -> None:
     """A run the queue dropped leaves a gap in its stream: the frames the gap cuts are left out
     (counted as lost), every other frame is recorded whole, and nothing is mis-cut after it."""
-    from proxy.recording import recorder as rec
+    from proxy.recording import writer as rec
 
     config = RecordConfig(dir=Path("unused"), redact=False)
     frames = [f.raw for f in session(sends=8) if f.direction == "to_broker"]
     data = b"".join(frames)
     pieces = _cut(data, [37])
     leads = _leads(data, pieces)
-    items = [rec._RunItem(1, rpb.TO_BROKER, BASE_NS, piece, lead, offset)
+    items = [rec.RunItem(1, rpb.TO_BROKER, BASE_NS, piece, lead, offset)
              for (offset, piece), lead in zip(pieces, leads, strict=True)]
     for dropped in (len(items) // 2, len(items) // 2 + 2, 3):
         _check_gap(frames, pieces, items, dropped, config)
@@ -343,10 +345,10 @@ def test_a_dropped_run_loses_only_the_frames_it_touched() -> None:
 
 def _check_gap(frames: list[bytes], pieces: list[tuple[int, bytes]], items: list, dropped: int,  # type: ignore[type-arg]
                config: RecordConfig) -> None:
-    from proxy.recording import recorder as rec
+    from proxy.recording import writer as rec
     from proxy.recording.segment import SEGMENT_MAGIC, scan_segment
 
-    records, result = rec._encode_batch(items[:dropped] + items[dropped + 1:], config)
+    records, result = rec.encode_batch(items[:dropped] + items[dropped + 1:], config)
     kept = [r.frame.data for r in scan_segment(SEGMENT_MAGIC + b"".join(records)).records]
     gap_start, gap_end = pieces[dropped][0], pieces[dropped][0] + len(pieces[dropped][1])
     untouched, touched, pos = [], 0, 0

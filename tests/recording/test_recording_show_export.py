@@ -23,7 +23,7 @@ from proxy.protocol.frame import frame_from_bytes
 from proxy.recording.export import export_pcap
 from proxy.recording.reader import open_recordings
 from proxy.recording.show import ShowOptions, show
-from proxy.replay.rig import RecordingProxy, official_session
+from proxy.testing.rig import RecordingProxy, official_session
 
 DISSECTOR = Path(__file__).resolve().parents[2] / "recordings" / "pulsar.lua"
 

@@ -10,7 +10,7 @@ from replay_sessions import OfficialRecording
 
 from proxy.broker.cluster import ClusterConfig
 from proxy.broker.embedded import ThreadedCluster
-from proxy.replay.rig import RecordingProxy, official_session
+from proxy.testing.rig import RecordingProxy, official_session
 
 __all__ = ["OfficialRecording", "official_recording"]
 

@@ -10,7 +10,7 @@ from proxy.protocol import compression
 from proxy.protocol.frame import encode_command, encode_payload_command, frame_from_bytes
 from proxy.protocol.message import encode_payload
 from proxy.recording.reader import RecordedFrame
-from proxy.recording.recorder import RecorderStats
+from proxy.recording.writer import RecorderStats
 
 TOPIC = "persistent://public/default/orders"
 SUB = "audit"

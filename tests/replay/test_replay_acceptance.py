@@ -29,7 +29,7 @@ from proxy.recording.reader import open_recordings
 from proxy.replay.conversation import build_conversations
 from proxy.replay.matcher import AnswerBook
 from proxy.replay.replayer import replay_recording
-from proxy.replay.rig import RecordingProxy, ThreadedReplayServer, official_session, rules_hook
+from proxy.testing.rig import RecordingProxy, ThreadedReplayServer, official_session, rules_hook
 
 PULSAR_TAP = [sys.executable, "-m", "proxy"]
 PRODUCER_ERROR_RULES = """\

@@ -174,6 +174,6 @@ def test_the_replay_core_is_sans_io() -> None:
     import sys
 
     code = ("import sys, proxy.replay.matcher, proxy.replay.served, proxy.replay.conversation; "
-            "print(sorted(m for m in ('trio', 'proxy.recording.recorder', 'proxy.server.app') if m in sys.modules))")
+            "print(sorted(m for m in ('trio', 'proxy.server.recorder', 'proxy.server.app') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"

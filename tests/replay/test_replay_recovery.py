@@ -20,7 +20,7 @@ from proxy.pb import PulsarApi_pb2 as api
 from proxy.recording.reader import open_recordings
 from proxy.replay.conversation import build_conversations
 from proxy.replay.replayer import replay_recording
-from proxy.replay.rig import RecordingProxy, rules_hook
+from proxy.testing.rig import RecordingProxy, rules_hook
 
 TOPIC = "persistent://public/default/replay-recovery"
 MESSAGES = 300

@@ -10,7 +10,8 @@ import pytest
 import trio
 from rules_helpers import TO_BROKER, Session, engine_for, frame
 
-from proxy.admin import AdminApp, serve_admin
+from proxy.admin import AdminApp
+from proxy.admin.serve import serve_admin
 from proxy.pb import PulsarApi_pb2 as api
 
 TOKEN = "s3cret"

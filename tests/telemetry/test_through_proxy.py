@@ -27,7 +27,7 @@ from proxy.rules.engine import RulesEngine
 from proxy.rules.hook import RulesHook
 from proxy.rules.loader import load_rules_text
 from proxy.server.app import ProxyServer
-from proxy.server.threaded import ThreadedProxy
+from proxy.server.threaded import ThreadedProxy, ThreadedStack
 from proxy.telemetry import TelemetryPipeline, build_telemetry, telemetry_for_proxy
 
 MESSAGES = 20
@@ -165,10 +165,10 @@ def test_tracing_config_sends_spans_of_a_proxied_session_to_an_otlp_collector(cl
         config = ProxyConfig(upstream=ServiceUrl.parse(cluster.service_url), listen=HostPort("127.0.0.1", 0),
                              limits=LimitsConfig(drain_seconds=0.5),
                              tracing=TracingConfig(exporter="otlp", endpoint=f"http://127.0.0.1:{port}"))
-        server = ProxyServer(config)
-        assert server.telemetry is not None and server.telemetry.metrics is not None
-        proxy = ThreadedProxy(server, "telemetry-test-proxy")
+        proxy = ThreadedStack(config, name="telemetry-test-proxy")
         url = proxy.start().service_url
+        assert proxy.stack is not None and proxy.stack.telemetry is not None
+        assert proxy.stack.telemetry.metrics is not None
         try:
             client = pulsar.Client(url, operation_timeout_seconds=10)
             try:

@@ -25,10 +25,11 @@ from proxy.config.proxy_config import HostPort, LimitsConfig, ProxyConfig, Servi
 from proxy.core.hooks import ConnectionEvent, FrameEvent, FrameHook
 from proxy.errors import PulsarTapError
 from proxy.recording.observer import RecordingObserver
-from proxy.recording.recorder import RecordConfig, Recorder
+from proxy.recording.writer import RecordConfig
 from proxy.replay.matcher import AnswerBook
 from proxy.replay.server import ReplayServer
 from proxy.server.app import ProxyServer
+from proxy.server.recorder import Recorder
 from proxy.server.threaded import LoopThread
 
 

@@ -1,27 +1,25 @@
-"""The Trio recorder: the proxy's observer that writes frames into a recording directory.
+"""Writing a recording: queue items, record encoding, segment files and the index.
 
-The proxy calls :meth:`Recorder.record` for every frame it looks at (and again for
-every frame it changed or originated, with origin ``proxy``),
-:meth:`Recorder.record_run` for each stretch of bytes it passed through unchanged
-(cut into frames by the worker thread, below), and
-:meth:`Recorder.open_connection` / :meth:`Recorder.close_connection` around each
-client connection.  None of these await or touch the disk: they put an item on a
-bounded queue (bounded in items and in bytes) and return.  When the queue is full
-the frame (or run) is dropped and counted (per connection and in total, reported in the index and in
-:attr:`Recorder.stats` for /metrics), so a slow disk never stalls traffic.
+Everything the recorder does except waiting.  The Trio recorder
+(:class:`proxy.server.recorder.Recorder`, the proxy's observer) puts a
+:class:`FrameItem` per frame the proxy looked at, a :class:`RunItem` per stretch of
+bytes it passed through unchanged, and a ``Record`` per connection opened or closed
+on a bounded queue, and hands batches of them to a worker thread that calls
+:meth:`RecordingBook.write`.  This module owns what happens then and the account
+kept meanwhile; it imports no trio and never waits (its file writes are blocking,
+and are made from that worker thread).
 
-One writer task drains the queue in batches (gathering for up to 20 ms after a
-batch's first record, so that frames trickling in cost one thread hand-off per
-batch rather than one each) and hands each batch to a worker thread, which
-cuts runs into frames (per connection and direction, carrying a frame that
-continues in the next run; a run that does not follow on from the one before —
-one was dropped — loses the frame cut across the gap, counted as dropped),
-redacts auth data, strips payloads when asked, frames the records
-(:mod:`proxy.recording.segment`) and appends them to the current segment, rotating
-to a new one past ``max_segment_bytes``.  Every write goes straight to
-the OS (unbuffered), so a killed process loses at most the record being written;
-once a second the segment is fsynced and the index rewritten (write + rename).
-On exit the queue is drained and the index is finished with ``end_ns``.
+:func:`encode_batch` cuts runs into frames (per connection and direction, carrying a
+frame that continues in the next run; a run that does not follow on from the one
+before — one was dropped — loses the frame cut across the gap, counted as dropped),
+redacts auth data, strips payloads when asked and frames the records
+(:mod:`proxy.recording.segment`); :class:`SegmentFiles` appends them to the current
+segment, rotating to a new one past ``max_segment_bytes``.  Every write goes straight
+to the OS (unbuffered), so a killed process loses at most the record being written;
+the recorder has the segment fsynced and the index rewritten (write + rename) once a
+second.  :class:`RecordingBook` keeps the recording's account — frames and bytes per
+connection, frames dropped (queue full, or lost across a gap), protocol versions — and
+builds the index from it.
 
 Layout: ``DIR/<UTC start YYYYmmddTHHMMSSZ>-<pid>/`` holding ``segment-NNNNNN.ptap``
 files and ``index.pb`` (recordings/FORMAT.md).
@@ -29,7 +27,6 @@ files and ``index.pb`` (recordings/FORMAT.md).
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import os
 import struct
@@ -38,13 +35,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from types import TracebackType
-from typing import Final, TypeAlias
+from typing import Final, Protocol, TypeAlias
 
 import crc32c as _crc32c
-import trio
 
-from proxy.core.run_cutter import RunCutter, count_frame_starts
+from proxy.core.run_cutter import RunCutter
 from proxy.errors import ProtocolError, RecordingError
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.pb import recording_pb2 as rpb
@@ -58,12 +53,6 @@ DEFAULT_MAX_SEGMENT_BYTES: Final = 256 * 1024 * 1024
 DEFAULT_QUEUE_SIZE: Final = 10_000
 #: bytes of runs waiting for the writer; beyond this a run is dropped (and its frames counted)
 DEFAULT_QUEUE_BYTES: Final = 64 * 1024 * 1024
-#: records taken off the queue per write (bounds the memory of one batch)
-_BATCH_LIMIT: Final = 2_000
-#: how long the writer keeps gathering after a batch's first record before handing it to the
-#: worker thread: each hand-off costs a thread wake-up and a wake-up of the Trio loop, which
-#: cost the proxy far more than encoding the frames did when every frame went on its own
-_GATHER_SECONDS: Final = 0.02
 
 DIRECTIONS: Final[dict[str, int]] = {"to_broker": rpb.TO_BROKER, "to_client": rpb.TO_CLIENT}
 ORIGINS: Final[dict[str, int]] = {"client": rpb.CLIENT, "broker": rpb.BROKER, "proxy": rpb.PROXY}
@@ -124,7 +113,7 @@ def _address(addr: Address) -> rpb.Address | None:
 
 # Queue items: ("frame", FrameItem) or ("opened"/"closed", Record)
 @dataclass(frozen=True, slots=True)
-class _FrameItem:
+class FrameItem:
     conn_id: int
     direction: int
     origin: int
@@ -134,7 +123,7 @@ class _FrameItem:
 
 
 @dataclass(frozen=True, slots=True)
-class _RunItem:
+class RunItem:
     """Bytes passed through unchanged: whole frames, perhaps cut at either end (see ``record_run``)."""
 
     conn_id: int
@@ -145,7 +134,7 @@ class _RunItem:
     stream_pos: int
 
 
-_Item: TypeAlias = _FrameItem | _RunItem | rpb.Record
+QueueItem: TypeAlias = FrameItem | RunItem | rpb.Record
 
 _SIZE_PREFIX = struct.Struct(">I")
 _RECORD_HEAD = struct.Struct(">II")
@@ -158,7 +147,7 @@ _IOV_MAX: Final = 1024
 
 
 @dataclass(slots=True)
-class _BatchResult:
+class BatchResult:
     bytes_written: int = 0
     frames: int = 0
     #: conn id -> (frames, wire bytes) recorded in this batch
@@ -175,7 +164,7 @@ class _BatchResult:
         self.frames += frames
 
 
-class _SegmentFiles:
+class SegmentFiles:
     """The segment files of one recording; used from one worker thread at a time."""
 
     def __init__(self, path: Path, recording_id: str, config: RecordConfig, clock: Callable[[], int]) -> None:
@@ -268,15 +257,15 @@ class _SegmentFiles:
         self.sync(index)
 
 
-def _encode_batch(items: Sequence[_Item], config: RecordConfig,
-                  streams: dict[tuple[int, int], RunCutter] | None = None) -> tuple[list[bytes], _BatchResult]:
+def encode_batch(items: Sequence[QueueItem], config: RecordConfig,
+                  streams: dict[tuple[int, int], RunCutter] | None = None) -> tuple[list[bytes], BatchResult]:
     """Turn queue items into framed records (runs in the worker thread; ``streams`` is its state)."""
     out: list[bytes] = []
-    result = _BatchResult()
+    result = BatchResult()
     if streams is None:
         streams = {}
     for item in items:
-        if type(item) is _RunItem:
+        if type(item) is RunItem:
             _encode_run(item, streams, config, out, result)
             continue
         if isinstance(item, rpb.Record):
@@ -286,7 +275,7 @@ def _encode_batch(items: Sequence[_Item], config: RecordConfig,
                     streams.pop((conn_id, direction), None)
             out.append(encode_record(item))
             continue
-        assert isinstance(item, _FrameItem)
+        assert isinstance(item, FrameItem)
         raw = item.raw
         frame_type = frame_type_of(raw)
         if frame_type in (api.BaseCommand.CONNECT, api.BaseCommand.CONNECTED):
@@ -318,8 +307,8 @@ def _frame_record(conn_id: int, direction: int, origin: int, ts_ns: int, raw: by
     return encode_frame_record(record)
 
 
-def _encode_run(item: _RunItem, streams: dict[tuple[int, int], RunCutter], config: RecordConfig,
-                out: list[bytes], result: _BatchResult) -> None:
+def _encode_run(item: RunItem, streams: dict[tuple[int, int], RunCutter], config: RecordConfig,
+                out: list[bytes], result: BatchResult) -> None:
     """Cut a run into whole frames (after the stream's carried frame start) and append their records."""
     key = (item.conn_id, item.direction)
     cutter = streams.get(key)
@@ -334,8 +323,8 @@ def _encode_run(item: _RunItem, streams: dict[tuple[int, int], RunCutter], confi
     result.frames_lost += cutter.lost - lost
 
 
-def _encode_run_frames(item: _RunItem, origin: int, data: bytes, pos: int, config: RecordConfig,
-                       out: list[bytes], result: _BatchResult) -> int:
+def _encode_run_frames(item: RunItem, origin: int, data: bytes, pos: int, config: RecordConfig,
+                       out: list[bytes], result: BatchResult) -> int:
     """Append the records of the whole frames in ``data`` from ``pos``; returns where the first partial one starts."""
     # FrameRecord fields 1-4 and the tag of field 5, in field order as protobuf writes them: the
     # same for every frame of the run, so each record is written with no message object
@@ -374,32 +363,6 @@ def _encode_run_frames(item: _RunItem, origin: int, data: bytes, pos: int, confi
         result.count(item.conn_id, wire_bytes, frames)
     return pos
 
-
-async def _gather(receive: trio.MemoryReceiveChannel[_Item], batch: list[_Item], deadline: float) -> bool:
-    """Move records from the queue into ``batch`` until it is full or ``deadline``; True at end of channel.
-
-    Records are taken off the queue as they come (the queue keeps its room, so the
-    drop policy sees no difference), but written together.
-    """
-    with trio.move_on_at(deadline):
-        while len(batch) < _BATCH_LIMIT:
-            # what is already waiting, without a checkpoint per record
-            while len(batch) < _BATCH_LIMIT:
-                try:
-                    batch.append(receive.receive_nowait())
-                except trio.WouldBlock:
-                    break
-                except trio.EndOfChannel:
-                    return True
-            if len(batch) >= _BATCH_LIMIT:
-                break
-            try:
-                batch.append(await receive.receive())
-            except trio.EndOfChannel:
-                return True
-    return False
-
-
 def _protocol_version(raw: bytes, frame_type: int | None) -> int | None:
     try:
         cmd = frame_from_bytes(raw, max_frame_bytes=len(raw)).command
@@ -426,75 +389,78 @@ def _make_recording_dir(base: Path, name: str) -> Path:
         raise RecordingError(f"cannot create a recording in {base}: {exc.strerror or exc}") from None
 
 
-class Recorder:
-    """Records frames into ``config.dir/<start>-<pid>/``; use as ``async with Recorder(cfg) as rec``.
+class FrameRecorder(Protocol):
+    """What the proxy's recording observer calls (:class:`proxy.server.recorder.Recorder`): never blocks."""
 
-    ``record``, ``open_connection`` and ``close_connection`` never block and never
-    raise for a full queue; they are safe to call from any task of the proxy.
+    def record(self, conn_id: int, direction: str | enum.Enum, origin: str | enum.Enum, ts_ns: int,
+               raw: bytes, rules: Sequence[str] = ()) -> bool: ...
+
+    def record_run(self, conn_id: int, direction: str | enum.Enum, ts_ns: int, data: bytes, lead: int,
+                   stream_pos: int) -> bool: ...
+
+    def open_connection(self, conn_id: int, client_addr: Address, broker_addr: Address,
+                        lookup_mode: str | enum.Enum | None, ts_ns: int) -> None: ...
+
+    def close_connection(self, conn_id: int, ts_ns: int) -> None: ...
+
+
+def frame_item(conn_id: int, direction: str | enum.Enum, origin: str | enum.Enum, ts_ns: int, raw: bytes,
+               rules: Sequence[str]) -> FrameItem:
+    """The queue item for one frame's exact bytes."""
+    return FrameItem(conn_id, DIRECTIONS[_enum_name(direction)], ORIGINS[_enum_name(origin)], ts_ns, bytes(raw),
+                     tuple(rules))
+
+
+def run_item(conn_id: int, direction: str | enum.Enum, ts_ns: int, data: bytes, lead: int,
+             stream_pos: int) -> RunItem:
+    """The queue item for bytes passed through unchanged (see ``FrameRecorder.record_run``)."""
+    return RunItem(conn_id, DIRECTIONS[_enum_name(direction)], ts_ns, data, lead, stream_pos)
+
+
+class RecordingBook:
+    """One recording's directory, segment files and account (see the module docstring).
+
+    :meth:`create`, :meth:`write`, :meth:`sync` and :meth:`finish` block (file I/O: call
+    them from a worker thread, one at a time); the rest only counts.
     """
 
     def __init__(self, config: RecordConfig, *, clock: Callable[[], int] = time.time_ns,
                  pid: int | None = None) -> None:
         self.config = config
         self.stats = RecorderStats()
+        self.pid = os.getpid() if pid is None else pid
         self._clock = clock
-        self._pid = os.getpid() if pid is None else pid
-        self._send: trio.MemorySendChannel[_Item] | None = None
-        self._connections: dict[int, rpb.ConnectionInfo] = {}
+        self.connections: dict[int, rpb.ConnectionInfo] = {}
         self._versions: dict[int, dict[bool, int]] = {}
-        self._stack = contextlib.AsyncExitStack()
-        self._files: _SegmentFiles | None = None
-        self._index_dirty = True
-        self._closed = False
+        self.files: SegmentFiles | None = None
+        self.index_dirty = True
+        self.closed = False
         #: bytes of runs queued and not yet taken by the writer (bounded by ``config.queue_bytes``)
-        self._queued_run_bytes = 0
+        self.queued_run_bytes = 0
         #: the worker thread's cutting state per (connection, direction)
         self._streams: dict[tuple[int, int], RunCutter] = {}
         self.start_ns = 0
-        #: the recording directory, set on entry
+        #: the recording directory, set by ``create``
         self.path = Path()
 
-    # -- the observer API (non-blocking) ---------------------------------------------------
+    def create(self) -> None:
+        """Create the recording directory and write its first index (blocking)."""
+        self.start_ns = self._clock()
+        self.path = _make_recording_dir(Path(self.config.dir), recording_dir_name(self.start_ns, self.pid))
+        self.files = SegmentFiles(self.path, self.path.name, self.config, self._clock)
+        self.files.sync(self.index_bytes())
 
-    def record(self, conn_id: int, direction: str | enum.Enum, origin: str | enum.Enum, ts_ns: int,
-               raw: bytes, rules: Sequence[str] = ()) -> bool:
-        """Queue one frame's exact bytes; False when it was dropped (queue full or closed)."""
-        item = _FrameItem(conn_id, DIRECTIONS[_enum_name(direction)], ORIGINS[_enum_name(origin)],
-                          ts_ns, bytes(raw), tuple(rules))
-        if self._send is None or not self._offer(item):
-            self.stats.frames_dropped += 1
-            info = self._connections.get(conn_id)
-            if info is not None:
-                info.frames_dropped += 1
-            self._index_dirty = True
-            return False
-        return True
+    def dropped(self, conn_id: int, frames: int) -> None:
+        """``frames`` of ``conn_id`` were not queued (queue full or closed): counted, never written."""
+        self.stats.frames_dropped += frames
+        info = self.connections.get(conn_id)
+        if info is not None:
+            info.frames_dropped += frames
+        self.index_dirty = True
 
-    def record_run(self, conn_id: int, direction: str | enum.Enum, ts_ns: int, data: bytes, lead: int,
-                   stream_pos: int) -> bool:
-        """Queue bytes the proxy passed through unchanged, received at ``ts_ns`` (see ``hooks.RunEvent``).
-
-        They are cut into frame records by the writer: the first ``lead`` bytes finish a
-        frame begun in an earlier run, and a frame cut at the end continues in the next
-        run of the same direction.  ``stream_pos`` (the offset of ``data`` in the
-        direction's stream) shows the writer when a run in between was dropped.  False
-        when it was dropped (queue full or closed); the frames that begin in it are counted.
-        """
-        item = _RunItem(conn_id, DIRECTIONS[_enum_name(direction)], ts_ns, data, lead, stream_pos)
-        if self._queued_run_bytes + len(data) > self.config.queue_bytes or not self._offer(item):
-            lost = count_frame_starts(data, lead)
-            self.stats.frames_dropped += lost
-            info = self._connections.get(conn_id)
-            if info is not None:
-                info.frames_dropped += lost
-            self._index_dirty = True
-            return False
-        self._queued_run_bytes += len(data)
-        return True
-
-    def open_connection(self, conn_id: int, client_addr: Address, broker_addr: Address,
-                        lookup_mode: str | enum.Enum | None, ts_ns: int) -> None:
-        """A client connection was accepted (and its upstream chosen)."""
+    def opened(self, conn_id: int, client_addr: Address, broker_addr: Address,
+               lookup_mode: str | enum.Enum | None, ts_ns: int) -> rpb.Record:
+        """A client connection was accepted: noted in the index; its record for the queue."""
         info = rpb.ConnectionInfo(conn_id=conn_id, start_ns=ts_ns)
         opened = rpb.ConnectionOpened(conn_id=conn_id, ts_ns=ts_ns)
         client, broker = _address(client_addr), _address(broker_addr)
@@ -508,127 +474,82 @@ class Recorder:
             mode = LOOKUP_MODES.get(_enum_name(lookup_mode), rpb.LOOKUP_UNKNOWN)
             info.lookup_mode = mode
             opened.lookup_mode = mode
-        self._connections[conn_id] = info
-        self._index_dirty = True
-        self._offer(rpb.Record(opened=opened))
+        self.connections[conn_id] = info
+        self.index_dirty = True
+        return rpb.Record(opened=opened)
 
-    def close_connection(self, conn_id: int, ts_ns: int) -> None:
-        """A client connection ended (either side)."""
-        info = self._connections.get(conn_id)
+    def closed_connection(self, conn_id: int, ts_ns: int) -> rpb.Record:
+        """A client connection ended: noted in the index; its record for the queue."""
+        info = self.connections.get(conn_id)
         if info is None:
-            info = self._connections[conn_id] = rpb.ConnectionInfo(conn_id=conn_id)
+            info = self.connections[conn_id] = rpb.ConnectionInfo(conn_id=conn_id)
         info.end_ns = ts_ns
-        self._index_dirty = True
-        self._offer(rpb.Record(closed=rpb.ConnectionClosed(conn_id=conn_id, ts_ns=ts_ns)))
+        self.index_dirty = True
+        return rpb.Record(closed=rpb.ConnectionClosed(conn_id=conn_id, ts_ns=ts_ns))
 
-    def _offer(self, item: _Item) -> bool:
-        if self._send is None:
-            return False
-        try:
-            self._send.send_nowait(item)
-        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
-            return False
-        return True
+    def taken(self, batch: Sequence[QueueItem]) -> None:
+        """``batch`` left the queue: its runs' bytes no longer count against ``config.queue_bytes``."""
+        self.queued_run_bytes -= sum(len(item.data) for item in batch if type(item) is RunItem)
 
-    # -- lifecycle ---------------------------------------------------------------------------
+    def write(self, batch: Sequence[QueueItem]) -> BatchResult:
+        """Encode ``batch`` and append it to the segments (blocking); account for it with ``account``."""
+        assert self.files is not None
+        records, result = encode_batch(batch, self.config, self._streams)
+        result.bytes_written = self.files.append(records)
+        return result
 
-    async def __aenter__(self) -> Recorder:
-        self.start_ns = self._clock()
-        self.path = await trio.to_thread.run_sync(
-            _make_recording_dir, Path(self.config.dir), recording_dir_name(self.start_ns, self._pid))
-        self._files = _SegmentFiles(self.path, self.path.name, self.config, self._clock)
-        await trio.to_thread.run_sync(self._files.sync, self._index_bytes())
-        # Overflow policy: a full queue drops the frame and counts it (see record()).
-        send, receive = trio.open_memory_channel[_Item](self.config.queue_size)
-        self._send = send
-        nursery = await self._stack.enter_async_context(trio.open_nursery())
-        nursery.start_soon(self._write_loop, receive)
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> bool | None:
-        send, self._send = self._send, None
-        if send is not None:
-            await send.aclose()
-        return await self._stack.__aexit__(exc_type, exc, tb)
-
-    async def _write_loop(self, receive: trio.MemoryReceiveChannel[_Item]) -> None:
-        assert self._files is not None
-        files = self._files
-        batch: list[_Item] = []
-        try:
-            async with receive:
-                next_sync = trio.current_time() + self.config.flush_interval
-                done = False
-                while not done:
-                    with trio.move_on_at(next_sync):
-                        try:
-                            batch.append(await receive.receive())
-                        except trio.EndOfChannel:
-                            done = True
-                    if batch and not done:
-                        done = await _gather(receive, batch, min(trio.current_time() + _GATHER_SECONDS, next_sync))
-                    if batch:
-                        # taken out first: a batch whose write failed is not written again on exit
-                        pending, batch = batch, []
-                        await self._write_batch(pending)
-                    if trio.current_time() >= next_sync:
-                        index = self._index_bytes() if self._index_dirty else None
-                        self._index_dirty = False
-                        await trio.to_thread.run_sync(files.sync, index)
-                        next_sync = trio.current_time() + self.config.flush_interval
-        finally:
-            # Data must be complete on exit, even when the recorder is cancelled.
-            with trio.CancelScope(shield=True):
-                if batch:
-                    await self._write_batch(batch)
-                self._closed = True
-                await trio.to_thread.run_sync(files.close, self._index_bytes())
-
-    async def _write_batch(self, batch: list[_Item]) -> None:
-        assert self._files is not None
-        files, config = self._files, self.config
-
-        self._queued_run_bytes -= sum(len(item.data) for item in batch if type(item) is _RunItem)
-        streams = self._streams
-
-        def work() -> _BatchResult:
-            records, result = _encode_batch(batch, config, streams)
-            result.bytes_written = files.append(records)
-            return result
-
-        result = await trio.to_thread.run_sync(work)
+    def account(self, result: BatchResult) -> None:
+        """Count what ``write`` wrote (on the thread that counts drops, so the counters never race)."""
         self.stats.frames_recorded += result.frames
         self.stats.frames_dropped += result.frames_lost
         self.stats.bytes_written += result.bytes_written
-        self.stats.segments = len(files.segments)
+        self.stats.segments = len(self.files.segments) if self.files is not None else 0
         for conn_id, (frames, wire_bytes) in result.per_connection.items():
-            info = self._connections.get(conn_id)
+            info = self.connections.get(conn_id)
             if info is None:
-                info = self._connections[conn_id] = rpb.ConnectionInfo(conn_id=conn_id)
+                info = self.connections[conn_id] = rpb.ConnectionInfo(conn_id=conn_id)
             info.frames += frames
             info.bytes += wire_bytes
         for conn_id, (from_broker, version) in result.versions.items():
             seen = self._versions.setdefault(conn_id, {})
             seen[from_broker] = version
             # CONNECTED carries the version the broker agreed to; CONNECT only the client's offer.
-            self._connections[conn_id].protocol_version = seen.get(True, seen.get(False, version))
-        self._index_dirty = True
+            self.connections[conn_id].protocol_version = seen.get(True, seen.get(False, version))
+        self.index_dirty = True
 
-    def _index_bytes(self) -> bytes:
+    def changed_index(self) -> bytes | None:
+        """The index to write at the next sync, when something changed since the last one."""
+        if not self.index_dirty:
+            return None
+        self.index_dirty = False
+        return self.index_bytes()
+
+    def sync(self, index: bytes | None) -> None:
+        """fsync the current segment and replace the index when given (blocking)."""
+        assert self.files is not None
+        self.files.sync(index)
+
+    def finish(self) -> None:
+        """Close the segments and write the finished index, with ``end_ns`` (blocking)."""
+        assert self.files is not None
+        self.closed = True
+        self.files.close(self.index_bytes())
+
+    def index_bytes(self) -> bytes:
         index = rpb.RecordingIndex(
             format_version=FORMAT_VERSION, recording_id=self.path.name, start_ns=self.start_ns,
-            pid=self._pid, frames_recorded=self.stats.frames_recorded,
+            pid=self.pid, frames_recorded=self.stats.frames_recorded,
             frames_dropped=self.stats.frames_dropped, include_payloads=self.config.include_payloads,
             redact=self.config.redact)
-        if self._files is not None:
-            index.segments.extend(self._files.segments)
-        index.connections.extend(self._connections[c] for c in sorted(self._connections))
-        if self._closed:
+        if self.files is not None:
+            index.segments.extend(self.files.segments)
+        index.connections.extend(self.connections[c] for c in sorted(self.connections))
+        if self.closed:
             index.end_ns = self._clock()
         data: bytes = index.SerializeToString()
         return data
 
 
-__all__ = ["DEFAULT_MAX_SEGMENT_BYTES", "DEFAULT_QUEUE_SIZE", "INDEX_NAME", "SEGMENT_SUFFIX", "Address",
-           "RecordConfig", "Recorder", "RecorderStats", "recording_dir_name"]
+__all__ = ["DEFAULT_MAX_SEGMENT_BYTES", "DEFAULT_QUEUE_BYTES", "DEFAULT_QUEUE_SIZE", "INDEX_NAME", "SEGMENT_SUFFIX",
+           "Address", "BatchResult", "FrameItem", "FrameRecorder", "QueueItem", "RecordConfig", "RecorderStats",
+           "RecordingBook", "RunItem", "SegmentFiles", "encode_batch", "frame_item", "recording_dir_name", "run_item"]

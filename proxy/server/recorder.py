@@ -1,0 +1,204 @@
+"""The Trio recorder: the proxy's observer that writes frames into a recording directory.
+
+The proxy calls :meth:`Recorder.record` for every frame it looks at (and again for
+every frame it changed or originated, with origin ``proxy``),
+:meth:`Recorder.record_run` for each stretch of bytes it passed through unchanged
+(cut into frames by the worker thread), and
+:meth:`Recorder.open_connection` / :meth:`Recorder.close_connection` around each
+client connection.  None of these await or touch the disk: they put an item on a
+bounded queue (bounded in items and in bytes) and return.  When the queue is full
+the frame (or run) is dropped and counted (per connection and in total, reported in the index and in
+:attr:`Recorder.stats` for /metrics), so a slow disk never stalls traffic.
+
+One writer task drains the queue in batches (gathering for up to 20 ms after a
+batch's first record, so that frames trickling in cost one thread hand-off per
+batch rather than one each) and hands each batch to a worker thread, which
+encodes and appends it (:meth:`~proxy.recording.writer.RecordingBook.write`: cutting,
+redaction, payload stripping, segment rotation are all there, with no trio).  Once a
+second the segment is fsynced and the index rewritten.  On exit the queue is drained
+and the index is finished with ``end_ns``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Final
+
+import trio
+
+from proxy.core.run_cutter import count_frame_starts
+from proxy.recording.writer import (
+    Address,
+    QueueItem,
+    RecordConfig,
+    RecorderStats,
+    RecordingBook,
+    frame_item,
+    run_item,
+)
+
+#: records taken off the queue per write (bounds the memory of one batch)
+_BATCH_LIMIT: Final = 2_000
+#: how long the writer keeps gathering after a batch's first record before handing it to the
+#: worker thread: each hand-off costs a thread wake-up and a wake-up of the Trio loop, which
+#: cost the proxy far more than encoding the frames did when every frame went on its own
+_GATHER_SECONDS: Final = 0.02
+
+
+async def _gather(receive: trio.MemoryReceiveChannel[QueueItem], batch: list[QueueItem], deadline: float) -> bool:
+    """Move records from the queue into ``batch`` until it is full or ``deadline``; True at end of channel.
+
+    Records are taken off the queue as they come (the queue keeps its room, so the
+    drop policy sees no difference), but written together.
+    """
+    with trio.move_on_at(deadline):
+        while len(batch) < _BATCH_LIMIT:
+            # what is already waiting, without a checkpoint per record
+            while len(batch) < _BATCH_LIMIT:
+                try:
+                    batch.append(receive.receive_nowait())
+                except trio.WouldBlock:
+                    break
+                except trio.EndOfChannel:
+                    return True
+            if len(batch) >= _BATCH_LIMIT:
+                break
+            try:
+                batch.append(await receive.receive())
+            except trio.EndOfChannel:
+                return True
+    return False
+
+
+class Recorder:
+    """Records frames into ``config.dir/<start>-<pid>/``; use as ``async with Recorder(cfg) as rec``.
+
+    ``record``, ``open_connection`` and ``close_connection`` never block and never
+    raise for a full queue; they are safe to call from any task of the proxy.
+    """
+
+    def __init__(self, config: RecordConfig, *, clock: Callable[[], int] = time.time_ns,
+                 pid: int | None = None) -> None:
+        self.config = config
+        self.book = RecordingBook(config, clock=clock, pid=pid)
+        self._send: trio.MemorySendChannel[QueueItem] | None = None
+        self._stack = contextlib.AsyncExitStack()
+
+    @property
+    def stats(self) -> RecorderStats:
+        """Counters for /metrics."""
+        return self.book.stats
+
+    @property
+    def path(self) -> Path:
+        """The recording directory (set on entry)."""
+        return self.book.path
+
+    @property
+    def start_ns(self) -> int:
+        return self.book.start_ns
+
+    # -- the observer API (non-blocking) ---------------------------------------------------
+
+    def record(self, conn_id: int, direction: str | enum.Enum, origin: str | enum.Enum, ts_ns: int,
+               raw: bytes, rules: Sequence[str] = ()) -> bool:
+        """Queue one frame's exact bytes; False when it was dropped (queue full or closed)."""
+        if self._send is None or not self._offer(frame_item(conn_id, direction, origin, ts_ns, raw, rules)):
+            self.book.dropped(conn_id, 1)
+            return False
+        return True
+
+    def record_run(self, conn_id: int, direction: str | enum.Enum, ts_ns: int, data: bytes, lead: int,
+                   stream_pos: int) -> bool:
+        """Queue bytes the proxy passed through unchanged, received at ``ts_ns`` (see ``hooks.RunEvent``).
+
+        They are cut into frame records by the writer: the first ``lead`` bytes finish a
+        frame begun in an earlier run, and a frame cut at the end continues in the next
+        run of the same direction.  ``stream_pos`` (the offset of ``data`` in the
+        direction's stream) shows the writer when a run in between was dropped.  False
+        when it was dropped (queue full or closed); the frames that begin in it are counted.
+        """
+        book = self.book
+        if book.queued_run_bytes + len(data) > self.config.queue_bytes or \
+                not self._offer(run_item(conn_id, direction, ts_ns, data, lead, stream_pos)):
+            book.dropped(conn_id, count_frame_starts(data, lead))
+            return False
+        book.queued_run_bytes += len(data)
+        return True
+
+    def open_connection(self, conn_id: int, client_addr: Address, broker_addr: Address,
+                        lookup_mode: str | enum.Enum | None, ts_ns: int) -> None:
+        """A client connection was accepted (and its upstream chosen)."""
+        self._offer(self.book.opened(conn_id, client_addr, broker_addr, lookup_mode, ts_ns))
+
+    def close_connection(self, conn_id: int, ts_ns: int) -> None:
+        """A client connection ended (either side)."""
+        self._offer(self.book.closed_connection(conn_id, ts_ns))
+
+    def _offer(self, item: QueueItem) -> bool:
+        if self._send is None:
+            return False
+        try:
+            self._send.send_nowait(item)
+        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+            return False
+        return True
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Recorder:
+        await trio.to_thread.run_sync(self.book.create)
+        # Overflow policy: a full queue drops the frame and counts it (see record()).
+        send, receive = trio.open_memory_channel[QueueItem](self.config.queue_size)
+        self._send = send
+        nursery = await self._stack.enter_async_context(trio.open_nursery())
+        nursery.start_soon(self._write_loop, receive)
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> bool | None:
+        send, self._send = self._send, None
+        if send is not None:
+            await send.aclose()
+        return await self._stack.__aexit__(exc_type, exc, tb)
+
+    async def _write_loop(self, receive: trio.MemoryReceiveChannel[QueueItem]) -> None:
+        book = self.book
+        batch: list[QueueItem] = []
+        try:
+            async with receive:
+                next_sync = trio.current_time() + self.config.flush_interval
+                done = False
+                while not done:
+                    with trio.move_on_at(next_sync):
+                        try:
+                            batch.append(await receive.receive())
+                        except trio.EndOfChannel:
+                            done = True
+                    if batch and not done:
+                        done = await _gather(receive, batch, min(trio.current_time() + _GATHER_SECONDS, next_sync))
+                    if batch:
+                        # taken out first: a batch whose write failed is not written again on exit
+                        pending, batch = batch, []
+                        await self._write_batch(pending)
+                    if trio.current_time() >= next_sync:
+                        await trio.to_thread.run_sync(book.sync, book.changed_index())
+                        next_sync = trio.current_time() + self.config.flush_interval
+        finally:
+            # Data must be complete on exit, even when the recorder is cancelled.
+            with trio.CancelScope(shield=True):
+                if batch:
+                    await self._write_batch(batch)
+                await trio.to_thread.run_sync(book.finish)
+
+    async def _write_batch(self, batch: list[QueueItem]) -> None:
+        self.book.taken(batch)
+        self.book.account(await trio.to_thread.run_sync(self.book.write, batch))
+
+
+__all__ = ["Recorder"]
