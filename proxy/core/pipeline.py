@@ -13,7 +13,10 @@ frames whose time has come.  Nothing here awaits, reads a clock or touches a soc
 What the pipeline does itself (Pulsar binary protocol, "Connection establishment",
 "Keep Alive", "Topic lookup"):
 
-- the first frame from the client must be CONNECT; it chooses the broker (the
+- the connection's state is the shared session machine's (``proxy.protocol.session``,
+  lenient): a frame its table refuses is forwarded and counted
+  (``session.violations``), except out of turn in the handshake, which closes both
+  sides.  The first frame from the client must be CONNECT; it chooses the broker (the
   listener's, or CONNECT's ``proxy_to_broker_url`` if the directory allows it);
   the proxy strips ``proxy_to_broker_url`` and lowers ``protocol_version`` to what
   it understands (never raises it);
@@ -21,9 +24,9 @@ What the pipeline does itself (Pulsar binary protocol, "Connection establishment
 - lookup answers are rewritten (``lookup``) — also those a rule makes the proxy
   write itself (``redirect``, ``error`` on LOOKUP), so no real broker address
   reaches a client;
-- keepalive: a side silent for ``keepalive`` gets a PING from the proxy (its PONG
-  is swallowed); silent for twice that, it is dead and both sides are closed.
-  PINGs and PONGs of the client and the broker pass through, paired in order so the
+- keepalive (``proxy.protocol.keepalive``): a side silent for ``keepalive`` gets a
+  PING from the proxy (its PONG is swallowed); silent for as long again after it, it
+  is dead and both sides are closed.  PINGs and PONGs of the client and the broker pass through, paired in order so the
   proxy never swallows a PONG someone else asked for;
 - with ``verify_checksums`` a SEND with a bad CRC32C is answered SEND_ERROR
   ChecksumError instead of being forwarded.
