@@ -33,6 +33,7 @@ from proxy.errors import BrokerError, ChecksumMismatch, ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.commands import T, wrap
 from proxy.protocol.frame import Frame, crc32c, encode_command
+from proxy.protocol.keepalive import PING_FRAME, PONG_FRAME, Keepalive, KeepaliveStep
 from proxy.protocol.session import ConnectionState, Direction, SessionTracker
 
 #: newest protocol version this broker speaks (ProtocolVersion v21)
@@ -88,8 +89,7 @@ class BrokerConnection:
         self.client_version = ""
         self.producers: dict[int, tuple[Producer, Topic]] = {}
         self.consumers: dict[int, tuple[Consumer, Subscription]] = {}
-        self.last_received_ns = clock_ns()
-        self.pings_unanswered = 0
+        self.keepalive = Keepalive(int(cluster.config.keepalive_seconds * 1e9), clock_ns())
         self._producer_schema: dict[int, bytes] = {}
 
     # -- output -----------------------------------------------------------------
@@ -117,17 +117,18 @@ class BrokerConnection:
         self._reply(api.CommandError(request_id=request_id, error=server_error(name),
                                      message=message))
 
-    def ping(self) -> None:
-        """Send a keepalive PING (the server calls this when the client has been idle)."""
-        self.pings_unanswered += 1
-        self._emit(encode_command(api.CommandPing()))
+    def poll_keepalive(self) -> KeepaliveStep:
+        """What keepalive asks for now (the server calls this often): a PING is sent; DEAD: close."""
+        step = self.keepalive.poll(self.clock_ns())
+        if step is KeepaliveStep.PING:
+            self._emit(PING_FRAME)
+        return step
 
     # -- input ------------------------------------------------------------------
 
     def handle(self, frame: Frame) -> None:
         """Act on one frame from the client; raises ProtocolError to drop the connection."""
-        self.last_received_ns = self.clock_ns()
-        self.pings_unanswered = 0
+        self.keepalive.last_rx_ns = self.clock_ns()
         self.session.advance(frame.type, Direction.TO_BROKER)
         handler = _HANDLERS.get(frame.type)
         if handler is None:
@@ -185,10 +186,10 @@ class BrokerConnection:
             self._connected()
 
     def _on_ping(self, frame: Frame) -> None:
-        self._emit(encode_command(api.CommandPong()))
+        self._emit(PONG_FRAME)
 
     def _on_pong(self, frame: Frame) -> None:
-        return
+        self.keepalive.pong_received()
 
     # lookups ----------------------------------------------------------------------
 

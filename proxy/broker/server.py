@@ -4,8 +4,9 @@ The only module of :mod:`proxy.broker` that awaits.  Each broker of a cluster is
 :class:`BrokerNode` listening on its own port; each accepted connection gets a
 nursery with a reader (bytes -> :class:`~proxy.protocol.frame.FrameDecoder` ->
 :class:`~proxy.broker.connection.BrokerConnection`), a writer (drains the
-connection's outbox) and a keepalive task (PING after an idle interval, close
-when the previous PING went unanswered) — when one fails, all of them stop and
+connection's outbox) and a keepalive task (the shared policy of
+:mod:`proxy.protocol.keepalive`: PING a client silent for an interval, close one
+silent for an interval after the PING) — when one fails, all of them stop and
 the socket is closed.  A malformed frame or an illegal command closes the
 connection with one warning line naming the peer and the reason; a peer's reset
 or cut ends that connection only (:func:`~proxy.containment.contained`).
@@ -25,6 +26,7 @@ from proxy.broker.connection import BrokerConnection
 from proxy.containment import contained
 from proxy.errors import ProtocolError
 from proxy.protocol.frame import FrameDecoder
+from proxy.protocol.keepalive import KeepaliveStep
 
 log = structlog.get_logger("pulsar_tap.broker")
 
@@ -146,16 +148,12 @@ class BrokerNode:
         if interval <= 0:
             return
         while True:
-            await trio.sleep(interval)
-            idle_ns = time.monotonic_ns() - conn.last_received_ns
-            if idle_ns < interval * 1e9:
-                continue
-            if conn.pings_unanswered:
+            await trio.sleep(interval / 4)  # (a PING or the verdict is at most a quarter interval late)
+            if conn.poll_keepalive() is KeepaliveStep.DEAD:
                 log.warning("closing connection", peer=conn.peer, reason="no PONG to keepalive PING")
                 conn.closing = True
                 signal.set()
                 return
-            conn.ping()
 
 
 __all__ = ["BrokerNode"]

@@ -16,8 +16,9 @@ Afterwards three tasks share one nursery, so that when one fails all stop:
   registered for that id; PING is answered with PONG;
 - the writer sends whatever was queued with :meth:`ClientConnection.send`, many
   frames per write;
-- the keepalive sends PING every ``keepalive_interval`` and closes the connection
-  when nothing at all arrived during a whole interval.
+- the keepalive (the shared policy of :mod:`proxy.protocol.keepalive`) sends PING
+  when the broker has been silent for ``keepalive_interval`` and closes the
+  connection when nothing at all arrived during the interval after it.
 
 When the connection ends, every waiting request fails with ConnectionFailed and
 every registered handler hears ``connection_closed`` (producers and consumers
@@ -41,6 +42,7 @@ from proxy.errors import BrokerError, ClientClosed, ConnectionFailed, ProtocolEr
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.commands import CONSUMER_NOTICES, PRODUCER_NOTICES, T, wrap
 from proxy.protocol.frame import DEFAULT_MAX_MESSAGE_SIZE, Frame, FrameDecoder, encode_command
+from proxy.protocol.keepalive import PING_FRAME, PONG_FRAME, Keepalive, KeepaliveStep
 from proxy.protocol.session import ConnectionState, Direction, SessionTracker
 
 log = logging.getLogger(__name__)
@@ -121,6 +123,10 @@ class _Waiter:
         self.error: BaseException | None = None
 
 
+def _now_ns() -> int:
+    return int(trio.current_time() * 1e9)
+
+
 def error_of(frame: Frame) -> BrokerError | None:
     """The BrokerError an ERROR or SEND_ERROR frame carries (None for other frames)."""
     if frame.type in (T.ERROR, T.SEND_ERROR):
@@ -150,7 +156,8 @@ class ClientConnection:
         self._waiters: dict[int, _Waiter] = {}
         self._producers: dict[int, FrameHandler] = {}
         self._consumers: dict[int, FrameHandler] = {}
-        self._received_since_ping = True
+        #: timed by trio's clock (``_now_ns``); the handshake's frames set last_rx_ns first
+        self.keepalive = Keepalive(int(config.keepalive_interval * 1e9), 0)
         self._cancel: trio.CancelScope | None = None
         self.frames_sent = 0
         self.frames_received = 0
@@ -264,7 +271,7 @@ class ClientConnection:
                 if frame.type == T.AUTH_CHALLENGE:
                     await self._write_now(self._auth_response(), T.AUTH_RESPONSE)
                 elif frame.type == T.PING:
-                    await self._write_now(encode_command(api.CommandPong()), T.PONG)
+                    await self._write_now(PONG_FRAME, T.PONG)
 
     def _auth_response(self) -> bytes:
         response = api.CommandAuthResponse(client_version=CLIENT_VERSION, protocol_version=PROTOCOL_VERSION)
@@ -296,7 +303,7 @@ class ClientConnection:
             raise ConnectionFailed(f"connection to {self.physical.host_port} broke: {exc}") from None
         if not data:
             raise ConnectionFailed(f"{self.physical.host_port} closed the connection")
-        self._received_since_ping = True
+        self.keepalive.last_rx_ns = _now_ns()
         try:
             return self._decoder.receive(data)
         except ProtocolError as exc:
@@ -340,20 +347,24 @@ class ClientConnection:
                 return
 
     async def _keepalive_loop(self) -> None:
+        if self.config.keepalive_interval <= 0:
+            return
         while True:
-            await trio.sleep(self.config.keepalive_interval)
-            if not self._received_since_ping:
+            await trio.sleep(self.config.keepalive_interval / 4)  # (at most a quarter interval late)
+            step = self.keepalive.poll(_now_ns())
+            if step is KeepaliveStep.DEAD:
                 self.close(f"no PONG from {self.physical.host_port} within {self.config.keepalive_interval} s")
                 return
-            self._received_since_ping = False
-            self.send(encode_command(api.CommandPing()), T.PING)
+            if step is KeepaliveStep.PING:
+                self.send(PING_FRAME, T.PING)
 
     def _dispatch(self, frame: Frame) -> None:
         kind = frame.type
         if kind == T.PING:
-            self.send(encode_command(api.CommandPong()), T.PONG)
+            self.send(PONG_FRAME, T.PONG)
             return
         if kind == T.PONG:
+            self.keepalive.pong_received()
             return
         if kind == T.AUTH_CHALLENGE:
             self.send(self._auth_response(), T.AUTH_RESPONSE)

@@ -13,7 +13,10 @@ frames whose time has come.  Nothing here awaits, reads a clock or touches a soc
 What the pipeline does itself (Pulsar binary protocol, "Connection establishment",
 "Keep Alive", "Topic lookup"):
 
-- the first frame from the client must be CONNECT; it chooses the broker (the
+- the connection's state is the shared session machine's (``proxy.protocol.session``,
+  lenient): a frame its table refuses is forwarded and counted
+  (``session.violations``), except out of turn in the handshake, which closes both
+  sides.  The first frame from the client must be CONNECT; it chooses the broker (the
   listener's, or CONNECT's ``proxy_to_broker_url`` if the directory allows it);
   the proxy strips ``proxy_to_broker_url`` and lowers ``protocol_version`` to what
   it understands (never raises it);
@@ -21,9 +24,9 @@ What the pipeline does itself (Pulsar binary protocol, "Connection establishment
 - lookup answers are rewritten (``lookup``) — also those a rule makes the proxy
   write itself (``redirect``, ``error`` on LOOKUP), so no real broker address
   reaches a client;
-- keepalive: a side silent for ``keepalive`` gets a PING from the proxy (its PONG
-  is swallowed); silent for twice that, it is dead and both sides are closed.
-  PINGs and PONGs of the client and the broker pass through, paired in order so the
+- keepalive (``proxy.protocol.keepalive``): a side silent for ``keepalive`` gets a
+  PING from the proxy (its PONG is swallowed); silent for as long again after it, it
+  is dead and both sides are closed.  PINGs and PONGs of the client and the broker pass through, paired in order so the
   proxy never swallows a PONG someone else asked for;
 - with ``verify_checksums`` a SEND with a bad CRC32C is answered SEND_ERROR
   ChecksumError instead of being forwarded.
@@ -42,10 +45,9 @@ its rules can match.  FLOW permits are then not counted (``permits_exact`` is Fa
 
 from __future__ import annotations
 
-import enum
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Final
 
 from proxy.config.proxy_config import ServiceUrl
@@ -66,7 +68,15 @@ from proxy.errors import ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.commands import T
 from proxy.protocol.frame import DEFAULT_MAX_FRAME_BYTES, Frame, encode_command, frame_from_bytes
-from proxy.protocol.session import Direction, Observation, SessionTracker, accounted_types
+from proxy.protocol.keepalive import PING_FRAME, Keepalive, KeepaliveStep
+from proxy.protocol.session import (
+    ConnectionState,
+    Direction,
+    Observation,
+    SessionTracker,
+    accounted_types,
+    watched_types,
+)
 from proxy.rules.verdict import FORWARD, Verdict
 
 TO_BROKER: Final = Direction.TO_BROKER
@@ -74,7 +84,6 @@ TO_CLIENT: Final = Direction.TO_CLIENT
 #: the newest protocol version this proxy's definitions know
 MAX_PROTOCOL_VERSION: Final = max(v.number for v in api.ProtocolVersion.DESCRIPTOR.values)
 
-_PING_FRAME: Final = encode_command(api.CommandPing())
 #: proxy-through: the client's LOOKUPs kept until answered (to follow a Redirect); beyond it, the oldest go
 MAX_PENDING_LOOKUPS: Final = 4096
 
@@ -122,36 +131,12 @@ class Close:
 Action = Send | OpenUpstream | Hold | FollowRedirect | Close
 
 
-class Phase(enum.Enum):
-    AWAITING_CONNECT = "awaiting_connect"
-    CONNECTING = "connecting"
-    CONNECTED = "connected"
-    CLOSED = "closed"
-
-
-class PingOwner(enum.Enum):
-    PEER = "peer"
-    PROXY = "proxy"
-
-
 @dataclass(frozen=True, slots=True)
 class PipelineSettings:
     lookup_mode: str = "rewrite"
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     verify_checksums: bool = False
     keepalive_ns: int = 30 * 1_000_000_000
-
-
-@dataclass(slots=True)
-class _Side:
-    """Liveness of one side: when it last sent, and whose PINGs it still owes a PONG."""
-
-    last_rx_ns: int
-    pong_owners: deque[PingOwner] = field(default_factory=deque)
-
-    @property
-    def proxy_pings(self) -> int:
-        return sum(1 for owner in self.pong_owners if owner is PingOwner.PROXY)
 
 
 class ConnectionPipeline:
@@ -172,7 +157,6 @@ class ConnectionPipeline:
         self.upstream_connect: bytes | None = None
         #: proxy-through: the client's LOOKUPs awaiting an answer, by request id
         self._lookups: OrderedDict[int, api.CommandLookupTopic] = OrderedDict()
-        self.phase = Phase.AWAITING_CONNECT
         self.hook = hook
         self.publish = publish
         #: the connection's "opened" event went to the observers (once routed: it names the broker)
@@ -189,7 +173,15 @@ class ConnectionPipeline:
         self._runs = publish is not None and runs
         #: per direction, the stream offset of the next byte handed out (the RunEvents' stream_pos)
         self._stream_pos = {TO_BROKER: 0, TO_CLIENT: 0}
-        self.tracker = SessionTracker(strict=False) if tracked else None
+        # The shared session machine, lenient: a frame its table refuses is counted in
+        # ``session.violations`` and forwarded, except where the proxy cannot go on (out of turn
+        # in the handshake, see _session_moved).  It sees only the frames that move the state or
+        # that the table refuses (``watched_types``; all others are loops), unless it is also the
+        # ``tracker`` keeping ids and requests for a hook or observers.
+        self.session = SessionTracker(strict=False)
+        self.tracker = self.session if tracked else None
+        #: per direction, the frame types the session must see in its current state
+        self._watched: dict[Direction, frozenset[int]] = {}
         # Per direction: the frame types the hook looks at, and those the tracker observes
         # (None: every type); set by _refresh_wanted, again whenever the hook's interest changes.
         self._hook_types: dict[Direction, frozenset[int] | None] = {TO_BROKER: frozenset(), TO_CLIENT: frozenset()}
@@ -199,8 +191,9 @@ class ConnectionPipeline:
         self.permits_exact = self.tracker is not None
         self.scanners = {TO_BROKER: FrameScanner(settings.max_frame_bytes),
                          TO_CLIENT: FrameScanner(settings.max_frame_bytes)}
-        # the side whose frames travel in a direction: client -> to_broker, broker -> to_client
-        self.sides = {TO_BROKER: _Side(now_ns), TO_CLIENT: _Side(now_ns)}
+        # keepalive of the side whose frames travel in a direction: client -> to_broker, broker -> to_client
+        self.sides = {TO_BROKER: Keepalive(settings.keepalive_ns, now_ns),
+                      TO_CLIENT: Keepalive(settings.keepalive_ns, now_ns)}
         self.started_ns = now_ns
         self.bytes_in = {TO_BROKER: 0, TO_CLIENT: 0}
         # Frames the proxy originates into a stream that is in the middle of a passed-through
@@ -291,22 +284,20 @@ class ConnectionPipeline:
     def tick(self, now_ns: int) -> list[Action]:
         """Keepalive and handshake deadlines; call it every fraction of the keepalive interval."""
         interval = self.settings.keepalive_ns
-        if self.phase is not Phase.CONNECTED:
+        if self.session.state is not ConnectionState.CONNECTED:
             if now_ns - self.started_ns > 2 * interval:
                 return [Close(f"no handshake within {2 * interval / 1e9:g}s")]
             return []
         actions: list[Action] = []
         for direction, side in self.sides.items():
-            who = "client" if direction is TO_BROKER else "broker"
-            idle = now_ns - side.last_rx_ns
-            if idle >= 2 * interval and side.proxy_pings:
-                return [Close(f"{who} silent for {idle / 1e9:.1f}s and no PONG: peer is dead")]
-            if idle >= interval and not side.proxy_pings:
-                side.pong_owners.append(PingOwner.PROXY)
-                self._refresh_wanted()
+            step = side.poll(now_ns)
+            if step is KeepaliveStep.DEAD:
+                who = "client" if direction is TO_BROKER else "broker"
+                return [Close(f"{who} silent for {side.idle_ns(now_ns) / 1e9:.1f}s and no PONG: peer is dead")]
+            if step is KeepaliveStep.PING:
                 towards = TO_CLIENT if direction is TO_BROKER else TO_BROKER
-                self.inject(towards, [_PING_FRAME], actions)
-                self._publish_proxy_frame(towards, _PING_FRAME, now_ns)
+                self.inject(towards, [PING_FRAME], actions)
+                self._publish_proxy_frame(towards, PING_FRAME, now_ns)
         return actions
 
     # -- frames the pipeline looks at ----------------------------------------------------------
@@ -324,19 +315,14 @@ class ConnectionPipeline:
             self.announce()
         elif kind == T.CONNECTED and direction is TO_CLIENT:
             self._on_connected(frame)
-        elif self.phase is Phase.AWAITING_CONNECT:
-            raise ProtocolError(f"expected CONNECT, got {frame.type_name}")
         elif kind in BROKER_NAMING_TYPES and direction is TO_CLIENT:
             data = rewrite_broker_urls(frame, self.directory, self.settings.lookup_mode) or frame.raw
         elif kind == T.PING:
             # The PONG this PING asks for belongs to the sender: let it through.
-            towards_side = self.sides[TO_CLIENT if direction is TO_BROKER else TO_BROKER]
-            towards_side.pong_owners.append(PingOwner.PEER)
+            self.sides[TO_CLIENT if direction is TO_BROKER else TO_BROKER].ping_relayed()
         elif kind == T.PONG:
-            owners = self.sides[direction].pong_owners
-            if owners and owners.popleft() is PingOwner.PROXY:
-                self._refresh_wanted()
-                return None
+            if self.sides[direction].pong_received():
+                return None  # it answers the proxy's own PING
         elif kind == T.SEND and self.settings.verify_checksums and direction is TO_BROKER:
             section = frame.payload
             if section is not None and not section.checksum_ok():
@@ -430,19 +416,24 @@ class ConnectionPipeline:
             self.publish(ConnectionEvent(self.info, self.started_ns, closed=False))
 
     def _observe(self, frame: Frame, direction: Direction, now_ns: int) -> Observation | None:
+        """Move the session by ``frame``; the observation of it, if a hook or observers read one."""
         observation = None
-        tracker = self.tracker
-        if tracker is not None:
-            accounted = self._accounted
-            if accounted is None or frame.type in accounted:
-                observation = tracker.observe(frame, direction, now_ns)
-            else:
+        session, tracker, accounted = self.session, self.tracker, self._accounted
+        state, violations = session.state, session.violations
+        if tracker is not None and (accounted is None or frame.type in accounted):
+            observation = tracker.observe(frame, direction, now_ns)  # (moves the state too)
+        else:
+            if frame.type in self._watched[direction]:
+                session.advance(frame.type, direction)
+            if tracker is not None:
                 hook_types = self._hook_types[direction]
                 if hook_types is None or frame.type in hook_types:
                     observation = tracker.attribute(frame, direction)
         if self.publish is not None:
             self._held_event = FrameEvent(self.info, direction, origin_of(direction), now_ns, frame, observation,
                                           forwarded_ns=self._forward_time(direction, now_ns))
+        if session.state is not state or session.violations != violations:
+            self._session_moved(frame.type, direction, state)
         return observation
 
     def _release_event(self, forwarded: bool = True, fired: tuple[str, ...] = (),
@@ -458,9 +449,21 @@ class ConnectionPipeline:
                             marks=marks or event.marks)
         self.publish(event)
 
+    def _session_moved(self, kind: int, direction: Direction, before: ConnectionState) -> None:
+        """The frame just seen moved the session, or was one its table refuses (counted).
+
+        A refused frame is forwarded like any other, except out of turn in the handshake —
+        anything before CONNECT, a second CONNECT from the client, a CONNECTED from the broker
+        nobody asked for: the proxy routes by CONNECT and sizes frames by CONNECTED, so that
+        closes the connection.
+        """
+        if self.session.state is before and (
+                before is ConnectionState.AWAITING_CONNECT
+                or (kind == T.CONNECT and direction is TO_BROKER) or (kind == T.CONNECTED and direction is TO_CLIENT)):
+            self.session.check(kind, direction)  # raises IllegalFrame, the table's reason
+        self._refresh_wanted()
+
     def _on_connect(self, frame: Frame, actions: list[Action], run: list[Piece | bytes]) -> bytes:
-        if self.phase is not Phase.AWAITING_CONNECT:
-            raise ProtocolError("a second CONNECT on one connection")
         connect = frame.command.connect
         changed = False
         broker = self.default_broker
@@ -478,22 +481,16 @@ class ConnectionPipeline:
         self.info = replace(self.info, broker_url=str(broker))
         if self._held_event is not None:  # the CONNECT itself is the routed connection's first frame
             self._held_event = replace(self._held_event, connection=self.info)
-        self.phase = Phase.CONNECTING
-        self._refresh_wanted()
         self._flush(TO_BROKER, run, actions)
         actions.append(OpenUpstream(broker))
         self.upstream_connect = encode_command(cmd) if changed else frame.raw
         return self.upstream_connect
 
     def _on_connected(self, frame: Frame) -> None:
-        if self.phase is not Phase.CONNECTING:
-            raise ProtocolError(f"CONNECTED while the connection is {self.phase.value}")
         connected = frame.command.connected
         if connected.HasField("max_message_size") and connected.max_message_size > 0:
             for scanner in self.scanners.values():
                 scanner.set_max_message_size(connected.max_message_size)
-        self.phase = Phase.CONNECTED
-        self._refresh_wanted()
 
     def _apply(self, verdict: Verdict, frame: Frame, data: bytes, direction: Direction, now_ns: int,
                actions: list[Action], run: list[Piece | bytes]) -> bytes | None:
@@ -605,7 +602,8 @@ class ConnectionPipeline:
                 self.permits_exact = False  # and stays so: permits missed now are never recounted
         for direction, scanner in self.scanners.items():
             want_all = self.publish is not None and not self._runs
-            wanted: set[int] = {T.PING, T.PONG}
+            watched = self._watched[direction] = watched_types(self.session.state, direction)
+            wanted: set[int] = {T.PING, T.PONG, *watched}
             if self.tracker is not None and self._accounted is not None:
                 wanted |= self._accounted
             if self.hook is not None:
@@ -615,16 +613,10 @@ class ConnectionPipeline:
                 else:
                     wanted |= hook_types
             if direction is TO_BROKER:
-                if self.phase is Phase.AWAITING_CONNECT:
-                    wanted.add(T.CONNECT)
                 if self.settings.lookup_mode == "proxy-through":
                     wanted.add(T.LOOKUP)  # to follow the Redirect that may answer it
                 if self.settings.verify_checksums:
                     wanted.add(T.SEND)
             else:
                 wanted |= BROKER_NAMING_TYPES
-                if self.phase is Phase.CONNECTING:
-                    wanted.add(T.CONNECTED)
-            # Until CONNECT, every client frame is looked at: anything else is refused.
-            first = direction is TO_BROKER and self.phase is Phase.AWAITING_CONNECT
-            scanner.set_wanted(wanted, want_all=want_all or first)
+            scanner.set_wanted(wanted, want_all=want_all)

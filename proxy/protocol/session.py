@@ -92,6 +92,32 @@ _ALLOWED: Final[dict[tuple[ConnectionState, bool], dict[int, ConnectionState]]] 
 for (_state, _direction, _kind), _next in TRANSITIONS.items():
     _ALLOWED.setdefault((_state, _direction is _TO_BROKER), {})[_kind] = _next
 
+
+
+def _build_watched() -> dict[tuple[ConnectionState, Direction], frozenset[int]]:
+    every = frozenset(TYPE_NAMES)
+    watched = {}
+    for state in ConnectionState:
+        for direction in Direction:
+            stays = {kind for (s, d, kind), next_state in TRANSITIONS.items()
+                     if s is state and d is direction and next_state is state}
+            watched[(state, direction)] = every - stays
+    return watched
+
+
+_WATCHED: Final = _build_watched()
+
+
+def watched_types(state: ConnectionState, direction: Direction) -> frozenset[int]:
+    """The frame types that move ``state`` or that the table refuses there, from ``direction``.
+
+    Every other type leaves the state as it is, so a user that does not look at every frame
+    (the proxy passes most through as bytes) keeps the state and :attr:`SessionTracker.violations`
+    exact by handing :meth:`SessionTracker.advance` just these.
+    """
+    return _WATCHED[(state, direction)]
+
+
 #: Requests held at most per connection; beyond it the oldest is forgotten (counted).
 MAX_PENDING_REQUESTS: Final = 65_536
 

@@ -36,6 +36,7 @@ from google.protobuf.message import Message
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.commands import CLIENT_COMMANDS, CONSUMER_REQUESTS, PRODUCER_REQUESTS, T
 from proxy.protocol.frame import Frame, encode_command
+from proxy.protocol.keepalive import PONG_FRAME
 from proxy.protocol.session import ConnectionState, Direction, SessionTracker
 from proxy.replay.conversation import exchange_key, with_command
 from proxy.replay.matcher import (
@@ -128,7 +129,7 @@ class ServedSession:
         if kind == T.CONNECT:
             return [Close("a second CONNECT on one connection")]
         if kind == T.PING:
-            return [Reply(encode_command(api.CommandPong()))]
+            return [Reply(PONG_FRAME)]
         if kind in (T.PONG, T.AUTH_RESPONSE):
             return []
         sub: Any = frame.sub

@@ -34,6 +34,7 @@ from proxy.errors import ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.commands import T
 from proxy.protocol.frame import FrameDecoder, encode_command
+from proxy.protocol.keepalive import PONG_FRAME
 from proxy.server.transport import Transport
 from proxy.server.upstream import UpstreamUnavailable, open_upstream
 
@@ -69,7 +70,7 @@ class _Link:
                 raise LookupFailed(f"{transport.peer} closed the connection")
             for frame in self.decoder.receive(data):
                 if frame.type == T.PING:
-                    await transport.send([encode_command(api.CommandPong())])
+                    await transport.send([PONG_FRAME])
                 elif frame.type == T.LOOKUP_RESPONSE and frame.command.lookupTopicResponse.request_id == request_id:
                     return frame.command.lookupTopicResponse
 

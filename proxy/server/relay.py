@@ -162,7 +162,8 @@ class Relay:
                     await self._lookup_links.aclose()
             fields = {"conn": self.info.conn_id, "client": self.info.client, "broker": self.info.broker_url,
                       "reason": ending.reason, "bytes_from_client": self.pipeline.bytes_in[TO_BROKER],
-                      "bytes_from_broker": self.pipeline.bytes_in[TO_CLIENT]}
+                      "bytes_from_broker": self.pipeline.bytes_in[TO_CLIENT],
+                      "protocol_violations": self.pipeline.session.violations}
             if ending.hostile:
                 log.warning("dropped hostile client", **fields)
             else:

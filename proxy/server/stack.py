@@ -113,7 +113,7 @@ def connection_rows(server: ProxyServer, telemetry_pipeline: TelemetryPipeline |
             "conn_id": info.conn_id, "client": info.client, "listener": info.listener,
             "broker": info.broker_url or (str(pipeline.broker) if pipeline.broker else None),
             "upstream_local": relay.upstream_local_address,
-            "phase": str(getattr(pipeline.phase, "value", pipeline.phase)),
+            "phase": pipeline.session.state.value, "violations": pipeline.session.violations,
             "bytes_to_broker": pipeline.bytes_in[Direction.TO_BROKER],
             "bytes_to_client": pipeline.bytes_in[Direction.TO_CLIENT],
             "producers": producers, "consumers": consumers,

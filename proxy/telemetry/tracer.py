@@ -36,7 +36,6 @@ import random
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Final
 from urllib.parse import urlsplit
 
@@ -46,11 +45,8 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
-from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.commands import T
 from proxy.telemetry.tracker import DeliveryCycle, Exchange, FiredRule, TraceContext
-
-# Command types as plain ints: the protobuf enum wrapper's attribute lookups are slow on a per-frame path.
-T = SimpleNamespace(**{name: int(value) for name, value in api.BaseCommand.Type.items()})
 
 CONNECTION_SPAN: Final = "pulsar.connection"
 DELIVERY_SPAN: Final = "DELIVERY"

@@ -29,19 +29,15 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any, Final
 
 from proxy.errors import ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
-from proxy.protocol.commands import type_name
+from proxy.protocol.commands import T, type_name
 from proxy.protocol.frame import Frame
 from proxy.protocol.markers import is_replicator, marker_name
 from proxy.protocol.message import decode_messages
 from proxy.protocol.session import Direction, RequestPair, SessionTracker
-
-# Command types as plain ints: the protobuf enum wrapper's attribute lookups are slow on a per-frame path.
-T = SimpleNamespace(**{name: int(value) for name, value in api.BaseCommand.Type.items()})
 
 TRACEPARENT: Final = "traceparent"
 TRACESTATE: Final = "tracestate"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import pulsar
 import pytest
@@ -10,7 +11,11 @@ import trio
 
 from proxy.broker import ThreadedCluster
 from proxy.client import EARLIEST, MultiTopicConsumer, PartitionedProducer, PulsarClient
+from proxy.client.connection import ClientConnection, ConnectionConfig
+from proxy.client.names import BrokerAddress
 from proxy.errors import BrokerError, ClientError
+from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.frame import FrameDecoder, encode_command
 
 ClusterFactory = Callable[..., ThreadedCluster]
 
@@ -187,6 +192,33 @@ async def test_keepalive_pings_keep_an_idle_connection_open(cluster: ThreadedClu
             await trio.sleep(0.6)
             assert connection.is_open and connection.frames_received >= 4  # PONGs
             await producer.send(b"still here")
+
+
+async def test_keepalive_pings_a_silent_broker_and_closes_the_connection_when_nothing_answers() -> None:
+    """The shared keepalive policy, client side: PING after a silent interval, dead an interval later."""
+    received: list[int] = []
+
+    async def mute_broker(stream: trio.SocketStream) -> None:
+        decoder = FrameDecoder()
+        while data := await stream.receive_some(65536):
+            for frame in decoder.receive(data):
+                received.append(frame.type)
+                if frame.type == api.BaseCommand.CONNECT:
+                    await stream.send_all(encode_command(api.CommandConnected(server_version="mute",
+                                                                              protocol_version=21)))
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            [listener] = await nursery.start(partial(trio.serve_tcp, mute_broker, 0, host="127.0.0.1"))
+            address = BrokerAddress("127.0.0.1", listener.socket.getsockname()[1])
+            connection = ClientConnection(address, address, ConnectionConfig(keepalive_interval=0.2))
+            await nursery.start(connection.serve)
+            started = trio.current_time()
+            await connection.closed.wait()
+            assert trio.current_time() - started >= 0.4  # one silent interval, then one after the PING
+            assert "no PONG" in connection.close_reason
+            assert received == [api.BaseCommand.CONNECT, api.BaseCommand.PING]
+            nursery.cancel_scope.cancel()
 
 
 async def test_initial_sequence_id_continues_from_the_brokers_last_sequence_id(cluster_factory: ClusterFactory) -> None:

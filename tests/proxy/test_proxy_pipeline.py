@@ -400,7 +400,9 @@ def test_a_hook_on_receipts_decodes_no_message_flow_or_ack_but_still_attributes_
     connected(p)
     for scanner in p.scanners.values():
         assert not scanner.want_all
-        assert not scanner.wanted & {T.SEND, T.MESSAGE, T.FLOW, T.ACK}
+    # (each side's data path; the other side's commands are wanted: from there they are violations)
+    assert not p.scanners[TO_BROKER].wanted & {T.SEND, T.FLOW, T.ACK}
+    assert not p.scanners[TO_CLIENT].wanted & {T.MESSAGE}
     assert T.SEND_RECEIPT in p.scanners[TO_CLIENT].wanted and T.PRODUCER in p.scanners[TO_BROKER].wanted
     producer, send = producer_frames()
     subscribe, success, flow, message, ack = consumer_frames()
@@ -481,6 +483,7 @@ def test_connections_rows_take_permits_from_telemetry_and_else_only_from_an_exac
             telemetry.shutdown()
     for row in rows.values():
         assert [c["consumer_id"] for c in row["consumers"]] == [2] and row["topics"] == ["persistent://public/default/t"]
+        assert row["phase"] == "connected" and row["violations"] == 0
     assert rows["rules only"]["permits"] is None and rows["rules only"]["consumers"][0]["permits"] is None
     assert rows["observers"]["permits"] == 10 and rows["observers"]["consumers"][0]["permits"] == 10
     assert rows["rules only, telemetry"]["permits"] == 10
@@ -525,3 +528,70 @@ def test_a_playbook_fails_on_an_action_it_was_not_told_of() -> None:
     with pytest.raises(AssertionError, match="Close"):
         assert Playbook(p) >> Tick(30 * SECOND) << Send(TO_CLIENT, [PING]) << Send(TO_BROKER, [PING]) \
             >> Tick(60 * SECOND)  # the peers never answered: a Close nobody expected
+
+
+# -- the shared session machine, lenient: refused frames forwarded and counted ----------------------
+LOOKUP = encode_command(api.CommandLookupTopic(topic="persistent://public/default/t", request_id=9))
+
+
+@pytest.mark.parametrize("config", ["plain", "rules", "observers"])
+def test_playbook_frames_the_session_table_refuses_are_forwarded_unchanged_and_counted(config: str) -> None:
+    """As before the table ran here: the peers see the same bytes; now each refused frame is counted."""
+    _, success, _, message, _ = consumer_frames()
+    producer, send = producer_frames()
+    p = pipeline(hook=rules_hook("rules: []\n") if config == "rules" else None,
+                 events=[] if config == "observers" else None)
+    assert (Playbook(p)
+            >> Receive(TO_BROKER, CONNECT) << OpenUpstream(UPSTREAM) << Send(TO_BROKER, [CONNECT])
+            >> Receive(TO_BROKER, LOOKUP) << Send(TO_BROKER, [LOOKUP])           # before CONNECTED: refused
+            >> Receive(TO_CLIENT, CONNECTED) << Send(TO_CLIENT, [CONNECTED])
+            >> Receive(TO_BROKER, producer + send) << Send(TO_BROKER, [producer + send])   # allowed
+            >> Receive(TO_BROKER, message + send) << Send(TO_BROKER, [message + send])     # MESSAGE: the broker's
+            >> Receive(TO_CLIENT, send + success) << Send(TO_CLIENT, [send + success]))    # SEND: the client's
+    assert p.session.violations == 3 and p.session.state.value == "connected"
+
+
+def test_a_broker_refusing_connect_closes_the_session_and_what_follows_is_counted_not_dropped() -> None:
+    p = pipeline()
+    refused = encode_command(api.CommandError(request_id=0, error=api.ServerError.AuthenticationError,
+                                              message="no"))
+    assert (Playbook(p)
+            >> Receive(TO_BROKER, CONNECT) << OpenUpstream(UPSTREAM) << Send(TO_BROKER, [CONNECT])
+            >> Receive(TO_CLIENT, refused) << Send(TO_CLIENT, [refused])
+            >> Receive(TO_BROKER, PING) << Send(TO_BROKER, [PING])
+            >> Tick(20 * SECOND)
+            >> Tick(20 * SECOND + 1) << Close("no handshake within 20s"))
+    assert p.session.state.value == "closed" and p.session.violations == 1
+
+
+@pytest.mark.parametrize("script", ["ping first", "second connect", "connected twice", "after a challenge"])
+@pytest.mark.parametrize("observed", [False, True], ids=["plain", "observers"])
+def test_the_handshake_out_of_turn_is_a_protocol_error_naming_the_table(script: str, observed: bool) -> None:
+    """The proxy routes by CONNECT and sizes frames by CONNECTED: these end the connection."""
+    p = pipeline(events=[] if observed else None)
+    if script == "ping first":
+        last = (TO_BROKER, PING)
+    elif script == "second connect":
+        connected(p)
+        last = (TO_BROKER, CONNECT)
+    elif script == "connected twice":
+        connected(p)
+        last = (TO_CLIENT, CONNECTED)
+    else:
+        p.receive(TO_BROKER, CONNECT, 0)
+        p.receive(TO_CLIENT, encode_command(api.CommandAuthChallenge(server_version="b")), 0)
+        p.receive(TO_CLIENT, CONNECTED, 0)
+        last = (TO_CLIENT, CONNECTED)
+    with pytest.raises(ProtocolError, match="is not allowed while the connection is"):
+        p.receive(*last, 0)
+    assert p.session.violations == 1
+
+
+def test_handshake_commands_from_the_wrong_side_are_forwarded_and_counted() -> None:
+    p = pipeline()
+    p.receive(TO_BROKER, CONNECT, 0)
+    assert (Playbook(p)
+            >> Receive(TO_BROKER, CONNECTED) << Send(TO_BROKER, [CONNECTED])
+            >> Receive(TO_CLIENT, CONNECTED) << Send(TO_CLIENT, [CONNECTED])
+            >> Receive(TO_CLIENT, CONNECT) << Send(TO_CLIENT, [CONNECT]))
+    assert p.session.violations == 2 and p.session.state.value == "connected"

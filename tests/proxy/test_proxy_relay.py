@@ -303,3 +303,23 @@ async def test_a_broker_that_closes_is_logged_as_the_broker_closing(nursery: tri
         assert await stream.receive_some(1024) == b""  # the broker's FIN, passed on
         await stream.aclose()
         assert await _logged_closing_reasons(logs) == ["broker closed the connection"]
+
+
+@pytest.mark.parametrize("reactor", [True, False], ids=["reactor", "task-per-direction"])
+async def test_frames_the_session_table_refuses_pass_unchanged_and_the_closing_line_counts_them(
+        nursery: trio.Nursery, reactor: bool) -> None:
+    broker = FakeBroker()
+    server = await start(nursery, broker, reactor)
+    message = encode_payload_command(api.CommandMessage(consumer_id=1, message_id=api.MessageIdData(ledgerId=1,
+                                                                                                    entryId=2)),
+                                     api.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1), b"m")
+    with structlog.testing.capture_logs() as logs, trio.fail_after(10):
+        stream, decoder = await handshake(server.main_address.port)
+        await stream.send_all(message + send_frame(0, 10))  # a MESSAGE is the broker's to send
+        [receipt] = await receive_frames(stream, decoder, 1)
+        assert receipt.command.send_receipt.sequence_id == 0
+        assert bytes(broker.received) == CONNECT + message + send_frame(0, 10)
+        await stream.aclose()
+        assert await _logged_closing_reasons(logs) == ["client closed the connection"]
+    [closed] = [entry for entry in logs if entry.get("event") == "connection closed"]
+    assert closed["protocol_violations"] == 1
