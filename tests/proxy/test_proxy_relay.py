@@ -18,7 +18,7 @@ from proxy_fake_broker import CONNECT, FakeBroker, handshake, receive_frames, se
 
 from proxy.config.proxy_config import HostPort, LimitsConfig, ProxyConfig, ServiceUrl
 from proxy.pb import PulsarApi_pb2 as api
-from proxy.protocol.frame import Frame, FrameDecoder, encode_command
+from proxy.protocol.frame import Frame, FrameDecoder, encode_command, encode_payload_command
 from proxy.protocol.session import Direction
 from proxy.server.app import ProxyServer
 
