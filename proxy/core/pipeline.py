@@ -506,6 +506,10 @@ class ConnectionPipeline:
     def _apply(self, verdict: Verdict, frame: Frame, data: bytes, direction: Direction, now_ns: int,
                actions: list[Action], run: list[Piece | bytes]) -> bytes | None:
         """Carry out a hook's verdict on one frame (everything before it is flushed first)."""
+        if verdict.lane is None and not verdict.changes_traffic:
+            # the rules only took note (mark, record): the frame stays in its run, one write with it
+            self._release_event(True, verdict.fired, None, verdict.marks)
+            return data
         back = TO_CLIENT if direction is TO_BROKER else TO_BROKER
         self._flush(direction, run, actions)
         lane = verdict.lane

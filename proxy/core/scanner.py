@@ -331,15 +331,17 @@ class FrameScanner:
                 frame_end = pos + checked.frame_size
                 kind = classes[type_]
             if kind & _LOOK:
-                note = None
-                if kind & _SAMPLED and sampler is not None:
-                    if sample_skip:
-                        sample_skip -= 1
-                        note = sampler.passed
-                    else:
-                        note, sample_skip = sampler.choose()
-                        kind |= _WANTED
-                if kind & _WANTED:
+                if sample_skip and not kind & _WANTED:
+                    sample_skip -= 1  # a frame of the sampler's kinds it passes over, like any nobody wants
+                else:
+                    # wanted, or picked by the sampler: handed out whole
+                    note = None
+                    if kind & _SAMPLED:  # (there is a sampler: its kinds are the only ones with this bit)
+                        if sample_skip:
+                            sample_skip -= 1
+                            note = sampler.passed  # type: ignore[union-attr]
+                        else:
+                            note, sample_skip = sampler.choose()  # type: ignore[union-attr]
                     if checked is None:
                         type_ = (word >> 16) & 0x7F
                     if frame_end > end:

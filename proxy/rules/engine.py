@@ -73,7 +73,7 @@ _MAX_REMEMBERED_FACTS: Final = 4096
 PROXY_REQUEST_IDS_START: Final = 1 << 62
 #: producers and consumers remembered per connection for its interest; beyond, it is not narrowed
 _MAX_ENTITY_FACTS: Final = 1024
-#: per-connection interest plans remembered (per distinct producers/consumers, client, direction)
+#: per-connection interest plans remembered (per distinct producers/consumers, client host, direction)
 _MAX_PLANS: Final = 4096
 #: the frames after which a connection's interest may grow, per direction (see the module docstring)
 _REGISTRATIONS: Final = {Direction.TO_BROKER: frozenset({T.PRODUCER, T.SUBSCRIBE}),
@@ -183,10 +183,12 @@ class RulesEngine:
         self.generation = 0
         #: per connection, the producers and consumers it ever registered (None: too many to narrow by)
         self._entities: dict[int, set[EntityFacts] | None] = {}
-        #: (direction, entities, client) -> (types, sampled rules, sampled kinds, barrier), for one generation
+        #: (direction, entities, client host) -> (types, sampled rules, sampled kinds, barrier), for one generation
         self._plans: dict[Any, tuple[frozenset[int], tuple[RuleState, ...], frozenset[int], frozenset[int]]] = {}
         self._plans_generation = -1
         self._samplers: dict[tuple[int, Direction], RuleSampler] = {}
+        #: the verdicts of frames only ``mark`` / ``record`` rules fired on, by (record, fired, marks)
+        self._noted: dict[tuple[bool, tuple[str, ...], tuple[str, ...]], Verdict] = {}
         self._compute_interest()
 
     # -- the rules in force ---------------------------------------------------------------------
@@ -277,12 +279,13 @@ class RulesEngine:
             self._plans.clear()
             self._plans_generation = self.generation
         entities = self._entity_facts(conn_id, session)
-        key = (direction, entities, client)
+        host = host_of(client)
+        key = (direction, entities, host)
         plan = self._plans.get(key)
         if plan is None:
             if len(self._plans) >= _MAX_PLANS:
                 self._plans.clear()
-            plan = self._plans[key] = self._plan(direction, entities, host_of(client))
+            plan = self._plans[key] = self._plan(direction, entities, host)
         types, sampled_states, sampled_kinds, barrier = plan
         sampler = None
         if sampled_states:
@@ -393,7 +396,15 @@ class RulesEngine:
             winner = verdict
         if not fired:
             return FORWARD
-        return replace(winner or FORWARD, record=record, fired=tuple(fired), marks=tuple(marks))
+        if winner is None:  # only rules that take note fired: the same few verdicts again and again
+            key = (record, tuple(fired), tuple(marks))
+            noted = self._noted.get(key)
+            if noted is None:
+                if len(self._noted) >= _MAX_REMEMBERED_FACTS:
+                    self._noted.clear()
+                noted = self._noted[key] = Verdict(record=record, fired=key[1], marks=key[2])
+            return noted
+        return replace(winner, record=record, fired=tuple(fired), marks=tuple(marks))
 
     def _hits(self, state: RuleState, facts: FrameFacts, draw: SampleDraw | None) -> bool:
         """Does a rule whose criteria are met hit this frame (after, times, probability)?

@@ -15,7 +15,11 @@ from __future__ import annotations
 import ipaddress
 from typing import Any, Final
 
+from google.protobuf.descriptor import FieldDescriptor
+
 from proxy.errors import ProtocolError
+from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.commands import SUB_FIELDS
 from proxy.protocol.frame import Frame
 from proxy.protocol.session import Direction, Observation
 from proxy.rules.model import IPNetwork, Match, TextPattern
@@ -36,6 +40,11 @@ def host_of(address: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Addres
 
 
 _UNSET: Any = object()
+#: per command type, its sub-command's single (not repeated) string fields
+_TEXT_FIELDS: Final = {
+    kind: frozenset(field.name for field in getattr(api.BaseCommand(), name).DESCRIPTOR.fields
+                    if field.type == FieldDescriptor.TYPE_STRING and not field.is_repeated)
+    for kind, name in SUB_FIELDS.items()}
 
 
 class FrameFacts:
@@ -66,6 +75,8 @@ class FrameFacts:
 
     def _field(self, name: str) -> str | None:
         """The command's own single text field ``name`` (a list of topics names no one topic)."""
+        if name not in _TEXT_FIELDS.get(self.frame.type, ()):
+            return None  # (no need to decode the command to know it has none)
         sub = self.sub
         field = sub.DESCRIPTOR.fields_by_name.get(name)
         if field is None or field.is_repeated or not sub.HasField(name):

@@ -59,6 +59,8 @@ class RuleSampler:
         self.kinds = kinds
         self.states = states
         self.passed = SampleDraw(frozenset(states), frozenset())
+        #: the common case, one rule: the note of every frame it picks
+        self._alone = SampleDraw(self.passed.rules, self.passed.rules) if len(states) == 1 else None
         #: per rule, frames to pass before its next hit
         self._gaps: list[int] = []
 
@@ -70,6 +72,9 @@ class RuleSampler:
         return min(self._gaps)
 
     def choose(self) -> tuple[SampleDraw, int]:
+        if self._alone is not None:
+            gap = self._gaps[0] = self._draw(self.states[0])
+            return self._alone, gap
         passed = min(self._gaps)
         due: list[RuleState] = []
         for index, state in enumerate(self.states):

@@ -195,3 +195,14 @@ def test_a_drawn_rule_and_a_topic_rule_on_the_same_frames_each_fire_as_they_matc
     assert forwarded_sequence_ids(out) == list(range(5000, 10_000))
     hits = hook.engine.hits()
     assert hits["watched"] == 50 and 30 <= hits["one-in-a-hundred"] <= 170
+
+
+def test_frames_a_rule_only_marks_leave_in_the_same_write_as_the_rest_of_their_read() -> None:
+    hook = rules_hook("seed: 1\nrules:\n  - name: every-third\n    match: {command: [SEND], probability: 0.3}\n"
+                      "    action: {mark: {label: some}}\n")
+    p = pipeline(hook=hook)
+    connected(p)
+    data = sends(1, 0, 100)
+    actions = p.receive(TO_BROKER, data, 0)
+    assert len(actions) == 1 and isinstance(actions[0], Send) and sent(actions, TO_BROKER) == data
+    assert hook.engine.hits()["every-third"] > 10
