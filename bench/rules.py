@@ -8,9 +8,10 @@ Two tables, each as throughput and as a ratio to 0 rules:
 1. **through the proxy**: ``pulsar-tap broker`` and ``pulsar-tap run --rules FILE``
    in their own processes on loopback; the official client in this process
    publishes ``--messages`` unbatched 100-byte messages with ``send_async`` (up to
-   1000 in flight) and flushes; messages/s from first send to last receipt.  Every
-   SEND and SEND_RECEIPT is handed to the rules engine (the rules name those
-   commands), so the cost is their decode, topic attribution and evaluation on the relay;
+   1000 in flight) and flushes; messages/s from first send to last receipt.  The
+   rules name SEND and SEND_RECEIPT but topics the producer is not on, so the relay
+   passes that connection's SENDs and receipts through undecoded (the engine's
+   per-connection interest), and of the 1 % rule's SENDs decodes only those it fires on;
 2. **engine alone**: each frame of a producer/consumer mix (SEND, SEND_RECEIPT,
    MESSAGE, FLOW, ACK) decoded, attributed by the real SessionTracker and evaluated
    by :class:`~proxy.rules.engine.RulesEngine`, in a loop.
