@@ -11,6 +11,7 @@ reads split anywhere.
 
 from __future__ import annotations
 
+import pytest
 from test_proxy_pipeline import Send, connected, pipeline, rules_hook, sent
 
 from proxy.core.pipeline import ConnectionPipeline
@@ -88,12 +89,15 @@ def test_a_producer_registered_later_on_the_rules_topic_has_its_sends_matched() 
     assert p.hook is not None and p.hook.engine.hits() == {"watched": 5}  # type: ignore[attr-defined]
 
 
-def test_sends_in_the_same_read_as_their_producers_registration_are_matched() -> None:
-    """PRODUCER and its SENDs in one read: the SENDs after the registration are looked at."""
+@pytest.mark.parametrize("chunk", [None, 1, 9, 50])
+def test_sends_in_the_same_read_as_their_producers_registration_are_matched(chunk: int | None) -> None:
+    """PRODUCER and its SENDs in one read (or split anywhere): the SENDs after the registration are looked at."""
     p = pipeline(hook=rules_hook(DROP_WATCHED_SENDS))
     connected(p)
     data = producer(1, OTHER) + sends(1, 0, 3) + producer(2, WATCHED) + sends(2, 0, 4) + sends(1, 3, 2)
-    out = sent(p.receive(TO_BROKER, data, 0), TO_BROKER)
+    step = chunk or len(data)
+    out = b"".join(sent(p.receive(TO_BROKER, data[start:start + step], 0), TO_BROKER)
+                   for start in range(0, len(data), step))
     assert forwarded_sequence_ids(out) == [0, 1, 2, 3, 4]
     assert out.startswith(producer(1, OTHER))
 
@@ -166,10 +170,12 @@ def test_seeded_draws_repeat_and_another_seed_draws_others() -> None:
 
 def test_draws_do_not_depend_on_how_the_bytes_were_read_or_on_frames_decoded_anyway() -> None:
     """Split reads (frames carried across them) and SENDs decoded for checksums count each frame once."""
-    whole, _, _ = run_sends(SAMPLED.format(seed=3, extra=""), 3000)
-    split, _, _ = run_sends(SAMPLED.format(seed=3, extra=""), 3000, chunk=37)
-    verified, _, _ = run_sends(SAMPLED.format(seed=3, extra=""), 3000, verify=True)
-    assert whole and whole == split == verified
+    text = SAMPLED.format(seed=3, extra="").replace("0.01", "0.05")
+    whole, _, _ = run_sends(text, 1500)
+    verified, _, _ = run_sends(text, 1500, verify=True)
+    assert whole and whole == verified
+    for chunk in (1, 7, 37, 4099):
+        assert run_sends(text, 1500, chunk=chunk)[0] == whole, chunk
 
 
 def test_after_and_times_still_hold_for_drawn_rules() -> None:
