@@ -12,9 +12,9 @@ reads split anywhere.
 from __future__ import annotations
 
 import pytest
-from test_proxy_pipeline import Send, connected, pipeline, rules_hook, sent
+from test_proxy_pipeline import connected, pipeline, rules_hook, sent
 
-from proxy.core.pipeline import ConnectionPipeline
+from proxy.core.pipeline import ConnectionPipeline, Send
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.frame import FrameDecoder, encode_command, encode_payload_command
 from proxy.protocol.session import Direction
