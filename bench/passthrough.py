@@ -572,7 +572,7 @@ def measure_observers(target: int, reports: Any, workdir: Path, otlp_port: int,
     results: dict[str, dict[str, float]] = {}
     chosen = set(args.arms.split(",")) if args.arms else None
     arms = [(name, text) for name, text in observer_arms(workdir, otlp_port)
-            if chosen is None or name == "plain" or name in chosen]
+            if chosen is None or name == "plain" or any(name.startswith(prefix) for prefix in chosen)]
     for name, yaml_text in arms * args.observer_rounds:
         config = workdir / "observer-arm.yaml"
         config.write_text(yaml_text, encoding="utf-8")
@@ -732,7 +732,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--observer-rounds", type=int, default=1, metavar="N",
                         help="run the observer arms N times, interleaved, and keep each arm's best (less noise)")
     parser.add_argument("--arms", metavar="NAME,...",
-                        help="with --observers: only these arms (and plain), e.g. recording,metrics")
+                        help="with --observers: only the arms whose names begin so (and plain), e.g. "
+                             "recording,metrics or '100 rules,10 rules'")
     parser.add_argument("--no-observers", action="store_true", help="leave the observer arms out of a full run")
     parser.add_argument("--profile-arm", metavar="ARM", default=None,
                         help="with --profile: profile this observer arm (e.g. recording) instead of the plain run")

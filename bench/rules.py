@@ -8,10 +8,17 @@ Two tables, each as throughput and as a ratio to 0 rules:
 1. **through the proxy**: ``pulsar-tap broker`` and ``pulsar-tap run --rules FILE``
    in their own processes on loopback; the official client in this process
    publishes ``--messages`` unbatched 100-byte messages with ``send_async`` (up to
-   1000 in flight) and flushes; messages/s from first send to last receipt.  Every
-   SEND and SEND_RECEIPT is handed to the rules engine (the rules name those
-   commands), so the cost is their decode, topic attribution and evaluation on the relay;
-2. **engine alone**: each frame of a producer/consumer mix (SEND, SEND_RECEIPT,
+   1000 in flight) and flushes; messages/s from first send to last receipt.  The
+   rules name SEND and SEND_RECEIPT but topics the producer is not on, so the relay
+   passes that connection's SENDs and receipts through undecoded (the engine's
+   per-connection interest), and of the 1 % rule's SENDs decodes only those it fires on;
+2. **relay pipeline alone**: the CPU time per frame of
+   :class:`~proxy.core.pipeline.ConnectionPipeline` (scanner, session tracker, rules
+   hook; no sockets) reading 64 KiB of pre-encoded 100 B SENDs from the client and
+   their receipts from the broker, with no hook (the plain proxy), the non-matching
+   rules and ``10+1%``; process CPU time, best of interleaved rounds, so a busy
+   machine disturbs it less than the throughput tables;
+3. **engine alone**: each frame of a producer/consumer mix (SEND, SEND_RECEIPT,
    MESSAGE, FLOW, ACK) decoded, attributed by the real SessionTracker and evaluated
    by :class:`~proxy.rules.engine.RulesEngine`, in a loop.
 
@@ -39,10 +46,15 @@ from pathlib import Path
 # bench/ holds a proxy.py of its own: the repository root must come first
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from proxy.config.proxy_config import ServiceUrl
+from proxy.core.hooks import ConnectionInfo
+from proxy.core.lookup import BrokerDirectory
+from proxy.core.pipeline import ConnectionPipeline, PipelineSettings
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.frame import encode_command, encode_payload_command, frame_from_bytes
 from proxy.protocol.session import Direction, SessionTracker
 from proxy.rules.engine import RulesEngine
+from proxy.rules.hook import RulesHook
 from proxy.rules.loader import load_rules_text
 
 TOPIC = "persistent://public/default/orders"
@@ -119,6 +131,35 @@ def measure(count: int, seconds: float) -> float:
             now_ns += 1000
         done += len(frames)
     return done / (time.perf_counter() - start)
+
+
+def pipeline_cost(arms: tuple[int | str, ...], rounds: int = 15) -> dict[int | str, float]:
+    """CPU ns per frame of the relay's pipeline per arm (``None``: no hook), best of ``rounds``."""
+    # the frames of passthrough.py's observer arms
+    from passthrough import CONNECTED, connect_frame, numbered_receipts, numbered_sends
+
+    count = 65536 // 100
+    sends, receipts = numbered_sends(100, count), numbered_receipts(count)
+    pipelines = {}
+    for arm in arms:
+        text = None if arm == "none" else one_matching(10) if arm == "10+1%" else rules_text(int(arm))
+        pipeline = ConnectionPipeline(
+            ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None), settings=PipelineSettings(),
+            directory=BrokerDirectory("127.0.0.1", upstream_tls=False, open_listener=lambda broker: 1),
+            default_broker=ServiceUrl.parse("pulsar://127.0.0.1:6650"), now_ns=0,
+            hook=RulesHook(RulesEngine(load_rules_text(text))) if text is not None else None)
+        pipeline.receive(Direction.TO_BROKER, connect_frame("rules"), 0)
+        pipeline.receive(Direction.TO_CLIENT, CONNECTED, 0)
+        pipelines[arm] = pipeline
+    best = dict.fromkeys(arms, float("inf"))
+    for _ in range(rounds):
+        for arm, pipeline in pipelines.items():
+            start = time.process_time()
+            for _ in range(20):
+                pipeline.receive(Direction.TO_BROKER, sends, 0)
+                pipeline.receive(Direction.TO_CLIENT, receipts, 0)
+            best[arm] = min(best[arm], (time.process_time() - start) / (40 * count) * 1e9)
+    return best
 
 
 def free_port() -> int:
@@ -207,6 +248,13 @@ def main() -> None:
         for count, rate in rates.items():
             print(f"{count:>6} {rate:>12,.0f} {rate / rates[0]:>7.2f}")
         print()
+    costs = pipeline_cost(("none", 0, 10, 100, "10+1%"))
+    print("relay pipeline alone (CPU per frame: 100 B SENDs and their receipts in 64 KiB reads); ratio: "
+          "the plain proxy's cost over the arm's")
+    print(f"{'rules':>6} {'ns/frame':>12} {'ratio':>7}")
+    for arm, cost in costs.items():
+        print(f"{arm:>6} {cost:>12,.0f} {costs['none'] / cost:>7.2f}")
+    print()
     baseline = measure(0, args.seconds)
     print("engine alone (decode + evaluate), non-matching rules")
     print(f"{'rules':>6} {'frames/s':>12} {'ratio':>7}")

@@ -78,6 +78,10 @@ class FrameHook(Protocol):
     # Optional: a ``generation`` attribute that changes whenever ``interest`` may have
     # changed (rules replaced at run time); the relay then asks for the interest again.
     # Without it, interest is read when the connection changes phase.
+    # Optional: ``connection_interest(direction, info: ConnectionInfo, session: SessionTracker | None)
+    # -> ConnectionInterest``: the interest in one connection, given what its session tracker
+    # knows (its producers and consumers); asked instead of ``interest`` whenever the generation
+    # or the tracker's ``entities_named`` changed.
 
 
 class NoRules:

@@ -34,7 +34,9 @@ What the pipeline does itself (Pulsar binary protocol, "Connection establishment
 Every other frame is passed through as bytes by the :class:`FrameScanner` unless a
 hook (rules) or observers want it; observers that all take runs (``runs``) get the
 passed-through bytes as one :class:`RunEvent` per stretch instead.  The hook is asked
-only about the frame types it declared (``interest``), and its :class:`Verdict` decides.  The session tracker
+only about the frame types it declared (``interest``, or per connection
+``connection_interest``, asked again whenever the tracker registers a producer or
+consumer), and its :class:`Verdict` decides.  The session tracker
 observes every frame for observers that read the observation (``observations``);
 for a hook alone it observes the control frames (``accounted_types``: what keeps the
 producer / consumer maps and the request attribution exact), and the data-path frames
@@ -62,6 +64,7 @@ from proxy.core.hooks import (
     RunEvent,
     origin_of,
 )
+from proxy.core.interest import NO_INTEREST, ConnectionInterest
 from proxy.core.lookup import BROKER_NAMING_TYPES, BrokerDirectory, Redirected, failed_answer, rewrite_broker_urls
 from proxy.core.scanner import FrameScanner, Piece
 from proxy.errors import ProtocolError
@@ -185,8 +188,11 @@ class ConnectionPipeline:
         # Per direction: the frame types the hook looks at, and those the tracker observes
         # (None: every type); set by _refresh_wanted, again whenever the hook's interest changes.
         self._hook_types: dict[Direction, frozenset[int] | None] = {TO_BROKER: frozenset(), TO_CLIENT: frozenset()}
+        self._hook_interest: dict[Direction, ConnectionInterest] = {}
         self._accounted: frozenset[int] | None = None
         self._hook_generation: object = None
+        #: the tracker's ``entities_named`` when the hook's interest was last asked
+        self._entities_seen = 0
         #: the tracker's FLOW permits are exact only if every FLOW and MESSAGE was observed
         self.permits_exact = self.tracker is not None
         self.scanners = {TO_BROKER: FrameScanner(settings.max_frame_bytes),
@@ -422,6 +428,8 @@ class ConnectionPipeline:
         state, violations = session.state, session.violations
         if tracker is not None and (accounted is None or frame.type in accounted):
             observation = tracker.observe(frame, direction, now_ns)  # (moves the state too)
+            if tracker.entities_named != self._entities_seen and self.hook is not None:
+                self._refresh_wanted()  # a producer or consumer registered: the rules may match more now
         else:
             if frame.type in self._watched[direction]:
                 session.advance(frame.type, direction)
@@ -495,6 +503,10 @@ class ConnectionPipeline:
     def _apply(self, verdict: Verdict, frame: Frame, data: bytes, direction: Direction, now_ns: int,
                actions: list[Action], run: list[Piece | bytes]) -> bytes | None:
         """Carry out a hook's verdict on one frame (everything before it is flushed first)."""
+        if verdict.lane is None and not verdict.changes_traffic:
+            # the rules only took note (mark, record): the frame stays in its run, one write with it
+            self._release_event(True, verdict.fired, None, verdict.marks)
+            return data
         back = TO_CLIENT if direction is TO_BROKER else TO_BROKER
         self._flush(direction, run, actions)
         lane = verdict.lane
@@ -592,8 +604,13 @@ class ConnectionPipeline:
         """Tell both scanners which frames to hand over (the rest passes through as bytes)."""
         if self.hook is not None:
             self._hook_generation = getattr(self.hook, "generation", None)
+            self._entities_seen = self.tracker.entities_named if self.tracker is not None else 0
+            interest_in = getattr(self.hook, "connection_interest", None)
             for direction in (TO_BROKER, TO_CLIENT):
-                self._hook_types[direction] = self.hook.interest(direction)
+                self._hook_interest[direction] = interest = \
+                    interest_in(direction, self.info, self.tracker) if interest_in is not None \
+                    else ConnectionInterest(self.hook.interest(direction))
+                self._hook_types[direction] = interest.types
         if self.tracker is None or self._observations:
             self._accounted = None
         else:
@@ -606,12 +623,13 @@ class ConnectionPipeline:
             wanted: set[int] = {T.PING, T.PONG, *watched}
             if self.tracker is not None and self._accounted is not None:
                 wanted |= self._accounted
+            interest = self._hook_interest.get(direction, NO_INTEREST)
             if self.hook is not None:
                 hook_types = self._hook_types[direction]
                 if hook_types is None:
                     want_all = True
                 else:
-                    wanted |= hook_types
+                    wanted |= hook_types - interest.sampled_kinds
             if direction is TO_BROKER:
                 if self.settings.lookup_mode == "proxy-through":
                     wanted.add(T.LOOKUP)  # to follow the Redirect that may answer it
@@ -619,4 +637,4 @@ class ConnectionPipeline:
                     wanted.add(T.SEND)
             else:
                 wanted |= BROKER_NAMING_TYPES
-            scanner.set_wanted(wanted, want_all=want_all)
+            scanner.set_wanted(wanted, want_all=want_all, sampler=interest.sampler, barrier=interest.barrier)

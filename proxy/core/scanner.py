@@ -20,6 +20,17 @@ its sub-command field is put aside; all the fields of one ``feed`` are parsed
 together (:class:`~proxy.protocol.validation.CommandBatch`) before anything is
 handed out.  Anything else goes through :func:`check_frame` itself.
 
+Two refinements let a hook (the rules) see fewer frames:
+
+- a *sampler* (:class:`Sampler`) picks, for some command types, which of their frames
+  are handed out, before anything is decoded: the scanner passes the frames it says to
+  pass over, and notes on each frame of those types that it hands out (:attr:`Frame.draw`)
+  whether the sampler chose it;
+- *barrier* types are frames after which what is wanted may grow (a producer registered
+  on a topic a rule names): the rest of the bytes of that ``feed`` are handed out as
+  Frames, and the wants the user sets after handling the barrier apply from the next
+  ``feed``.
+
 It raises the same errors as FrameDecoder (FrameTooLarge, MalformedFrame, BadMagic,
 UnknownCommand, CommandDecodeError) and is unusable after.
 """
@@ -31,6 +42,7 @@ import struct
 from collections.abc import Iterable
 from typing import Final
 
+from proxy.core.interest import Sampler
 from proxy.errors import ProtocolError
 from proxy.protocol.commands import PAYLOAD_TYPES, TYPE_NAMES
 from proxy.protocol.frame import DEFAULT_MAX_FRAME_BYTES, FRAME_PADDING, Frame
@@ -56,10 +68,15 @@ _SECTION = struct.Struct(">HII")
 # Per type, how a frame is treated (bits).
 _PAYLOAD: Final = 1       # SEND / MESSAGE: a payload section follows the command
 _WANTED: Final = 2        # buffered whole and returned as a Frame
+_SAMPLED: Final = 4       # the sampler decides whether it is handed out (unless it is wanted anyway)
+_BARRIER: Final = 8       # wanted; after it, the rest of the feed is handed out whole
+#: a frame of these kinds needs a second look
+_LOOK: Final = _WANTED | _SAMPLED
 
 
 @functools.lru_cache(maxsize=256)
-def _fast_tables(wanted: frozenset[int], want_all: bool) -> tuple[dict[int, int], dict[int, int], list[int]]:
+def _fast_tables(wanted: frozenset[int], want_all: bool, sampled: frozenset[int] = frozenset(),
+                 barrier: frozenset[int] = frozenset()) -> tuple[dict[int, int], dict[int, int], list[int]]:
     """How the fast path recognises a canonical command and what it does with it.
 
     A canonical command opens ``08 TYPE TAG LENGTH`` (as a big-endian u32 ``word``).
@@ -74,6 +91,10 @@ def _fast_tables(wanted: frozenset[int], want_all: bool) -> tuple[dict[int, int]
     long: dict[int, int] = {}
     for value in TYPE_NAMES:
         kind = (_PAYLOAD if value in PAYLOAD_TYPES else 0) | (_WANTED if want_all or value in wanted else 0)
+        if value in sampled:
+            kind |= _SAMPLED
+        if value in barrier:
+            kind |= _WANTED | _BARRIER
         by_type[value] = kind
         tag = SUB_TAGS[value]
         if len(tag) == 1:
@@ -103,17 +124,43 @@ class FrameScanner:
         self._short: dict[int, int] = {}
         self._long: dict[int, int] = {}
         self._classes: list[int] = []
+        #: the tables set_wanted chose, and those in force after a barrier frame (until the feed ends)
+        self._chosen_tables: tuple[dict[int, int], dict[int, int], list[int]] = ({}, {}, [])
+        self._wide_tables = self._chosen_tables
+        self._widened = False
+        self._sampler: Sampler | None = None
+        #: frames of the sampler's kinds still to pass over before it picks one
+        self._sample_skip = 0
+        #: whether the carried frame is handed out as a Frame, and the note it carries
+        self._carry_wanted = False
+        self._carry_note: object = None
         self.wanted: frozenset[int] = frozenset()
         self.want_all = False
+        self.barrier: frozenset[int] = frozenset()
         self.frames_scanned = 0
         self.set_wanted(wanted, want_all=want_all)
 
     # -- configuration ---------------------------------------------------------------------
-    def set_wanted(self, wanted: Iterable[int], *, want_all: bool = False) -> None:
-        """Choose which command types come out as Frames (takes effect at the next frame)."""
+    def set_wanted(self, wanted: Iterable[int], *, want_all: bool = False, sampler: Sampler | None = None,
+                   barrier: Iterable[int] = ()) -> None:
+        """Choose which command types come out as Frames (takes effect at the next frame).
+
+        ``sampler`` picks among the frames of its kinds (a new sampler starts counting anew;
+        the same one goes on); after a frame of a ``barrier`` type, the rest of the feed is
+        handed out whole.
+        """
         self.wanted = frozenset(wanted)
         self.want_all = want_all
-        self._short, self._long, self._classes = _fast_tables(self.wanted, want_all)
+        self.barrier = frozenset(barrier)
+        if sampler is not self._sampler:
+            self._sampler = sampler
+            self._sample_skip = sampler.start() if sampler is not None else 0
+        sampled = sampler.kinds if sampler is not None else frozenset()
+        self._chosen_tables = _fast_tables(self.wanted, want_all, sampled, self.barrier)
+        self._wide_tables = _fast_tables(self.wanted, True, sampled, self.barrier) if self.barrier \
+            else self._chosen_tables
+        if not self._widened:
+            self._short, self._long, self._classes = self._chosen_tables
 
     def set_max_message_size(self, max_message_size: int) -> None:
         """Adopt the broker's ``max_message_size`` from CONNECTED (plus framing room)."""
@@ -155,6 +202,9 @@ class FrameScanner:
             if pos < end:
                 self._scan(data, pos, out)
             self._checks.verify()
+            if self._widened:  # a barrier frame widened the wants for the rest of this feed only
+                self._widened = False
+                self._short, self._long, self._classes = self._chosen_tables
         except ProtocolError as exc:
             error = exc
             try:
@@ -192,23 +242,43 @@ class FrameScanner:
                 self._need = checked  # always more than the carry holds: every check makes progress
                 continue
             head = self._head = checked
+            kind = self._classes[head.type]
+            self._carry_wanted = bool(kind & _WANTED)
+            if kind & _SAMPLED and self._sampler is not None:
+                if self._sample_skip:
+                    self._sample_skip -= 1
+                    self._carry_note = self._sampler.passed
+                else:
+                    self._carry_note, self._sample_skip = self._sampler.choose()
+                    self._carry_wanted = True
         size = head.frame_size
-        if self._classes[head.type] & _WANTED:
+        if self._carry_wanted:
             take = min(size - len(carry), end - pos)
             carry += data[pos:pos + take]
             pos += take
             if len(carry) < size:
                 return pos
-            out.append(Frame(bytes(carry), head.type, head.cmd_size))
+            frame = Frame(bytes(carry), head.type, head.cmd_size)
+            frame.draw, self._carry_note = self._carry_note, None
+            out.append(frame)
+            if self._classes[head.type] & _BARRIER:
+                self._widen()
         else:
             out.append(bytes(carry))
             self._skip = size - len(carry)
             self._skip_frame = size
         carry.clear()
         self._head = None
+        self._carry_wanted = False
+        self._carry_note = None
         self._need = 4
         self.frames_scanned += 1
         return pos
+
+    def _widen(self) -> None:
+        """A barrier frame: hand out the rest of this feed whole (the wants may grow once it is handled)."""
+        self._widened = True
+        self._short, self._long, self._classes = self._wide_tables
 
     def _scan(self, data: bytes | memoryview, pos: int, out: list[Piece]) -> None:
         end = len(data)
@@ -220,6 +290,8 @@ class FrameScanner:
         unpack_head = _HEAD.unpack_from
         unpack_section = _SECTION.unpack_from
         put_aside = self._checks.pending.append
+        sampler = self._sampler
+        sample_skip = self._sample_skip
         scanned = 0
         while pos < end:
             # The fast path: a canonical command (its sub-command field is parsed with the
@@ -258,20 +330,38 @@ class FrameScanner:
                 type_, cmd_size = checked.type, checked.cmd_size
                 frame_end = pos + checked.frame_size
                 kind = classes[type_]
-            if kind & _WANTED:
-                if checked is None:
-                    type_ = (word >> 16) & 0x7F
-                if frame_end > end:
-                    # checked, but not whole yet: carried until it is
-                    self._head = FrameHead(frame_end - pos, cmd_size, type_, None)
-                    self._carry += data[pos:]
-                    break
-                if run_start < pos:
-                    out.append(memoryview(data)[run_start:pos])
-                out.append(Frame(bytes(data[pos:frame_end]), type_, cmd_size))
-                scanned += 1
-                pos = run_start = frame_end
-                continue
+            if kind & _LOOK:
+                if sample_skip and not kind & _WANTED:
+                    sample_skip -= 1  # a frame of the sampler's kinds it passes over, like any nobody wants
+                else:
+                    # wanted, or picked by the sampler: handed out whole
+                    note = None
+                    if kind & _SAMPLED:  # (there is a sampler: its kinds are the only ones with this bit)
+                        if sample_skip:
+                            sample_skip -= 1
+                            note = sampler.passed  # type: ignore[union-attr]
+                        else:
+                            note, sample_skip = sampler.choose()  # type: ignore[union-attr]
+                    if checked is None:
+                        type_ = (word >> 16) & 0x7F
+                    if frame_end > end:
+                        # checked, but not whole yet: carried until it is
+                        self._head = FrameHead(frame_end - pos, cmd_size, type_, None)
+                        self._carry_wanted = True
+                        self._carry_note = note
+                        self._carry += data[pos:]
+                        break
+                    if run_start < pos:
+                        out.append(memoryview(data)[run_start:pos])
+                    frame = Frame(bytes(data[pos:frame_end]), type_, cmd_size)
+                    frame.draw = note
+                    out.append(frame)
+                    scanned += 1
+                    pos = run_start = frame_end
+                    if kind & _BARRIER and not self._widened:
+                        self._widen()
+                        short_kind, long_kind, classes = self._short.get, self._long.get, self._classes
+                    continue
             scanned += 1
             if frame_end > end:
                 # Passed through as it arrives: the rest of this frame needs no look.
@@ -280,6 +370,7 @@ class FrameScanner:
                 pos = end
                 break
             pos = frame_end
+        self._sample_skip = sample_skip
         self.frames_scanned += scanned
         if run_start < pos:
             out.append(data if run_start == 0 and pos == end else memoryview(data)[run_start:pos])

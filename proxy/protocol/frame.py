@@ -138,13 +138,16 @@ class Frame:
     hold strings that are not UTF-8, which :attr:`command` then shows escaped.
     """
 
-    __slots__ = ("raw", "type", "cmd_size", "checked", "_command", "_payload")
+    __slots__ = ("raw", "type", "cmd_size", "checked", "draw", "_command", "_payload")
 
     def __init__(self, raw: bytes, type_: int, cmd_size: int, checked: bool = True) -> None:
         self.raw = raw
         self.type = type_
         self.cmd_size = cmd_size
         self.checked = checked
+        #: set by a scanner whose sampler counted this frame: the sampler's note (see
+        #: ``proxy.core.scanner.Sampler``); None for every other frame
+        self.draw: object = None
         self._command: api.BaseCommand | None = None
         self._payload: PayloadSection | None = None
 

@@ -237,6 +237,9 @@ class SessionTracker:
         self._pings: dict[Direction, deque[int]] = {_TO_BROKER: deque(maxlen=64), _TO_CLIENT: deque(maxlen=64)}
         self._max_pending = max_pending
         self.forgotten_requests = 0
+        #: counts the producers and consumers registered and the names the broker gave them, so a
+        #: user can tell when what the id maps hold has grown (the proxy's rules look again then)
+        self.entities_named = 0
 
     @property
     def pending_requests(self) -> int:
@@ -377,12 +380,14 @@ class SessionTracker:
             self.producers[sub.producer_id] = ProducerInfo(
                 sub.producer_id, sub.topic, sub.producer_name if sub.HasField("producer_name") else None)
             obs.producer = self.producers[sub.producer_id]
+            self.entities_named += 1
         elif kind == T.SUBSCRIBE:
             req.consumer_id = sub.consumer_id
             self.consumers[sub.consumer_id] = ConsumerInfo(
                 sub.consumer_id, sub.topic, sub.subscription, api.CommandSubscribe.SubType.Name(sub.subType),
                 sub.consumer_name if sub.HasField("consumer_name") else None)
             obs.consumer = self.consumers[sub.consumer_id]
+            self.entities_named += 1
         elif kind == T.CLOSE_PRODUCER:
             req.producer_id = sub.producer_id
         elif kind in (T.CLOSE_CONSUMER, T.UNSUBSCRIBE, T.SEEK, T.GET_LAST_MESSAGE_ID, T.CONSUMER_STATS, T.ACK):
@@ -400,7 +405,9 @@ class SessionTracker:
         if kind == T.PRODUCER_SUCCESS:
             producer = self.producers.get(req.producer_id or 0)
             if producer is not None:
-                producer.producer_name = sub.producer_name
+                if producer.producer_name != sub.producer_name:
+                    producer.producer_name = sub.producer_name
+                    self.entities_named += 1
                 obs.producer = producer
             if sub.HasField("producer_ready") and not sub.producer_ready:
                 return  # queued for exclusive access: the request is still pending

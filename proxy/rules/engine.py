@@ -15,6 +15,19 @@ can match its kind, and which of those meet their criteria (topic, names, client
 worked out once per distinct combination of those facts (:class:`_Candidates`), so
 rules that do not match cost nothing per frame however many there are.
 
+Per connection, the engine narrows what the relay must show it further
+(:meth:`RulesEngine.connection_interest`): a frame of the data path (SEND, MESSAGE,
+FLOW, ACK, receipts) is attributed to a topic and names only through its producer or
+consumer id, so a rule whose topic or names fit none of the producers and consumers the
+connection has registered cannot match it, and the relay passes those frames through
+undecoded.  A registration (PRODUCER, SUBSCRIBE, a broker-given producer name) is a
+*barrier*: the rest of its read is looked at whole, and the interest is asked again
+before the next read.  A probability rule that needs nothing of the frame's contents
+has its hits drawn before decoding (:mod:`proxy.rules.sampling`): only the frames it
+fires on are decoded.  Which producers and consumers a connection ever registered is
+kept as a set (a response may still name a closed one's topic), given up beyond
+``_MAX_ENTITY_FACTS``.
+
 State kept here: per rule, the match and hit counters, the generator and the
 token buckets; per connection, the producers and consumers a ``close`` rule
 unloaded (:mod:`proxy.rules.unload`: what is forwarded for them until the client
@@ -33,12 +46,23 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from proxy.protocol.commands import TYPE_NAMES
+from proxy.core.interest import ConnectionInterest
+from proxy.protocol.commands import DATA_PATH_TYPES, TYPE_NAMES, T
 from proxy.protocol.frame import Frame
-from proxy.protocol.session import Direction, Observation
+from proxy.protocol.session import Direction, Observation, SessionTracker
 from proxy.rules import actions as acts
-from proxy.rules.matcher import CRITERIA_FACTS, FrameFacts, criteria_met
+from proxy.rules.matcher import (
+    CRITERIA_FACTS,
+    ENTITY_CRITERIA,
+    EntityFacts,
+    FrameFacts,
+    client_met,
+    criteria_met,
+    entity_met,
+    host_of,
+)
 from proxy.rules.model import Rule, RuleSet
+from proxy.rules.sampling import RuleSampler, SampleDraw
 from proxy.rules.throttle import TokenBucket
 from proxy.rules.unload import UNLOAD_TYPES, ConnectionUnloads
 from proxy.rules.verdict import FORWARD, Verdict
@@ -47,6 +71,13 @@ from proxy.rules.verdict import FORWARD, Verdict
 _MAX_REMEMBERED_FACTS: Final = 4096
 #: first request id of the close requests the proxy sends upstream (far above any client's)
 PROXY_REQUEST_IDS_START: Final = 1 << 62
+#: producers and consumers remembered per connection for its interest; beyond, it is not narrowed
+_MAX_ENTITY_FACTS: Final = 1024
+#: per-connection interest plans remembered (per distinct producers/consumers, client host, direction)
+_MAX_PLANS: Final = 4096
+#: the frames after which a connection's interest may grow, per direction (see the module docstring)
+_REGISTRATIONS: Final = {Direction.TO_BROKER: frozenset({T.PRODUCER, T.SUBSCRIBE}),
+                         Direction.TO_CLIENT: frozenset({T.PRODUCER_SUCCESS})}
 
 
 def choose_seed() -> int:
@@ -80,6 +111,28 @@ class RuleState:
     def reseed(self, seed: int) -> None:
         self.seed = seed
         self.rng = random.Random(f"{seed}:{self.rule.name}")
+
+    @property
+    def names_entities(self) -> bool:
+        """Does the rule read a topic, subscription or name (decided by a producer or consumer)?"""
+        match = self.rule.match
+        return any(getattr(match, criterion) is not None for criterion in ENTITY_CRITERIA)
+
+    def can_fire_on(self, entities: frozenset[EntityFacts], host: Any) -> bool:
+        """Can it still fire on a data-path frame of a connection with these producers and consumers?"""
+        match = self.rule.match
+        if match.probability <= 0.0 or (match.times is not None and self.hits >= match.times):
+            return False
+        if not client_met(match, host):
+            return False
+        return not self.names_entities or any(entity_met(match, facts) for facts in entities)
+
+    @property
+    def drawn_before_decoding(self) -> bool:
+        """Can its hits be drawn before the frame is decoded (see proxy.rules.sampling)?"""
+        match = self.rule.match
+        return match.probability < 1.0 and self.skips is None and match.markers is None \
+            and not self.names_entities and self.matches >= match.after
 
 
 class _Candidates:
@@ -128,6 +181,14 @@ class RulesEngine:
         self._to_broker: dict[int, _Candidates] = {}
         self._to_client: dict[int, _Candidates] = {}
         self.generation = 0
+        #: per connection, the producers and consumers it ever registered (None: too many to narrow by)
+        self._entities: dict[int, set[EntityFacts] | None] = {}
+        #: (direction, entities, client host) -> (types, sampled rules, sampled kinds, barrier), for one generation
+        self._plans: dict[Any, tuple[frozenset[int], tuple[RuleState, ...], frozenset[int], frozenset[int]]] = {}
+        self._plans_generation = -1
+        self._samplers: dict[tuple[int, Direction], RuleSampler] = {}
+        #: the verdicts of frames only ``mark`` / ``record`` rules fired on, by (record, fired, marks)
+        self._noted: dict[tuple[bool, tuple[str, ...], tuple[str, ...]], Verdict] = {}
         self._compute_interest()
 
     # -- the rules in force ---------------------------------------------------------------------
@@ -159,6 +220,7 @@ class RulesEngine:
         self.seed_from_file = self.seed_from_file or ruleset.seed is not None
         self._states = tuple(states)
         self.generation += 1
+        self._samplers.clear()  # a new rule set draws anew
         self._compute_interest()
 
     def add(self, rule: Rule) -> None:
@@ -167,6 +229,7 @@ class RulesEngine:
             raise ValueError(f"a rule named {rule.name!r} already exists")
         self._states = (*self._states, RuleState(rule, self.seed))
         self.generation += 1
+        self._samplers.clear()  # a new rule set draws anew
         self._compute_interest()
 
     def remove(self, name: str) -> bool:
@@ -176,6 +239,7 @@ class RulesEngine:
             return False
         self._states = kept
         self.generation += 1
+        self._samplers.clear()  # a new rule set draws anew
         self._compute_interest()
         return True
 
@@ -208,6 +272,69 @@ class RulesEngine:
             everything = any(s.commands is None for s in in_direction)
             self._interest[direction] = None if everything else frozenset(wanted)
 
+    def connection_interest(self, direction: Direction, conn_id: int, client: str | None,
+                            session: SessionTracker | None) -> ConnectionInterest:
+        """What the relay must show of one connection in ``direction`` (see the module docstring)."""
+        if self._plans_generation != self.generation:
+            self._plans.clear()
+            self._plans_generation = self.generation
+        entities = self._entity_facts(conn_id, session)
+        host = host_of(client)
+        key = (direction, entities, host)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= _MAX_PLANS:
+                self._plans.clear()
+            plan = self._plans[key] = self._plan(direction, entities, host)
+        types, sampled_states, sampled_kinds, barrier = plan
+        sampler = None
+        if sampled_states:
+            sampler = self._samplers.get((conn_id, direction))
+            if sampler is None or sampler.states != sampled_states or sampler.kinds != sampled_kinds:
+                sampler = self._samplers[(conn_id, direction)] = RuleSampler(sampled_kinds, sampled_states)
+        return ConnectionInterest(types, sampler, barrier)
+
+    def _entity_facts(self, conn_id: int, session: SessionTracker | None) -> frozenset[EntityFacts] | None:
+        """The producers and consumers the connection ever registered; None when not known or too many."""
+        if session is None:
+            return None
+        seen = self._entities.setdefault(conn_id, set())
+        if seen is None:
+            return None
+        for producer in session.producers.values():
+            seen.add((producer.topic, None, producer.producer_name or None, None))
+        for consumer in session.consumers.values():
+            seen.add((consumer.topic, consumer.subscription, None, consumer.consumer_name or None))
+        if len(seen) > _MAX_ENTITY_FACTS:
+            self._entities[conn_id] = None
+            return None
+        return frozenset(seen)
+
+    def _plan(self, direction: Direction, entities: frozenset[EntityFacts] | None, host: Any,
+              ) -> tuple[frozenset[int], tuple[RuleState, ...], frozenset[int], frozenset[int]]:
+        """The frame types a connection's rules can fire on, and which of them a sampler draws for."""
+        index = self._to_broker if direction is Direction.TO_BROKER else self._to_client
+        types: set[int] = set()
+        narrowed = False
+        sampled: dict[int, tuple[RuleState, ...]] = {}
+        for kind, candidates in index.items():
+            if kind in DATA_PATH_TYPES and entities is not None:
+                possible = tuple(s for s in candidates.states if s.can_fire_on(entities, host))
+                narrowed = narrowed or len(possible) < len(candidates.states)
+                if not possible:
+                    continue
+                if all(s.drawn_before_decoding for s in possible):
+                    sampled[kind] = possible
+            types.add(kind)
+        if self._unloading():
+            types |= UNLOAD_TYPES[direction]
+            for kind in UNLOAD_TYPES[direction]:
+                sampled.pop(kind, None)  # an unload looks at each of its producer's frames
+        # one sampler per direction: the kinds whose rules are those of the first kind sampled
+        group = next(iter(sampled.values()), ())
+        sampled_kinds = frozenset(kind for kind, states in sampled.items() if states == group)
+        return frozenset(types), group, sampled_kinds, _REGISTRATIONS[direction] if narrowed else frozenset()
+
     def _unloading(self) -> bool:
         return any(s.rule.action.UNLOADS for s in self._states) or \
             any(conn.active for conn in self._connections.values())
@@ -215,6 +342,9 @@ class RulesEngine:
     # -- connections ------------------------------------------------------------------------------
     def connection_closed(self, conn_id: int) -> None:
         """Forget what was kept for one connection (its buckets with ``per: connection`` too)."""
+        self._entities.pop(conn_id, None)
+        for direction in (Direction.TO_BROKER, Direction.TO_CLIENT):
+            self._samplers.pop((conn_id, direction), None)
         unloads = self._connections.pop(conn_id, None)
         if unloads is not None and unloads.active and not self._unloading():
             self.generation += 1  # the last unload is over: the relay may look at fewer frames again
@@ -240,6 +370,7 @@ class RulesEngine:
         candidates = rules.meeting_criteria(facts)
         if not candidates:
             return FORWARD
+        draw = frame.draw if isinstance(frame.draw, SampleDraw) else None
         winner: Verdict | None = None
         fired: list[str] = []
         marks: list[str] = []
@@ -248,7 +379,7 @@ class RulesEngine:
             action = state.rule.action
             if winner is not None and not action.COMPOSES:
                 continue
-            if not self._hits(state, facts):
+            if not self._hits(state, facts, draw):
                 continue
             if action.COMPOSES:
                 fired.append(state.rule.name)
@@ -265,22 +396,40 @@ class RulesEngine:
             winner = verdict
         if not fired:
             return FORWARD
-        return replace(winner or FORWARD, record=record, fired=tuple(fired), marks=tuple(marks))
+        if winner is None:  # only rules that take note fired: the same few verdicts again and again
+            key = (record, tuple(fired), tuple(marks))
+            noted = self._noted.get(key)
+            if noted is None:
+                if len(self._noted) >= _MAX_REMEMBERED_FACTS:
+                    self._noted.clear()
+                noted = self._noted[key] = Verdict(record=record, fired=key[1], marks=key[2])
+            return noted
+        return replace(winner, record=record, fired=tuple(fired), marks=tuple(marks))
 
-    @staticmethod
-    def _hits(state: RuleState, facts: FrameFacts) -> bool:
-        """Does a rule whose criteria are met hit this frame (after, times, probability)?"""
+    def _hits(self, state: RuleState, facts: FrameFacts, draw: SampleDraw | None) -> bool:
+        """Does a rule whose criteria are met hit this frame (after, times, probability)?
+
+        Where a sampler drew for the rule before the frame was decoded (``draw``), its draw
+        stands in for the per-frame one.
+        """
         match = state.rule.match
         if state.skips is not None and state.skips(facts):
             return False
         state.matches += 1
         if state.matches <= match.after:
+            if state.matches == match.after:
+                self.generation += 1  # from the next match on, its draws may be made before decoding
             return False
         if match.times is not None and state.hits >= match.times:
             return False
-        if match.probability < 1.0 and state.rng.random() >= match.probability:
+        if draw is not None and state in draw.rules:
+            if state not in draw.due:
+                return False
+        elif match.probability < 1.0 and state.rng.random() >= match.probability:
             return False
         state.hits += 1
+        if match.times is not None and state.hits >= match.times:
+            self.generation += 1  # it cannot fire again: the relay may look at fewer frames
         return True
 
     # -- what actions ask of the engine -----------------------------------------------------------

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from proxy.core.hooks import FrameContext, FrameEvent
+from proxy.core.hooks import ConnectionInfo, FrameContext, FrameEvent
+from proxy.core.interest import ConnectionInterest
 from proxy.protocol.frame import Frame
-from proxy.protocol.session import Direction
+from proxy.protocol.session import Direction, SessionTracker
 from proxy.rules.engine import RulesEngine
 from proxy.rules.verdict import Verdict
 
@@ -37,6 +38,10 @@ class RulesHook:
 
     def interest(self, direction: Direction) -> frozenset[int] | None:
         return self.engine.interest(direction)
+
+    def connection_interest(self, direction: Direction, info: ConnectionInfo,
+                            session: SessionTracker | None) -> ConnectionInterest:
+        return self.engine.connection_interest(direction, info.conn_id, info.client, session)
 
     def on_frame(self, ctx: FrameContext, frame: Frame) -> Verdict:
         return self.engine.evaluate(frame, ctx.direction, ctx.now_ns, conn_id=ctx.connection.conn_id,

@@ -15,13 +15,17 @@ from __future__ import annotations
 import ipaddress
 from typing import Any, Final
 
+from google.protobuf.descriptor import FieldDescriptor
+
 from proxy.errors import ProtocolError
+from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.commands import SUB_FIELDS
 from proxy.protocol.frame import Frame
 from proxy.protocol.session import Direction, Observation
 from proxy.rules.model import IPNetwork, Match, TextPattern
 
 
-def _host_of(address: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+def host_of(address: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     if not address:
         return None
     host = address
@@ -36,6 +40,11 @@ def _host_of(address: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Addre
 
 
 _UNSET: Any = object()
+#: per command type, its sub-command's single (not repeated) string fields
+_TEXT_FIELDS: Final = {
+    kind: frozenset(field.name for field in getattr(api.BaseCommand(), name).DESCRIPTOR.fields
+                    if field.type == FieldDescriptor.TYPE_STRING and not field.is_repeated)
+    for kind, name in SUB_FIELDS.items()}
 
 
 class FrameFacts:
@@ -66,6 +75,8 @@ class FrameFacts:
 
     def _field(self, name: str) -> str | None:
         """The command's own single text field ``name`` (a list of topics names no one topic)."""
+        if name not in _TEXT_FIELDS.get(self.frame.type, ()):
+            return None  # (no need to decode the command to know it has none)
         sub = self.sub
         field = sub.DESCRIPTOR.fields_by_name.get(name)
         if field is None or field.is_repeated or not sub.HasField(name):
@@ -129,7 +140,7 @@ class FrameFacts:
     @property
     def client_host(self) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
         if self._client_host is _UNSET:
-            self._client_host = _host_of(self.client_address)
+            self._client_host = host_of(self.client_address)
         result: ipaddress.IPv4Address | ipaddress.IPv6Address | None = self._client_host
         return result
 
@@ -182,3 +193,24 @@ def criteria_met(match: Match, commands: frozenset[int] | None, facts: FrameFact
     if match.markers is not None and facts.marker not in match.markers:
         return False
     return match.client is None or _in_network(facts.client_host, match.client)
+
+
+#: the Match fields a producer's or consumer's registration decides for every frame naming it
+ENTITY_CRITERIA: Final = ("topic", "subscription", "producer_name", "consumer_name")
+
+#: (topic, subscription, producer name, consumer name) of one producer or consumer
+EntityFacts = tuple[str | None, str | None, str | None, str | None]
+
+
+def client_met(match: Match, host: ipaddress.IPv4Address | ipaddress.IPv6Address | None) -> bool:
+    """The ``client`` criterion alone (the same for every frame of a connection)."""
+    return match.client is None or _in_network(host, match.client)
+
+
+def entity_met(match: Match, facts: EntityFacts) -> bool:
+    """The criteria of ENTITY_CRITERIA, for a frame naming the producer or consumer of ``facts``."""
+    topic, subscription, producer_name, consumer_name = facts
+    return (match.topic is None or _matches(match.topic, topic)) \
+        and (match.subscription is None or _matches(match.subscription, subscription)) \
+        and (match.producer_name is None or _matches(match.producer_name, producer_name)) \
+        and (match.consumer_name is None or _matches(match.consumer_name, consumer_name))

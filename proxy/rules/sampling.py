@@ -1,0 +1,87 @@
+"""Probability rules drawn before decoding: which frames of a connection they can fire on.
+
+A rule with ``probability`` p < 1 and no criterion that needs the frame's contents
+(no topic, subscription or names, no markers, no per-frame exclusions of its action,
+its ``after`` passed) fires on each frame of its command types independently with
+chance p (SPEC.md, "Rule language").  Instead of a draw per frame, which needs the
+frame decoded and shown to the engine, the number of frames to pass before its next
+hit is drawn at once: a geometric count, ``floor(log(U) / log(1 - p))`` for U uniform
+in (0, 1] (one draw of the rule's own seeded generator per hit).  That is the same
+distribution — each frame hit with chance p, independently of every other — so the
+rate is unchanged and a seeded run is reproducible, but the *sequence* of frames hit
+for a given seed is not the one the per-frame draws gave.
+
+:class:`RuleSampler` is the :class:`~proxy.core.scanner.Sampler` of one connection and
+direction: the scanner counts the frames of its kinds as they arrive and hands out
+only the frames on which one of its rules comes due, each with a :class:`SampleDraw`
+naming those rules; frames of its kinds handed out for another reason carry
+:attr:`RuleSampler.passed` (none due).  The engine then fires exactly the rules due.
+No clock, no I/O here.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from proxy.rules.engine import RuleState
+
+#: the gap of a rule that never fires (probability 0)
+NEVER: Final = sys.maxsize
+
+
+def geometric_gap(rng: random.Random, probability: float) -> int:
+    """Frames to pass before the next one hit, when each is hit with ``probability``."""
+    if probability >= 1.0:
+        return 0
+    if probability <= 0.0:
+        return NEVER
+    return min(NEVER, int(math.log(1.0 - rng.random()) / math.log1p(-probability)))
+
+
+class SampleDraw:
+    """A sampler's note on a frame it counted: its rules, and those of them that hit this frame."""
+
+    __slots__ = ("rules", "due")
+
+    def __init__(self, rules: frozenset[RuleState], due: frozenset[RuleState]) -> None:
+        self.rules = rules
+        self.due = due
+
+
+class RuleSampler:
+    """The draws of some probability rules over one connection's frames of ``kinds`` in one direction."""
+
+    def __init__(self, kinds: frozenset[int], states: tuple[RuleState, ...]) -> None:
+        self.kinds = kinds
+        self.states = states
+        self.passed = SampleDraw(frozenset(states), frozenset())
+        #: the common case, one rule: the note of every frame it picks
+        self._alone = SampleDraw(self.passed.rules, self.passed.rules) if len(states) == 1 else None
+        #: per rule, frames to pass before its next hit
+        self._gaps: list[int] = []
+
+    def _draw(self, state: RuleState) -> int:
+        return geometric_gap(state.rng, state.rule.match.probability)
+
+    def start(self) -> int:
+        self._gaps = [self._draw(state) for state in self.states]
+        return min(self._gaps)
+
+    def choose(self) -> tuple[SampleDraw, int]:
+        if self._alone is not None:
+            gap = self._gaps[0] = self._draw(self.states[0])
+            return self._alone, gap
+        passed = min(self._gaps)
+        due: list[RuleState] = []
+        for index, state in enumerate(self.states):
+            gap = self._gaps[index]
+            if gap == passed:
+                due.append(state)
+                self._gaps[index] = self._draw(state)
+            else:
+                self._gaps[index] = gap - passed - 1
+        return SampleDraw(self.passed.rules, frozenset(due)), min(self._gaps)

@@ -1,0 +1,214 @@
+"""Rules cost only where they can fire: per-connection interest and draws made before decoding.
+
+A rule scoped to a topic looks only at the data-path frames of connections with a
+producer or consumer on that topic; a probability rule that needs nothing of the frame
+has its hits drawn before decoding.  These tests drive one pipeline with the rules
+hook, without sockets, and check that the rules still fire on exactly what they match:
+a producer registering later (even in the same read as its SENDs), a rule set
+replaced on a live connection, the rate and the reproducibility of seeded draws, and
+reads split anywhere.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_proxy_pipeline import connected, pipeline, rules_hook, sent
+
+from proxy.core.pipeline import ConnectionPipeline, Send
+from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.frame import FrameDecoder, encode_command, encode_payload_command
+from proxy.protocol.session import Direction
+from proxy.rules.hook import RulesHook
+from proxy.rules.loader import load_rules_text
+
+T = api.BaseCommand.Type
+TO_BROKER, TO_CLIENT = Direction.TO_BROKER, Direction.TO_CLIENT
+WATCHED = "persistent://public/default/watched"
+OTHER = "persistent://public/default/other"
+
+DROP_WATCHED_SENDS = f"""\
+seed: 1
+rules:
+  - name: watched
+    match: {{command: [SEND], topic: '{WATCHED}'}}
+    action: drop
+"""
+
+
+def producer(producer_id: int, topic: str) -> bytes:
+    return encode_command(api.CommandProducer(topic=topic, producer_id=producer_id, request_id=100 + producer_id))
+
+
+def send(producer_id: int, sequence_id: int) -> bytes:
+    return encode_payload_command(api.CommandSend(producer_id=producer_id, sequence_id=sequence_id),
+                                  api.MessageMetadata(producer_name="p", sequence_id=sequence_id, publish_time=1),
+                                  b"payload")
+
+
+def sends(producer_id: int, first: int, count: int) -> bytes:
+    return b"".join(send(producer_id, sequence_id) for sequence_id in range(first, first + count))
+
+
+def forwarded_sequence_ids(data: bytes) -> list[int]:
+    decoder = FrameDecoder()
+    decoder.feed(data)
+    return [frame.command.send.sequence_id for frame in decoder.frames() if frame.type == T.SEND]
+
+
+class CountingHook(RulesHook):
+    """The rules hook, counting the frames the relay showed it."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(rules_hook(text).engine)
+        self.shown = 0
+
+    def on_frame(self, ctx, frame):  # type: ignore[no-untyped-def]
+        self.shown += 1
+        return super().on_frame(ctx, frame)
+
+
+def test_sends_of_a_connection_with_no_producer_on_the_rules_topic_pass_through_undecoded() -> None:
+    hook = CountingHook(DROP_WATCHED_SENDS)
+    p = pipeline(hook=hook)
+    connected(p)
+    p.receive(TO_BROKER, producer(1, OTHER), 0)
+    data = sends(1, 0, 50)
+    assert p.receive(TO_BROKER, data, 0) == [Send(TO_BROKER, [data])]  # one slice of the read: nothing looked at
+    assert hook.shown == 0
+
+
+def test_a_producer_registered_later_on_the_rules_topic_has_its_sends_matched() -> None:
+    """The connection streamed without the rule looking; a producer on its topic arrives later."""
+    p = pipeline(hook=rules_hook(DROP_WATCHED_SENDS))
+    connected(p)
+    p.receive(TO_BROKER, producer(1, OTHER), 0)
+    assert forwarded_sequence_ids(sent(p.receive(TO_BROKER, sends(1, 0, 20), 0), TO_BROKER)) == list(range(20))
+    p.receive(TO_BROKER, producer(2, WATCHED), 0)
+    mixed = sends(1, 20, 5) + sends(2, 0, 5) + sends(1, 25, 5)
+    assert forwarded_sequence_ids(sent(p.receive(TO_BROKER, mixed, 0), TO_BROKER)) == list(range(20, 30))
+    assert p.hook is not None and p.hook.engine.hits() == {"watched": 5}  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("chunk", [None, 1, 9, 50])
+def test_sends_in_the_same_read_as_their_producers_registration_are_matched(chunk: int | None) -> None:
+    """PRODUCER and its SENDs in one read (or split anywhere): the SENDs after the registration are looked at."""
+    p = pipeline(hook=rules_hook(DROP_WATCHED_SENDS))
+    connected(p)
+    data = producer(1, OTHER) + sends(1, 0, 3) + producer(2, WATCHED) + sends(2, 0, 4) + sends(1, 3, 2)
+    step = chunk or len(data)
+    out = b"".join(sent(p.receive(TO_BROKER, data[start:start + step], 0), TO_BROKER)
+                   for start in range(0, len(data), step))
+    assert forwarded_sequence_ids(out) == [0, 1, 2, 3, 4]
+    assert out.startswith(producer(1, OTHER))
+
+
+def test_a_rule_set_replaced_on_a_live_connection_applies_to_its_next_frames() -> None:
+    hook = rules_hook("seed: 1\nrules: []\n")
+    p = pipeline(hook=hook)
+    connected(p)
+    p.receive(TO_BROKER, producer(1, WATCHED), 0)
+    assert forwarded_sequence_ids(sent(p.receive(TO_BROKER, sends(1, 0, 5), 0), TO_BROKER)) == list(range(5))
+    hook.engine.replace(load_rules_text(DROP_WATCHED_SENDS))
+    assert forwarded_sequence_ids(sent(p.receive(TO_BROKER, sends(1, 5, 5), 0), TO_BROKER)) == []
+    assert hook.engine.remove("watched")
+    assert forwarded_sequence_ids(sent(p.receive(TO_BROKER, sends(1, 10, 5), 0), TO_BROKER)) == list(range(10, 15))
+
+
+def test_a_receipt_rule_follows_the_producer_named_by_the_broker() -> None:
+    """A producer_name criterion met only once PRODUCER_SUCCESS names the producer."""
+    hook = rules_hook("seed: 1\nrules:\n  - name: r\n    match: {command: [SEND_RECEIPT], producer_name: given-*}\n"
+                      "    action: drop\n")
+    p = pipeline(hook=hook)
+    connected(p)
+    p.receive(TO_BROKER, producer(1, OTHER), 0)
+    receipts = b"".join(encode_command(api.CommandSendReceipt(producer_id=1, sequence_id=i)) for i in range(3))
+    success = encode_command(api.CommandProducerSuccess(request_id=101, producer_name="given-7"))
+    out = sent(p.receive(TO_CLIENT, success + receipts, 0), TO_CLIENT)
+    assert out == success  # the receipts in the same read as the name are matched, and dropped
+    assert hook.engine.hits() == {"r": 3}
+
+
+SAMPLED = """\
+seed: {seed}
+rules:
+  - name: one-in-a-hundred
+    match: {{command: [SEND], probability: 0.01{extra}}}
+    action: drop
+"""
+
+
+def run_sends(text: str, count: int, *, chunk: int | None = None, verify: bool = False,
+              batch: int = 1000) -> tuple[list[int], CountingHook, ConnectionPipeline]:
+    """Sequence ids of ``count`` SENDs the rule dropped, read ``batch`` frames at a time or ``chunk`` bytes."""
+    hook = CountingHook(text)
+    p = pipeline(hook=hook, verify=verify)
+    connected(p)
+    p.receive(TO_BROKER, producer(1, OTHER), 0)
+    out = bytearray()
+    for first in range(0, count, batch):
+        data = sends(1, first, min(batch, count - first))
+        step = chunk or len(data)
+        for start in range(0, len(data), step):
+            out += sent(p.receive(TO_BROKER, data[start:start + step], 0), TO_BROKER)
+    forwarded = set(forwarded_sequence_ids(bytes(out)))
+    return [i for i in range(count) if i not in forwarded], hook, p
+
+
+def test_a_one_percent_rule_fires_at_its_rate_and_only_the_frames_it_fires_on_are_decoded() -> None:
+    dropped, hook, _ = run_sends(SAMPLED.format(seed=7, extra=""), 30_000)
+    assert 210 <= len(dropped) <= 390  # 300 expected; 5 standard deviations either way
+    assert hook.engine.hits() == {"one-in-a-hundred": len(dropped)}
+    assert hook.shown == len(dropped)
+
+
+def test_seeded_draws_repeat_and_another_seed_draws_others() -> None:
+    first, _, _ = run_sends(SAMPLED.format(seed=7, extra=""), 5000)
+    again, _, _ = run_sends(SAMPLED.format(seed=7, extra=""), 5000)
+    other, _, _ = run_sends(SAMPLED.format(seed=8, extra=""), 5000)
+    assert first == again and first != other
+
+
+def test_draws_do_not_depend_on_how_the_bytes_were_read_or_on_frames_decoded_anyway() -> None:
+    """Split reads (frames carried across them) and SENDs decoded for checksums count each frame once."""
+    text = SAMPLED.format(seed=3, extra="").replace("0.01", "0.05")
+    whole, _, _ = run_sends(text, 1500)
+    verified, _, _ = run_sends(text, 1500, verify=True)
+    assert whole and whole == verified
+    for chunk in (1, 7, 37, 4099):
+        assert run_sends(text, 1500, chunk=chunk)[0] == whole, chunk
+
+
+def test_after_and_times_still_hold_for_drawn_rules() -> None:
+    dropped, hook, _ = run_sends(SAMPLED.format(seed=5, extra=", after: 400, times: 3").replace("0.01", "0.2"),
+                                 3000, batch=100)
+    assert len(dropped) == 3 and min(dropped) >= 400
+    assert hook.engine.hits() == {"one-in-a-hundred": 3}
+    assert hook.shown < 700  # the first 400 (after) were looked at, then only the draws until times ran out
+
+
+def test_a_drawn_rule_and_a_topic_rule_on_the_same_frames_each_fire_as_they_match() -> None:
+    """A producer on the topic rule's topic registers mid-stream: both rules go on firing."""
+    text = SAMPLED.format(seed=11, extra="").replace("action: drop", "action: mark") + \
+        f"  - name: watched\n    match: {{command: [SEND], topic: '{WATCHED}'}}\n    action: drop\n"
+    hook = rules_hook(text)
+    p = pipeline(hook=hook)
+    connected(p)
+    p.receive(TO_BROKER, producer(1, OTHER), 0)
+    p.receive(TO_BROKER, sends(1, 0, 5000), 0)
+    marked = hook.engine.hits()["one-in-a-hundred"]
+    assert 15 <= marked <= 85 and hook.engine.hits()["watched"] == 0
+    out = sent(p.receive(TO_BROKER, producer(2, WATCHED) + sends(2, 0, 50) + sends(1, 5000, 5000), 0), TO_BROKER)
+    assert forwarded_sequence_ids(out) == list(range(5000, 10_000))
+    hits = hook.engine.hits()
+    assert hits["watched"] == 50 and 30 <= hits["one-in-a-hundred"] <= 170
+
+
+def test_frames_a_rule_only_marks_leave_in_the_same_write_as_the_rest_of_their_read() -> None:
+    hook = rules_hook("seed: 1\nrules:\n  - name: every-third\n    match: {command: [SEND], probability: 0.3}\n"
+                      "    action: {mark: {label: some}}\n")
+    p = pipeline(hook=hook)
+    connected(p)
+    data = sends(1, 0, 100)
+    actions = p.receive(TO_BROKER, data, 0)
+    assert len(actions) == 1 and isinstance(actions[0], Send) and sent(actions, TO_BROKER) == data
+    assert hook.engine.hits()["every-third"] > 10
