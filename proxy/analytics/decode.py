@@ -39,13 +39,14 @@ from google.protobuf.message import DecodeError
 
 from proxy.analytics import tables as tb
 from proxy.analytics.segments import SegmentBytes, SkippedRange, Split, SplitReader
-from proxy.errors import BatchError, FrameTooLarge, MalformedFrame, ProtocolError
+from proxy.errors import BatchError, MalformedFrame, ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.pb import recording_pb2 as rpb
 from proxy.protocol import chunks, compression, markers
 from proxy.protocol.batch import MAX_BATCH_MESSAGES
-from proxy.protocol.commands import PAYLOAD_TYPES, SUB_FIELDS, TYPE_NAMES
-from proxy.protocol.frame import decode_command, escape_text, parse_payload_section, peek_type
+from proxy.protocol.commands import SUB_FIELDS, TYPE_NAMES
+from proxy.protocol.frame import decode_command, escape_text, section_at
+from proxy.protocol.validation import check_frame, peek_command
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -58,7 +59,6 @@ _T = api.BaseCommand
 SEND, SEND_RECEIPT, SEND_ERROR = int(_T.SEND), int(_T.SEND_RECEIPT), int(_T.SEND_ERROR)
 MESSAGE, FLOW, ACK = int(_T.MESSAGE), int(_T.FLOW), int(_T.ACK)
 _SEND_TYPES: Final = frozenset({SEND, SEND_RECEIPT, SEND_ERROR})
-_PAYLOAD_TYPES: Final = frozenset(int(t) for t in PAYLOAD_TYPES)
 _DIRECTIONS: Final = {rpb.TO_BROKER: "to_broker", rpb.TO_CLIENT: "to_client"}
 _ORIGINS: Final = {rpb.CLIENT: "client", rpb.BROKER: "broker", rpb.PROXY: "proxy"}
 _ID_FIELDS: Final = ("request_id", "producer_id", "consumer_id", "sequence_id")
@@ -95,41 +95,15 @@ _BASE_COMMAND: Final = api.BaseCommand.FromString
 def parse_frame(raw: bytes, max_frame_bytes: int) -> tuple[int, int, Any]:
     """``(type, command size, payload section or None)`` of exactly one frame.
 
-    The checks, their order and their errors are those of
-    :func:`proxy.protocol.frame.frame_from_bytes`, without its stream buffer.
+    The checks are :func:`proxy.protocol.validation.check_frame`'s, lenient on the
+    command as recordings are read (:func:`~proxy.protocol.validation.peek_command`),
+    so a damaged frame gets the problem text :func:`proxy.protocol.frame.frame_from_bytes`
+    gives the one-process reader.
     """
-    available = len(raw)
-    if available < 4:
+    head = check_frame(raw, 0, len(raw), max_frame_bytes, peek_command)
+    if isinstance(head, int) or head.frame_size != len(raw):
         raise MalformedFrame("data is not exactly one frame")
-    total_size = _U32.unpack_from(raw, 0)[0]
-    frame_size = total_size + 4
-    if frame_size > max_frame_bytes:
-        raise FrameTooLarge(frame_size, max_frame_bytes)
-    if total_size < 4:
-        raise MalformedFrame(f"total size {total_size} leaves no room for the command size")
-    if available < 8:
-        raise MalformedFrame("data is not exactly one frame")
-    cmd_size = _U32.unpack_from(raw, 4)[0]
-    if cmd_size > total_size - 4:
-        raise MalformedFrame(f"command size {cmd_size} exceeds total size {total_size}")
-    if cmd_size == 0:
-        raise MalformedFrame("empty command")
-    if available < frame_size:
-        raise MalformedFrame("data is not exactly one frame")
-    if available > frame_size:
-        raw = raw[:frame_size]
-    frame_type = peek_type(raw, 8, 8 + cmd_size)
-    section = None
-    if frame_size > 8 + cmd_size:
-        if frame_type not in _PAYLOAD_TYPES:
-            raise MalformedFrame(f"{TYPE_NAMES.get(frame_type)} carries {frame_size - 8 - cmd_size} "
-                                 "unexpected bytes after its command")
-        section = parse_payload_section(raw, 8 + cmd_size)
-    elif frame_type in _PAYLOAD_TYPES:
-        raise MalformedFrame(f"{TYPE_NAMES.get(frame_type)} has no payload section")
-    if available > frame_size:
-        raise MalformedFrame("data is not exactly one frame")
-    return frame_type, cmd_size, section
+    return head.type, head.cmd_size, None if head.layout is None else section_at(raw, head.layout)
 
 
 def property_count(properties: Any) -> int:

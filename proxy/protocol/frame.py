@@ -43,6 +43,7 @@ from proxy.protocol.validation import (
     MAGIC_CHECKSUM,
     CommandCheck,
     FrameHead,
+    PayloadLayout,
     check_command,
     check_frame,
     check_payload,
@@ -289,6 +290,11 @@ def parse_payload_section(raw: bytes, pos: int) -> PayloadSection:
     """Parse the sections after the command of a whole payload frame, validating every size."""
     layout = check_payload(raw, pos, len(raw), len(raw))
     assert not isinstance(layout, int)  # the whole frame is here: nothing left to wait for
+    return section_at(raw, layout)
+
+
+def section_at(raw: bytes, layout: PayloadLayout) -> PayloadSection:
+    """The payload section of the whole frame ``raw`` whose checks gave ``layout`` (offsets in ``raw``)."""
     bem_raw = raw[layout.bem_start:layout.bem_end] if layout.bem_start >= 0 else None
     checksum = _U32.unpack_from(raw, layout.checksum_at)[0]
     return PayloadSection(raw, bem_raw, checksum, layout.checksum_at + 4, layout.metadata_start,
@@ -445,5 +451,5 @@ __all__ = [
     "DEFAULT_MAX_FRAME_BYTES", "DEFAULT_MAX_MESSAGE_SIZE", "FRAME_PADDING", "MAGIC_BROKER_ENTRY_METADATA",
     "MAGIC_CHECKSUM", "SUB_FIELDS", "Frame", "FrameDecoder", "PayloadSection", "crc32c", "decode_command",
     "encode_command", "encode_payload_command", "encode_payload_section", "escape_bad_utf8", "escape_text",
-    "frame_from_bytes", "parse_payload_section", "peek_type", "reencode",
+    "frame_from_bytes", "parse_payload_section", "peek_type", "reencode", "section_at",
 ]

@@ -221,3 +221,39 @@ def test_sends_pair_with_receipts_as_the_session_machine_pairs_them_across_split
                 (1, 1, "ok", f"persistent://public/default/t{conn_id}1"),
                 (2, 1, "unanswered", "persistent://public/default/moved"),
                 (2, 2, "unanswered", "persistent://public/default/moved")))
+
+
+def test_a_damaged_frame_gets_the_same_verdict_and_problem_text_as_the_one_process_reader() -> None:
+    """Spark's frame parser runs the protocol's own checks: bytes flipped, cut or added anywhere in a frame get
+    the error (class and text) the recording reader gives, or the same type and command size."""
+    from proxy.analytics.decode import parse_frame
+    from proxy.errors import ProtocolError
+    from proxy.protocol.frame import frame_from_bytes
+
+    def verdict(parse: Any) -> tuple[str, Any]:
+        try:
+            return "ok", parse()
+        except (ProtocolError, ValueError) as exc:
+            return type(exc).__name__, str(exc)
+
+    frames = [encode_payload_command(api.CommandSend(producer_id=1, sequence_id=2),
+                                     api.MessageMetadata(producer_name="p", sequence_id=2, publish_time=1), b"x" * 50),
+              encode_command(api.CommandPing()), encode_command(api.CommandFlow(consumer_id=1, messagePermits=10))]
+    rng = random.Random(7)
+    outcomes: Counter[str] = Counter()
+    for _ in range(5000):
+        data = bytearray(rng.choice(frames))
+        for _ in range(rng.randint(1, 3)):
+            roll = rng.random()
+            if roll < 0.5 and data:
+                data[rng.randrange(len(data))] = rng.randrange(256)
+            elif roll < 0.75:
+                del data[rng.randrange(len(data) + 1):]
+            else:
+                data += bytes(rng.randrange(1, 5))
+        raw, limit = bytes(data), max(len(data), 8)
+        spark = verdict(lambda: parse_frame(raw, limit)[:2])  # noqa: B023 (called at once)
+        reader = verdict(lambda: (lambda f: (f.type, f.cmd_size))(frame_from_bytes(raw, limit, strict=False)))  # noqa: B023
+        assert spark == reader, raw.hex()
+        outcomes[spark[0]] += 1
+    assert outcomes["ok"] > 100 and outcomes["MalformedFrame"] > 1000, outcomes
