@@ -89,7 +89,7 @@ class BrokerConnection:
         self.client_version = ""
         self.producers: dict[int, tuple[Producer, Topic]] = {}
         self.consumers: dict[int, tuple[Consumer, Subscription]] = {}
-        self.keepalive = Keepalive(int(cluster.config.keepalive_seconds * 1e9), clock_ns())
+        self.keepalive = Keepalive(int(cluster.config.keepalive_seconds * 1e9), clock_ns(), every_interval=True)
         self._producer_schema: dict[int, bytes] = {}
 
     # -- output -----------------------------------------------------------------

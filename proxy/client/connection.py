@@ -157,7 +157,7 @@ class ClientConnection:
         self._producers: dict[int, FrameHandler] = {}
         self._consumers: dict[int, FrameHandler] = {}
         #: timed by trio's clock (``_now_ns``); the handshake's frames set last_rx_ns first
-        self.keepalive = Keepalive(int(config.keepalive_interval * 1e9), 0)
+        self.keepalive = Keepalive(int(config.keepalive_interval * 1e9), 0, every_interval=True)
         self._cancel: trio.CancelScope | None = None
         self.frames_sent = 0
         self.frames_received = 0
@@ -349,6 +349,7 @@ class ClientConnection:
     async def _keepalive_loop(self) -> None:
         if self.config.keepalive_interval <= 0:
             return
+        self.keepalive.next_tick_ns = _now_ns() + self.keepalive.interval_ns  # the timer starts with the connection
         while True:
             await trio.sleep(self.config.keepalive_interval / 4)  # (at most a quarter interval late)
             step = self.keepalive.poll(_now_ns())

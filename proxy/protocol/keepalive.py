@@ -4,9 +4,12 @@ Pulsar binary protocol, "Keep Alive": either side may send PING at any time and
 the other answers PONG.  Apache Pulsar's ``PulsarHandler`` pings every interval and
 closes a connection that sent nothing at all during the interval after its PING.
 :class:`Keepalive` is that policy for one peer, shared by the proxy (one per side
-of a relayed connection), the embedded broker and the built-in client, with one
-difference from Pulsar's: a PING goes only to a peer silent for a whole interval —
-traffic already proves it alive, and a proxy must not add frames to a busy stream.
+of a relayed connection), the embedded broker and the built-in client.  Two
+schedules: ``every_interval`` is Pulsar's own (a PING at every tick of a fixed-rate
+timer, busy or not; dead when nothing at all came since the previous tick's PING) —
+the embedded broker and the built-in client use it, as a peer can tell the
+difference; the default pings only a peer silent for a whole interval, for the
+proxy, which must not add frames to a busy stream it relays.
 
 - the owner sets :attr:`Keepalive.last_rx_ns` whenever anything arrives from the
   peer (a plain attribute: the relay does it per read, on its fast path);
@@ -50,10 +53,14 @@ class KeepaliveStep(enum.Enum):
 class Keepalive:
     """One end's keepalive towards one peer; see the module docstring."""
 
-    __slots__ = ("interval_ns", "last_rx_ns", "ping_sent_ns", "_owed")
+    __slots__ = ("interval_ns", "last_rx_ns", "ping_sent_ns", "every_interval", "next_tick_ns", "_owed")
 
-    def __init__(self, interval_ns: int, now_ns: int) -> None:
+    def __init__(self, interval_ns: int, now_ns: int, *, every_interval: bool = False) -> None:
         self.interval_ns = interval_ns
+        #: Pulsar's schedule: a PING at each tick, not only after a silence
+        self.every_interval = every_interval
+        #: the fixed-rate timer's next tick (``every_interval``)
+        self.next_tick_ns = now_ns + interval_ns
         #: when anything last arrived from the peer (its owner keeps this current)
         self.last_rx_ns = now_ns
         #: when the latest PING went to the peer (None: never)
@@ -67,12 +74,30 @@ class Keepalive:
 
     def poll(self, now_ns: int) -> KeepaliveStep:
         """What is due at ``now_ns``; PING means the caller sends :data:`PING_FRAME` now."""
+        if self.every_interval:
+            return self._tick(now_ns)
         sent = self.ping_sent_ns
         if sent is not None and self.last_rx_ns < sent:
             # our PING is out and nothing came back since: the peer has an interval to show life
             return KeepaliveStep.DEAD if now_ns - sent >= self.interval_ns else KeepaliveStep.WAIT
         if now_ns - self.last_rx_ns < self.interval_ns:
             return KeepaliveStep.WAIT
+        self.ping_sent_ns = now_ns
+        self._owed.append(True)
+        return KeepaliveStep.PING
+
+    def _tick(self, now_ns: int) -> KeepaliveStep:
+        if now_ns < self.next_tick_ns:
+            return KeepaliveStep.WAIT
+        if now_ns - self.next_tick_ns >= self.interval_ns:
+            # more than a whole tick behind (the owner's clock started elsewhere, or it stalled):
+            # start the timer again from now rather than judge the peer on a tick nobody saw
+            self.next_tick_ns = now_ns + self.interval_ns
+            return KeepaliveStep.WAIT
+        self.next_tick_ns += self.interval_ns
+        sent = self.ping_sent_ns
+        if sent is not None and self.last_rx_ns < sent:
+            return KeepaliveStep.DEAD  # nothing at all since the previous tick's PING
         self.ping_sent_ns = now_ns
         self._owed.append(True)
         return KeepaliveStep.PING

@@ -138,6 +138,26 @@ async def test_idle_client_is_pinged_and_closed_without_pong() -> None:
             assert await silent.closed(wait_s=3)
 
 
+async def test_a_busy_client_is_pinged_at_every_interval_as_pulsars_broker_does() -> None:
+    """PulsarHandler pings on a fixed-rate timer whatever the traffic; a client can see it, so the embedded
+    broker does the same (it used to ping only a silent client)."""
+    async with running(ClusterConfig(keepalive_seconds=0.2)) as runner, wire(runner) as busy:
+        await busy.connect()
+        pings = pongs = 0
+        deadline = trio.current_time() + 1.0
+        while trio.current_time() < deadline:
+            await busy.send(api.CommandPing())  # never silent: a frame every 50 ms
+            with trio.move_on_after(0.05):
+                while True:
+                    frame = await busy.next()  # (EOFError if the broker closed the connection)
+                    if frame.type_name == "PING":
+                        pings += 1
+                        await busy.send(api.CommandPong())
+                    else:
+                        pongs += frame.type_name == "PONG"
+        assert pings >= 3 and pongs >= 10, (pings, pongs)
+
+
 async def test_token_auth_challenge_and_response() -> None:
     async with running(ClusterConfig(auth_token="tok")) as runner:
         async with wire(runner) as client:

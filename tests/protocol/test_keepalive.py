@@ -53,3 +53,28 @@ def test_the_pongs_a_peer_owes_are_bounded() -> None:
     assert k.poll(10 * S) is PING
     answered = [k.pong_received() for _ in range(MAX_OWED_PONGS + 10)]
     assert answered.count(True) == 1 and answered[MAX_OWED_PONGS - 1] and len(answered) == MAX_OWED_PONGS + 10
+
+
+def test_pulsars_schedule_pings_a_busy_peer_at_every_tick() -> None:
+    """every_interval (embedded broker, built-in client): PulsarHandler's fixed-rate timer, traffic or not."""
+    k = Keepalive(10 * S, 0, every_interval=True)
+    steps = []
+    for now in range(1, 45):
+        k.last_rx_ns = now * S  # the peer talks every second, PONGs included
+        steps.append((now, k.poll(now * S)))
+    assert [now for now, step in steps if step is PING] == [10, 20, 30, 40]
+    assert all(step is not DEAD for _, step in steps)
+
+
+def test_pulsars_schedule_calls_a_peer_dead_at_the_tick_after_an_unanswered_ping() -> None:
+    k = Keepalive(10 * S, 0, every_interval=True)
+    assert [k.poll(t * S) for t in (9, 10, 15)] == [WAIT, PING, WAIT]
+    k.last_rx_ns = 12 * S  # anything since the PING clears it, as messageReceived() does
+    assert k.poll(20 * S) is PING
+    assert k.poll(29 * S) is WAIT and k.poll(30 * S) is DEAD
+
+
+def test_pulsars_schedule_restarts_its_timer_when_polled_more_than_a_tick_late() -> None:
+    k = Keepalive(10 * S, 0, every_interval=True)
+    assert k.poll(1000 * S) is WAIT and k.next_tick_ns == 1010 * S  # no verdict on ticks nobody saw
+    assert k.poll(1010 * S) is PING
