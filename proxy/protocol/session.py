@@ -442,6 +442,21 @@ class SessionTracker:
         obs.completed = self._complete(key, kind, now_ns, "ok" if error_code is None else "error",
                                        error_code, message)
 
+    def observe_send(self, producer_id: int, sequence_id: int, num_messages: int, now_ns: int) -> str | None:
+        """:meth:`observe` of a client's SEND while connected, from its fields (no decoding); its topic.
+
+        The caller has checked that the state is CONNECTED (where the table keeps it).
+        """
+        producer = self.producers.get(producer_id)
+        topic = producer.topic if producer else None
+        self._add(PendingRequest(T.SEND, ("send", producer_id, sequence_id), now_ns, topic,
+                                 producer_id=producer_id, num_messages=num_messages))
+        return topic
+
+    def observe_send_receipt(self, producer_id: int, sequence_id: int, now_ns: int) -> RequestPair | None:
+        """:meth:`observe` of a broker's SEND_RECEIPT while connected, from its fields: the SEND it answers."""
+        return self._complete(("send", producer_id, sequence_id), T.SEND_RECEIPT, now_ns, "ok")
+
     def _observe_ping(self, kind: int, direction: Direction, now_ns: int) -> Observation:
         obs = Observation()
         if kind == T.PING:

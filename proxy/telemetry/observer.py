@@ -18,15 +18,22 @@ relay builds no Frame and no event per frame for telemetry.
 
 from __future__ import annotations
 
+from typing import Final
+
 from proxy.core.hooks import ConnectionEvent, ConnectionInfo, FrameEvent, RunEvent
 from proxy.core.run_cutter import RunCutter, whole_frames
 from proxy.errors import ProtocolError
-from proxy.protocol.commands import type_name
+from proxy.protocol.commands import T, type_name
 from proxy.protocol.frame import Frame, peek_type
 from proxy.protocol.session import Direction
+from proxy.telemetry.data_path import plain_metadata, receipt_fields, send_fields
 from proxy.telemetry.metrics import ProxyMetrics
 from proxy.telemetry.tracer import Peer, SpanWriter
-from proxy.telemetry.tracker import ConnectionTimeline, FrameOutcome
+from proxy.telemetry.tracker import TRACEPARENT, ConnectionTimeline, Exchange, FrameOutcome
+
+TRACEPARENT_BYTES: Final = TRACEPARENT.encode()
+#: frame types (the byte after a canonical command's ``08``) that :meth:`Telemetry.passed` may take
+_DATA_PATH: Final = frozenset((T.SEND, T.SEND_RECEIPT))
 
 
 class Telemetry:
@@ -81,6 +88,45 @@ class Telemetry:
                 self.metrics.rules_fired(fired)
         self._publish(conn_id, outcome)
 
+    def passed(self, conn_id: int, direction: Direction, raw: bytes, received_ns: int, forwarded_ns: int,
+               origin: str, broker: str | None) -> bool:
+        """:meth:`frame` of a passed-through SEND or SEND_RECEIPT, read without decoding; False: call frame().
+
+        Only frames that the full path would account for in exactly this way take it
+        (see :mod:`proxy.telemetry.data_path`): a known, connected connection on the
+        same broker, the canonical encoding, no replicator, no trace context to read.
+        """
+        timeline = self._timelines.get(conn_id)
+        if timeline is None or (broker is not None and self._peers[conn_id].broker != broker):
+            return False
+        metrics = self.metrics
+        if direction is Direction.TO_BROKER:
+            fields = send_fields(raw)
+            if fields is None or not timeline.fast_send_ready(fields[0]):
+                return False
+            cmd_end = 8 + int.from_bytes(raw[4:8], "big")
+            if timeline.inspect_trace_context and len(raw) > cmd_end and (
+                    TRACEPARENT_BYTES in raw or plain_metadata(raw, cmd_end) is not True):
+                return False  # the full path reads the trace context (or rules it out the long way)
+            self.frames_seen += 1
+            producer_id, sequence_id, messages = fields
+            topic = timeline.send(producer_id, sequence_id, messages, len(raw), received_ns, forwarded_ns, ())
+            if metrics is not None:
+                metrics.frame("SEND", direction.value, origin, len(raw))
+                if messages:
+                    metrics.message_count("SEND", topic, messages)
+            return True
+        receipt = receipt_fields(raw)
+        if receipt is None or not timeline.connected:
+            return False
+        self.frames_seen += 1
+        exchange = timeline.send_receipt(receipt[0], receipt[1], received_ns, forwarded_ns, origin)
+        if metrics is not None:
+            metrics.frame("SEND_RECEIPT", direction.value, origin, len(raw))
+        if exchange is not None:
+            self._publish_exchange(exchange, self._peers[conn_id])
+        return True
+
     def permits(self, conn_id: int) -> dict[int, int]:
         """consumer id -> outstanding FLOW permits on one connection, as the permits gauge counts them."""
         timeline = self._timelines.get(conn_id)
@@ -106,11 +152,7 @@ class Telemetry:
         peer = self._peers.get(conn_id, Peer())
         metrics, spans = self.metrics, self.spans
         for exchange in outcome.exchanges:
-            if metrics is not None:
-                metrics.request(exchange.command, exchange.pair.topic, exchange.pair.outcome,
-                                exchange.duration_ns / 1e9)
-            if spans is not None:
-                spans.exchange(exchange, peer)
+            self._publish_exchange(exchange, peer)
         if spans is not None:
             for cycle in outcome.cycles:
                 spans.delivery(cycle, peer)
@@ -123,6 +165,13 @@ class Telemetry:
                 metrics.consumers += outcome.consumers_delta
             if outcome.permits_delta:
                 metrics.outstanding_permits += outcome.permits_delta
+
+    def _publish_exchange(self, exchange: Exchange, peer: Peer) -> None:
+        if self.metrics is not None:
+            self.metrics.request(exchange.command, exchange.pair.topic, exchange.pair.outcome,
+                                 exchange.duration_ns / 1e9)
+        if self.spans is not None:
+            self.spans.exchange(exchange, peer)
 
 
 def _broker_of(connection: ConnectionInfo) -> str | None:
@@ -175,7 +224,11 @@ class TelemetryObserver:
             raws.insert(0, completed)
         telemetry, broker = self.telemetry, _broker_of(event.connection)
         origin = "client" if direction is Direction.TO_BROKER else "broker"
+        passed = telemetry.passed
         for raw in raws:
+            if raw[9] in _DATA_PATH and passed(conn_id, direction, raw, event.ts_ns, event.forwarded_ns, origin,
+                                               broker):
+                continue
             frame = _passed_frame(raw)
             if frame is not None:
                 telemetry.frame(conn_id, direction, frame, event.ts_ns, forwarded_ns=event.forwarded_ns,

@@ -37,7 +37,7 @@ from proxy.protocol.commands import T, type_name
 from proxy.protocol.frame import Frame
 from proxy.protocol.markers import is_replicator, marker_name
 from proxy.protocol.message import decode_messages
-from proxy.protocol.session import Direction, RequestPair, SessionTracker
+from proxy.protocol.session import ConnectionState, Direction, RequestPair, SessionTracker
 
 TRACEPARENT: Final = "traceparent"
 TRACESTATE: Final = "tracestate"
@@ -255,6 +255,45 @@ class ConnectionTimeline:
             out.loose_rules = rules
         return out
 
+    # -- the data path's fast path (see proxy.telemetry.data_path) ----------------------------
+    @property
+    def connected(self) -> bool:
+        """True when the connection is connected (where data-path frames leave it)."""
+        return self.session.state is ConnectionState.CONNECTED
+
+    def fast_send_ready(self, producer_id: int) -> bool:
+        """True when a client's SEND from ``producer_id`` may take :meth:`send` instead of :meth:`frame`.
+
+        The connection must be connected (a SEND leaves it so) and the producer no
+        geo-replicator (whose SENDs carry replication details read from the payload).
+        """
+        if not self.connected:
+            return False
+        producer = self.session.producers.get(producer_id)
+        return producer is None or not is_replicator(producer.producer_name)
+
+    def send(self, producer_id: int, sequence_id: int, num_messages: int, size: int, received_ns: int,
+             forwarded_ns: int | None, traces: tuple[TraceContext, ...]) -> str | None:
+        """:meth:`frame` of a client's SEND that no rule fired on, from its fields: its topic.
+
+        The caller checked :meth:`fast_send_ready` and read ``traces`` (if it inspects them).
+        """
+        topic = self.session.observe_send(producer_id, sequence_id, num_messages, received_ns)
+        self._timings[("send", producer_id, sequence_id)] = RequestTiming(
+            "SEND", received_ns, forwarded_ns, size, traces=traces)
+        if len(self._timings) > MAX_TIMED_REQUESTS:
+            self._timings.popitem(last=False)
+        return topic
+
+    def send_receipt(self, producer_id: int, sequence_id: int, received_ns: int, forwarded_ns: int | None,
+                     origin: str) -> Exchange | None:
+        """:meth:`frame` of a broker's SEND_RECEIPT that no rule fired on, while connected: the exchange it ends."""
+        pair = self.session.observe_send_receipt(producer_id, sequence_id, received_ns)
+        if pair is None:
+            return None
+        timing = self._timings.pop(("send", producer_id, sequence_id), None)
+        return self._exchange(pair, timing, received_ns, forwarded_ns, origin, [])
+
     def close(self, now_ns: int) -> FrameOutcome:
         """The connection closed: pending requests end unanswered, open cycles end."""
         out = FrameOutcome()
@@ -299,13 +338,7 @@ class ConnectionTimeline:
             timing = pings.popleft() if pings else None
         else:
             timing = self._timings.pop(_key_of(pair), None)
-        exchange = Exchange(self.conn_id, pair, timing, received_ns, forwarded_ns, origin,
-                            [*(timing.rules if timing else ()), *rules], marks=list(timing.marks) if timing else [])
-        if pair.producer_id is not None and (producer := self.session.producers.get(pair.producer_id)):
-            exchange.producer_name = producer.producer_name
-        if pair.consumer_id is not None and (consumer := self.session.consumers.get(pair.consumer_id)):
-            exchange.consumer_name = consumer.consumer_name
-            exchange.subscription = consumer.subscription
+        exchange = self._exchange(pair, timing, received_ns, forwarded_ns, origin, rules)
         if frame.type == T.LOOKUP_RESPONSE:
             answer = frame.command.lookupTopicResponse
             exchange.lookup_answer = _LOOKUP_ANSWERS.get(answer.response)
@@ -313,6 +346,17 @@ class ConnectionTimeline:
                 exchange.lookup_broker_url = answer.brokerServiceUrl
             elif answer.HasField("brokerServiceUrlTls"):
                 exchange.lookup_broker_url = answer.brokerServiceUrlTls
+        return exchange
+
+    def _exchange(self, pair: RequestPair, timing: RequestTiming | None, received_ns: int,
+                  forwarded_ns: int | None, origin: str, rules: list[FiredRule]) -> Exchange:
+        exchange = Exchange(self.conn_id, pair, timing, received_ns, forwarded_ns, origin,
+                            [*(timing.rules if timing else ()), *rules], marks=list(timing.marks) if timing else [])
+        if pair.producer_id is not None and (producer := self.session.producers.get(pair.producer_id)):
+            exchange.producer_name = producer.producer_name
+        if pair.consumer_id is not None and (consumer := self.session.consumers.get(pair.consumer_id)):
+            exchange.consumer_name = consumer.consumer_name
+            exchange.subscription = consumer.subscription
         return exchange
 
     # -- delivery cycles ------------------------------------------------------------------

@@ -1,0 +1,343 @@
+"""Telemetry's fast path for SEND / SEND_RECEIPT reports exactly what the full path reports.
+
+Frames the proxy passed through unchanged reach telemetry in runs; a canonical SEND or
+SEND_RECEIPT among them is read without decoding (:mod:`proxy.telemetry.data_path`).
+The same frames fed one by one through :meth:`Telemetry.frame` (the full path: protobuf
+decoding and the session machine) must give the same /metrics text, the same OTLP
+metrics and the same spans — for traffic the official client made (recorded) and for
+synthetic sessions with batches, receipts out of order, sends never answered, send
+errors, a geo-replicator, trace context, compressed payloads, odd encodings and
+connections closed with requests pending.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from proxy.core.hooks import ConnectionEvent, ConnectionInfo, RunEvent
+from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol import compression
+from proxy.protocol.frame import encode_command, encode_payload_command, frame_from_bytes
+from proxy.protocol.session import Direction
+from proxy.recording.reader import open_recordings
+from proxy.telemetry import ExportSettings, TelemetryPipeline, build_telemetry
+from proxy.telemetry.data_path import receipt_fields, send_fields
+from proxy.telemetry.metrics import ProxyMetrics
+
+from .scripted import send as scripted_send
+
+TO_BROKER, TO_CLIENT = Direction.TO_BROKER, Direction.TO_CLIENT
+ROOT = Path(__file__).resolve().parents[2]
+BROKER = "pulsar://127.0.0.1:6650"
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@dataclass(frozen=True)
+class Wire:
+    """One frame as the relay saw it (``close`` instead: the connection closed then)."""
+
+    conn: int
+    direction: Direction
+    ts_ns: int
+    raw: bytes = b""
+    origin: str | None = None
+    close: bool = False
+
+
+def _receipt(producer_id: int, sequence_id: int) -> bytes:
+    return encode_command(api.CommandSendReceipt(producer_id=producer_id, sequence_id=sequence_id,
+                                                 message_id=api.MessageIdData(ledgerId=7, entryId=sequence_id)))
+
+
+def _plain_send(producer_id: int, sequence_id: int, **fields: int) -> bytes:
+    metadata = api.MessageMetadata(producer_name="p", sequence_id=sequence_id, publish_time=1)
+    return encode_payload_command(api.CommandSend(producer_id=producer_id, sequence_id=sequence_id, **fields),
+                                  metadata, b"payload-%d" % sequence_id)
+
+
+def synthetic(seed: int) -> list[Wire]:
+    """Two producer connections with everything the fast path must get right or hand over."""
+    rng = random.Random(seed)
+    out: list[Wire] = []
+    ts = 1_000_000
+
+    def put(conn: int, direction: Direction, raw: bytes) -> None:
+        nonlocal ts
+        ts += rng.choice((1_000, 20_000, 300_000, 2_000_000))
+        out.append(Wire(conn, direction, ts, raw))
+
+    # a SEND before the handshake: the table refuses it (counted), nothing is paired
+    put(2, TO_BROKER, _plain_send(1, 99))
+    for conn in (1, 2):
+        put(conn, TO_BROKER, encode_command(api.CommandConnect(client_version="t", protocol_version=21)))
+        put(conn, TO_CLIENT, encode_command(api.CommandConnected(server_version="b", protocol_version=21)))
+        put(conn, TO_BROKER, encode_command(api.CommandProducer(
+            topic=f"persistent://public/default/t{conn}", producer_id=1, request_id=1)))
+        put(conn, TO_CLIENT, encode_command(api.CommandProducerSuccess(request_id=1, producer_name=f"p{conn}")))
+    put(1, TO_BROKER, encode_command(api.CommandProducer(topic="persistent://public/default/geo", producer_id=2,
+                                                         request_id=2, producer_name="pulsar.repl.east")))
+    put(1, TO_CLIENT, encode_command(api.CommandProducerSuccess(request_id=2, producer_name="pulsar.repl.east")))
+    pending: dict[int, list[tuple[int, int]]] = {1: [], 2: []}
+    sequence = 0
+    for _ in range(400):
+        conn = rng.choice((1, 2))
+        sequence += 1
+        kind = rng.random()
+        producer = 2 if conn == 1 and kind < 0.05 else 1
+        if kind < 0.6:
+            raw = _plain_send(producer, sequence)
+        elif kind < 0.7:
+            raw = scripted_send(producer, sequence, batch=[{} for _ in range(rng.randint(2, 9))]).raw
+        elif kind < 0.75:
+            raw = scripted_send(producer, sequence, properties={"traceparent": TRACEPARENT}).raw
+        elif kind < 0.8:
+            raw = scripted_send(producer, sequence, batch=[{"traceparent": TRACEPARENT}, {}],
+                                compression_type=compression.LZ4).raw
+        elif kind < 0.85:
+            raw = scripted_send(producer, sequence, compression_type=compression.ZLIB).raw
+        elif kind < 0.9:  # fields telemetry does not read, a message_id (length-delimited), num_messages 0
+            raw = rng.choice((_plain_send(producer, sequence, txnid_least_bits=5, highest_sequence_id=sequence),
+                              _plain_send(producer, sequence, num_messages=0),
+                              encode_payload_command(api.CommandSend(
+                                  producer_id=producer, sequence_id=sequence,
+                                  message_id=api.MessageIdData(ledgerId=1, entryId=2)),
+                                  api.MessageMetadata(producer_name="p", sequence_id=1, publish_time=1), b"x")))
+        elif kind < 0.93:  # a SEND from a producer never created
+            raw = _plain_send(9, sequence)
+        else:  # a SEND whose sequence id repeats one still pending
+            earlier = pending[conn][0][1] if pending[conn] else sequence
+            raw = _plain_send(1, earlier)
+        put(conn, TO_BROKER, raw)
+        pending[conn].append((producer, sequence))
+        if rng.random() < 0.4 and pending[conn]:
+            # answer a few, out of order; some never
+            rng.shuffle(pending[conn])
+            for _ in range(rng.randint(1, len(pending[conn]))):
+                producer_id, seq = pending[conn].pop()
+                roll = rng.random()
+                if roll < 0.1:
+                    continue  # unanswered
+                if roll < 0.15:
+                    put(conn, TO_CLIENT, encode_command(api.CommandSendError(
+                        producer_id=producer_id, sequence_id=seq, error=api.ServerError.PersistenceError,
+                        message="disk")))
+                elif roll < 0.2:
+                    put(conn, TO_CLIENT, encode_command(api.CommandSendReceipt(producer_id=producer_id,
+                                                                               sequence_id=seq)))
+                elif roll < 0.23:
+                    put(conn, TO_CLIENT, _receipt(producer_id, seq + 100_000))  # answers nothing pending
+                else:
+                    put(conn, TO_CLIENT, _receipt(producer_id, seq))
+    ts += 1_000
+    out.append(Wire(2, TO_BROKER, ts, close=True))  # closes with requests pending
+    for producer_id, seq in pending[1][:5]:
+        put(1, TO_CLIENT, _receipt(producer_id, seq))
+    ts += 1_000
+    out.append(Wire(1, TO_BROKER, ts, close=True))
+    return out
+
+
+def recorded(path: Path) -> list[Wire]:
+    """A recording of the official client, as the relay saw it."""
+    wires = []
+    for recorded_frame in open_recordings(path).frames():
+        direction = Direction(recorded_frame.direction)
+        default = "client" if direction is TO_BROKER else "broker"
+        origin = None if recorded_frame.origin == default else recorded_frame.origin
+        wires.append(Wire(recorded_frame.conn, direction, recorded_frame.ts_ns, recorded_frame.raw, origin))
+    last = max(wire.ts_ns for wire in wires)
+    return wires + [Wire(conn, TO_BROKER, last + 1, close=True) for conn in sorted({w.conn for w in wires})]
+
+
+def official_client_traffic() -> list[Wire]:
+    sample = recorded(ROOT / "recordings" / "sample")
+    cassette = recorded(ROOT / "tests" / "examples" / "cassettes" / "orders-roundtrip")
+    shift = max(wire.ts_ns for wire in sample)
+    return sample + [Wire(wire.conn + 100, wire.direction, wire.ts_ns + shift, wire.raw, wire.origin, wire.close)
+                     for wire in cassette]
+
+
+def _info(conn: int) -> ConnectionInfo:
+    return ConnectionInfo(conn, f"127.0.0.1:{50000 + conn}", "127.0.0.1:6650", BROKER)
+
+
+def _opened(wires: list[Wire]) -> Iterator[tuple[int, int]]:
+    seen: set[int] = set()
+    for wire in wires:
+        if wire.conn not in seen:
+            seen.add(wire.conn)
+            yield wire.conn, wire.ts_ns
+
+
+def one_by_one(wires: list[Wire], built: TelemetryPipeline) -> None:
+    """The full path: every frame decoded and handed to Telemetry.frame."""
+    telemetry = built.telemetry
+    for conn, ts in _opened(wires):
+        telemetry.connection_opened(conn, ts, _info(conn).client, BROKER)
+    for wire in wires:
+        if wire.close:
+            telemetry.connection_closed(wire.conn, wire.ts_ns, "done")
+        else:
+            telemetry.frame(wire.conn, wire.direction, frame_from_bytes(wire.raw, strict=False), wire.ts_ns,
+                            forwarded_ns=wire.ts_ns + 7, origin=wire.origin, broker=BROKER)
+
+
+def in_runs(wires: list[Wire], built: TelemetryPipeline, seed: int) -> None:
+    """The relay's way: passed-through frames in runs (cut anywhere), the proxy's own frames one by one."""
+    rng = random.Random(seed)
+    observer, telemetry = built.observer, built.telemetry
+    for conn, ts in _opened(wires):
+        observer.on_connection(ConnectionEvent(_info(conn), ts, closed=False))
+    positions: dict[tuple[int, Direction], int] = {}
+    run: list[Wire] = []
+
+    def flush() -> None:
+        if not run:
+            return
+        first = run[0]
+        data = b"".join(wire.raw for wire in run)
+        key = (first.conn, first.direction)
+        pos = 0
+        while pos < len(data):  # a run may reach telemetry in pieces cut inside frames
+            take = rng.choice((len(data), len(data), 3, 700, 5000))
+            observer.on_run(RunEvent(_info(first.conn), first.direction, first.ts_ns, data[pos:pos + take],
+                                     0, positions.get(key, 0), first.ts_ns + 7))
+            positions[key] = positions.get(key, 0) + len(data[pos:pos + take])
+            pos += take
+        run.clear()
+
+    for wire in wires:
+        if run and (wire.close or wire.origin is not None or (wire.conn, wire.direction, wire.ts_ns) !=
+                    (run[0].conn, run[0].direction, run[0].ts_ns)):
+            flush()
+        if wire.close:
+            observer.on_connection(ConnectionEvent(_info(wire.conn), wire.ts_ns, closed=True, reason="done"))
+        elif wire.origin is not None:
+            telemetry.frame(wire.conn, wire.direction, frame_from_bytes(wire.raw, strict=False), wire.ts_ns,
+                            forwarded_ns=wire.ts_ns + 7, origin=wire.origin, broker=BROKER)
+        else:
+            run.append(wire)
+    flush()
+
+
+def _batched(wires: list[Wire], seed: int) -> list[Wire]:
+    """Neighbouring frames of one direction given one timestamp, as a run shares its event's."""
+    rng = random.Random(seed)
+    out: list[Wire] = []
+    for wire in wires:
+        if out and not wire.close and not out[-1].close and out[-1].conn == wire.conn and \
+                out[-1].direction == wire.direction and rng.random() < 0.7:
+            wire = Wire(wire.conn, wire.direction, out[-1].ts_ns, wire.raw, wire.origin)
+        out.append(wire)
+    return out
+
+
+def _pipeline(mode: str) -> tuple[TelemetryPipeline, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    sample = {"metrics": 0.0, "traces-1%": 0.01, "traces-30%": 0.3, "traces-100%": 1.0}[mode]
+    if mode == "metrics":
+        return build_telemetry(ExportSettings(), seed=5), exporter
+    return build_telemetry(ExportSettings(sample=sample), span_exporter=exporter, seed=5), exporter
+
+
+def _spans(exporter: InMemorySpanExporter) -> list[tuple[object, ...]]:
+    by_id = {span.context.span_id: span for span in exporter.get_finished_spans() if span.context is not None}
+
+    def parent_name(span: ReadableSpan) -> str | None:
+        parent = by_id.get(span.parent.span_id) if span.parent is not None else None
+        return parent.name if parent is not None else None
+
+    return sorted((span.name, span.start_time, span.end_time, sorted((span.attributes or {}).items()),
+                   span.status.status_code.name, span.status.description,
+                   [(event.name, sorted((event.attributes or {}).items())) for event in span.events],
+                   len(span.links), parent_name(span), span.kind.name) for span in exporter.get_finished_spans())
+
+
+def _otlp_points(metrics: ProxyMetrics) -> list[tuple[str, list[str]]]:
+    """The metrics as the OTLP exporter would send them (collection timestamps left out)."""
+    data = metrics.reader.get_metrics_data()
+    assert data is not None
+    request = encode_metrics(data)
+    out = []
+    for resource_metrics in request.resource_metrics:
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                kind = metric.WhichOneof("data")
+                points = []
+                for point in getattr(metric, kind).data_points:
+                    point.start_time_unix_nano = point.time_unix_nano = 0
+                    points.append(str(point))
+                out.append((f"{metric.name} {metric.unit} {kind}", sorted(points)))
+    return sorted(out)
+
+
+TRAFFIC = {
+    "official client (recorded)": lambda seed: _batched(official_client_traffic(), seed),
+    "synthetic": lambda seed: _batched(synthetic(seed), seed),
+}
+
+
+@pytest.mark.parametrize("mode", ["metrics", "traces-1%", "traces-30%", "traces-100%"])
+@pytest.mark.parametrize("traffic", sorted(TRAFFIC))
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_runs_through_the_fast_path_report_what_frames_one_by_one_report(traffic: str, mode: str,
+                                                                         seed: int) -> None:
+    wires = TRAFFIC[traffic](seed)
+    full, full_spans = _pipeline(mode)
+    fast, fast_spans = _pipeline(mode)
+    one_by_one(wires, full)
+    taken: list[bool] = []
+    passed = fast.telemetry.passed
+
+    def counting(*args: Any) -> bool:
+        taken.append(passed(*args))
+        return taken[-1]
+
+    fast.telemetry.passed = counting  # type: ignore[method-assign]
+    in_runs(wires, fast, seed)
+    if traffic == "synthetic":  # most SENDs and receipts took the fast path, the unusual ones did not
+        assert taken.count(True) > 300 and taken.count(False) > 10
+    full.force_flush()
+    fast.force_flush()
+    assert fast.telemetry.frames_seen == full.telemetry.frames_seen
+    assert fast.prometheus_text() == full.prometheus_text()
+    assert full.metrics is not None and fast.metrics is not None
+    assert _otlp_points(fast.metrics) == _otlp_points(full.metrics)
+    assert _spans(fast_spans) == _spans(full_spans)
+    if traffic == "synthetic":
+        assert 'command="SEND",outcome="ok"' in fast.prometheus_text()
+        assert 'command="SEND",outcome="error"' in fast.prometheus_text()
+        assert 'command="SEND",outcome="unanswered"' in fast.prometheus_text()
+    full.shutdown()
+    fast.shutdown()
+
+
+def test_the_fast_path_takes_the_common_frames_and_hands_over_the_rest() -> None:
+    """Canonical SENDs and receipts are read; anything the reader does not follow goes to the full path."""
+    assert send_fields(_plain_send(3, 2**40)) == (3, 2**40, 1)
+    assert send_fields(_plain_send(3, 4, num_messages=12, txnid_most_bits=9)) == (3, 4, 12)
+    with_message_id = encode_payload_command(
+        api.CommandSend(producer_id=1, sequence_id=1, message_id=api.MessageIdData(ledgerId=1, entryId=2)),
+        api.MessageMetadata(producer_name="p", sequence_id=1, publish_time=1), b"x")
+    assert send_fields(with_message_id) is None
+    assert receipt_fields(_receipt(3, 4)) == (3, 4)
+    assert receipt_fields(encode_command(api.CommandSendReceipt(producer_id=3, sequence_id=4))) == (3, 4)
+    chunked_id = api.MessageIdData(ledgerId=1, entryId=2, first_chunk_message_id=api.MessageIdData(ledgerId=1,
+                                                                                                   entryId=1))
+    assert receipt_fields(encode_command(api.CommandSendReceipt(producer_id=3, sequence_id=4,
+                                                                message_id=chunked_id))) is None
+    # a receipt whose command is not whole protobuf: the full path decides (and counts it not understood)
+    good = _receipt(3, 4)
+    cmd_size = int.from_bytes(good[4:8], "big")
+    truncated = (len(good) - 5).to_bytes(4, "big") + (cmd_size - 1).to_bytes(4, "big") + good[8:-1]
+    assert receipt_fields(truncated) is None
+    assert send_fields(_receipt(3, 4)) is None and receipt_fields(_plain_send(3, 4)) is None
