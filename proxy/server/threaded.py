@@ -86,6 +86,12 @@ class LoopThread:
             raise box["error"]
         return box["result"]
 
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
     def stop(self, timeout: float = 20.0) -> None:
         if self._token is not None and self._thread.is_alive():
             with contextlib.suppress(trio.RunFinishedError):
@@ -95,6 +101,13 @@ class LoopThread:
             raise PulsarTapError(f"{self._thread.name} did not stop in time")
         if self._error is not None:
             raise PulsarTapError(f"{self._thread.name} failed: {self._error!r}")
+
+
+async def serve_until_shutdown(server: Any, ready: threading.Event) -> None:
+    """Run ``server.run`` (started like a nursery task) until it returns; ``ready`` is set once it listens."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.run)
+        ready.set()
 
 
 class ThreadedProxy(LoopThread):
@@ -118,9 +131,7 @@ class ThreadedProxy(LoopThread):
         return f"{scheme}://{self.address}"
 
     async def serve(self, ready: threading.Event) -> None:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(self.server.run)
-            ready.set()
+        await serve_until_shutdown(self.server, ready)
 
     def shutdown(self) -> None:
         self.server.request_shutdown()

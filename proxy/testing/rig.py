@@ -16,10 +16,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from pathlib import Path
-from types import TracebackType
 from typing import Any
-
-import trio
 
 from proxy.config.proxy_config import HostPort, LimitsConfig, ProxyConfig, ServiceUrl
 from proxy.core.hooks import ConnectionEvent, FrameEvent, FrameHook
@@ -30,7 +27,7 @@ from proxy.replay.matcher import AnswerBook
 from proxy.replay.server import ReplayServer
 from proxy.server.app import ProxyServer
 from proxy.server.recorder import Recorder
-from proxy.server.threaded import LoopThread
+from proxy.server.threaded import LoopThread, serve_until_shutdown
 
 
 def rules_hook(rules_text: str, seed: int = 1) -> FrameHook:
@@ -89,29 +86,17 @@ class RecordingProxy(LoopThread):
     async def serve(self, ready: threading.Event) -> None:
         if self.record_dir is None:
             self.server = ProxyServer(self.config, hook=self.hook)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(self.server.run)
-                ready.set()
+            await serve_until_shutdown(self.server, ready)
             return
         async with Recorder(RecordConfig(dir=self.record_dir, **self.record_options)) as recorder:
             self.recorder = recorder
             observer = RecordingObserver(recorder, lookup_mode=self.config.lookup)
             self.server = ProxyServer(self.config, hook=self.hook, observers=[observer, self.frames])
-            async with trio.open_nursery() as nursery:
-                await nursery.start(self.server.run)
-                ready.set()
+            await serve_until_shutdown(self.server, ready)
 
     def shutdown(self) -> None:
         if self.server is not None:
             self.server.request_shutdown()
-
-    def __enter__(self) -> RecordingProxy:
-        self.start()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
 
 
 class ThreadedReplayServer(LoopThread):
@@ -126,23 +111,10 @@ class ThreadedReplayServer(LoopThread):
         return f"pulsar://{self.server.address}"
 
     async def serve(self, ready: threading.Event) -> None:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(self.server.run)
-            ready.set()
+        await serve_until_shutdown(self.server, ready)
 
     def shutdown(self) -> None:
         self.server.request_shutdown()
-
-    def __enter__(self) -> ThreadedReplayServer:
-        self.start()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
-
-
-
 
 
 def official_session(service_url: str, topic: str, subscription: str, messages: int, *,
@@ -176,5 +148,6 @@ def official_session(service_url: str, topic: str, subscription: str, messages: 
     finally:
         client.close()
     return payloads
+
 
 __all__ = ["FrameCounter", "RecordingProxy", "ThreadedReplayServer", "official_session", "rules_hook"]
