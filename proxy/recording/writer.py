@@ -31,7 +31,7 @@ import enum
 import os
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -164,6 +164,20 @@ class BatchResult:
         self.frames += frames
 
 
+def _records_in(parts: Sequence[bytes | memoryview]) -> Iterator[list[bytes | memoryview]]:
+    """The parts of each framed record in turn: a record's first part opens with its size (and CRC32C)."""
+    index = 0
+    while index < len(parts):
+        record = [parts[index]]
+        missing = _RECORD_HEAD.size + _SIZE_PREFIX.unpack_from(parts[index])[0] - len(parts[index])
+        index += 1
+        while missing > 0:
+            record.append(parts[index])
+            missing -= len(parts[index])
+            index += 1
+        yield record
+
+
 class SegmentFiles:
     """The segment files of one recording; used from one worker thread at a time."""
 
@@ -192,7 +206,7 @@ class SegmentFiles:
     def _write(self, data: bytes) -> None:
         self._write_parts([data], len(data))
 
-    def _write_parts(self, parts: list[bytes], size: int) -> None:
+    def _write_parts(self, parts: Sequence[bytes | memoryview], size: int) -> None:
         """Write ``parts`` (``size`` bytes in all) in order, gathered by the kernel (no joined copy)."""
         assert self._file is not None
         index = 0
@@ -209,23 +223,35 @@ class SegmentFiles:
         self._size += size
         self._dirty = True
 
-    def append(self, records: Sequence[bytes]) -> int:
-        """Append framed records, rotating past the size limit; the bytes written."""
-        total = 0
-        pending: list[bytes] = []
-        pending_size = 0
+    def append(self, parts: Sequence[bytes | memoryview]) -> int:
+        """Append framed records given as parts (see ``encode_batch``), rotating past the size limit; the bytes written.
+
+        A batch that fits in the current segment goes out as it is (``writev``, no copy);
+        otherwise it is cut between records where the limit falls.
+        """
         if self._file is None:
             self._open_next()
+        total = sum(map(len, parts))
+        if self._size + total <= self.config.max_segment_bytes:
+            self._write_parts(parts, total)
+            return total
+        return self._append_rotating(_records_in(parts))
+
+    def _append_rotating(self, records: Iterator[list[bytes | memoryview]]) -> int:
+        total = 0
+        pending: list[bytes | memoryview] = []
+        pending_size = 0
         for rec in records:
-            if self._size + pending_size + len(rec) > self.config.max_segment_bytes and \
+            size = sum(map(len, rec))
+            if self._size + pending_size + size > self.config.max_segment_bytes and \
                     (pending or self._size > len(SEGMENT_MAGIC) + 64):
                 if pending:
                     self._write_parts(pending, pending_size)
                     total += pending_size
                     pending, pending_size = [], 0
                 self._open_next()
-            pending.append(rec)
-            pending_size += len(rec)
+            pending += rec
+            pending_size += size
         if pending:
             self._write_parts(pending, pending_size)
             total += pending_size
@@ -258,9 +284,12 @@ class SegmentFiles:
 
 
 def encode_batch(items: Sequence[QueueItem], config: RecordConfig,
-                  streams: dict[tuple[int, int], RunCutter] | None = None) -> tuple[list[bytes], BatchResult]:
-    """Turn queue items into framed records (runs in the worker thread; ``streams`` is its state)."""
-    out: list[bytes] = []
+                  streams: dict[tuple[int, int], RunCutter] | None = None
+                  ) -> tuple[list[bytes | memoryview], BatchResult]:
+    """Turn queue items into framed records, in order, as the parts to write (runs in the worker thread;
+    ``streams`` is its state): a record is one part, or three for a frame of a run (see
+    ``_encode_run_frames``); each part belongs to one record."""
+    out: list[bytes | memoryview] = []
     result = BatchResult()
     if streams is None:
         streams = {}
@@ -308,7 +337,7 @@ def _frame_record(conn_id: int, direction: int, origin: int, ts_ns: int, raw: by
 
 
 def _encode_run(item: RunItem, streams: dict[tuple[int, int], RunCutter], config: RecordConfig,
-                out: list[bytes], result: BatchResult) -> None:
+                out: list[bytes | memoryview], result: BatchResult) -> None:
     """Cut a run into whole frames (after the stream's carried frame start) and append their records."""
     key = (item.conn_id, item.direction)
     cutter = streams.get(key)
@@ -324,8 +353,12 @@ def _encode_run(item: RunItem, streams: dict[tuple[int, int], RunCutter], config
 
 
 def _encode_run_frames(item: RunItem, origin: int, data: bytes, pos: int, config: RecordConfig,
-                       out: list[bytes], result: BatchResult) -> int:
-    """Append the records of the whole frames in ``data`` from ``pos``; returns where the first partial one starts."""
+                       out: list[bytes | memoryview], result: BatchResult) -> int:
+    """Append the records of the whole frames in ``data`` from ``pos``; returns where the first partial one starts.
+
+    A record goes out as three parts (its size and CRC32C, the head of its body, and the frame
+    as a view of ``data``) that the kernel gathers: the frame's bytes are copied once, to the file.
+    """
     # FrameRecord fields 1-4 and the tag of field 5, in field order as protobuf writes them: the
     # same for every frame of the run, so each record is written with no message object
     fields = (b"\x08" + varint(item.conn_id) + b"\x10" + bytes((item.direction,)) + b"\x18" + bytes((origin,))
@@ -334,34 +367,44 @@ def _encode_run_frames(item: RunItem, origin: int, data: bytes, pos: int, config
     secret_types = SECRET_PATHS if config.redact else {}
     unpack, pack, crc = _SIZE_PREFIX.unpack_from, _RECORD_HEAD.pack, _crc32c.crc32c
     view = memoryview(data)
-    #: frame size -> (the record body up to the frame's bytes, its CRC32C): frames of a run mostly share sizes
-    heads: dict[int, tuple[bytes, int]] = {}
+    #: frame size -> (the record body up to the frame's bytes, its CRC32C, the body's size): frames of
+    #: a run mostly share sizes, and mostly follow one of their own size
+    heads: dict[int, tuple[bytes, int, int]] = {}
+    last_size = -1
+    body_head, head_crc, body_size = b"", 0, 0
+    append = out.append
     frames = wire_bytes = 0
     end = len(data)
     while end - pos >= 10:
         size = unpack(data, pos)[0] + 4
-        if end - pos < size:
+        stop = pos + size
+        if stop > end:
             break
-        start = pos
-        pos += size
-        frames += 1
-        wire_bytes += size
         # a command in canonical form opens 08 TYPE (see scanner); others, secrets and stripped
         # payloads go the general way
-        kind = data[start + 9]
-        if general or size < 10 or data[start + 8] != 0x08 or kind > 0x7F or kind in secret_types:
-            out.append(_frame_record(item.conn_id, item.direction, origin, item.ts_ns, data[start:pos], (), config))
-            continue
-        head = heads.get(size)
-        if head is None:
-            fields_and_size = fields + varint(size)
-            body_head = b"\x12" + varint(len(fields_and_size) + size) + fields_and_size
-            head = heads[size] = (body_head, crc(body_head))
-        frame = view[start:pos]
-        out.append(pack(len(head[0]) + size, crc(frame, head[1])) + head[0] + frame)
+        kind = data[pos + 9]
+        if general or size < 10 or data[pos + 8] != 0x08 or kind > 0x7F or kind in secret_types:
+            append(_frame_record(item.conn_id, item.direction, origin, item.ts_ns, data[pos:stop], (), config))
+        else:
+            if size != last_size:
+                head = heads.get(size)
+                if head is None:
+                    fields_and_size = fields + varint(size)
+                    body = b"\x12" + varint(len(fields_and_size) + size) + fields_and_size
+                    head = heads[size] = (body, crc(body), len(body) + size)
+                body_head, head_crc, body_size = head
+                last_size = size
+            frame = view[pos:stop]
+            append(pack(body_size, crc(frame, head_crc)))
+            append(body_head)
+            append(frame)
+        pos = stop
+        frames += 1
+        wire_bytes += size
     if frames:
         result.count(item.conn_id, wire_bytes, frames)
     return pos
+
 
 def _protocol_version(raw: bytes, frame_type: int | None) -> int | None:
     try:

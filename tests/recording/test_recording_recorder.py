@@ -324,7 +324,7 @@ def test_a_run_is_written_as_protobuf_would_write_its_frame_records() -> None:
     fast, result = rec.encode_batch([run], config)
     general, _ = rec.encode_batch([rec.FrameItem(7, rpb.TO_CLIENT, rpb.BROKER, BASE_NS, raw, ())
                                     for raw in frames], config)
-    assert fast == general and result.frames == len(frames)
+    assert b"".join(fast) == b"".join(general) and result.frames == len(frames)
 
 
 def test_a_dropped_run_loses_only_the_frames_it_touched() -> None:
@@ -360,3 +360,62 @@ def _check_gap(frames: list[bytes], pieces: list[tuple[int, bytes]], items: list
         pos += len(raw)
     assert kept == untouched
     assert result.frames == len(kept) and result.frames_lost == touched >= 1
+
+
+def _mixed_stream_frames() -> list[bytes]:
+    """A client's frames as the proxy passes them: a session's (with auth data), then SENDs of many sizes."""
+    from proxy.pb import PulsarApi_pb2 as api
+    from proxy.protocol.frame import encode_payload_command
+
+    frames = [f.raw for f in session(sends=4) if f.direction == "to_broker" and f.origin == "client"]
+    for index, size in enumerate([0, 1, 90, 1000, 1000, 1000, 5000, 17, 1000, 70_000, 3, 3, 3]):
+        frames.append(encode_payload_command(api.CommandSend(producer_id=1, sequence_id=index),
+                                             api.MessageMetadata(producer_name="p", sequence_id=index,
+                                                                 publish_time=1), b"x" * size))
+    return frames
+
+
+def test_runs_cut_anywhere_encode_to_the_records_of_the_frames_one_by_one() -> None:
+    """The run encoder (records as parts, frames as views, heads shared by frame size) writes the very
+    bytes the general one does frame by frame, with redaction and payload stripping on or off."""
+    import random
+
+    from proxy.recording import writer as rec
+
+    frames = _mixed_stream_frames()
+    data = b"".join(frames)
+    rng = random.Random(17)
+    for redact in (True, False):
+        for include_payloads in (True, False):
+            config = RecordConfig(dir=Path("unused"), redact=redact, include_payloads=include_payloads)
+            general, _ = rec.encode_batch([rec.FrameItem(3, rpb.TO_BROKER, rpb.CLIENT, BASE_NS, raw, ())
+                                           for raw in frames], config)
+            for _attempt in range(5):
+                pieces = _cut(data, [rng.randint(1, 9000) for _ in range(7)])
+                items = [rec.RunItem(3, rpb.TO_BROKER, BASE_NS, piece, lead, offset)
+                         for (offset, piece), lead in zip(pieces, _leads(data, pieces), strict=True)]
+                parts, result = rec.encode_batch(items, config)
+                assert b"".join(parts) == b"".join(general)
+                assert (result.frames, result.per_connection[3]) == (len(frames), [len(frames), len(data)])
+
+
+def test_a_batch_of_record_parts_rotates_segments_exactly_where_whole_records_do(tmp_path: Path) -> None:
+    """Segments end between records, at the same records whether a batch comes as parts (a run's
+    frames) or as whole records; a batch that fits is written as it is."""
+    from proxy.recording import writer as rec
+
+    frames = _mixed_stream_frames() * 3
+    config = RecordConfig(dir=tmp_path, max_segment_bytes=20_000)
+    whole, _ = rec.encode_batch([rec.FrameItem(3, rpb.TO_BROKER, rpb.CLIENT, BASE_NS, raw, ()) for raw in frames],
+                                config)
+    data = b"".join(frames)
+    parts, _ = rec.encode_batch([rec.RunItem(3, rpb.TO_BROKER, BASE_NS, data, 0, 0)], config)
+    assert len(parts) > len(whole)  # the run's records came as parts
+    written = {}
+    for name, batch in (("whole", whole), ("parts", parts)):
+        (tmp_path / name).mkdir()
+        files = rec.SegmentFiles(tmp_path / name, "rec-1", config, clock=lambda: 1)
+        assert files.append(batch) + files.append(batch) == 2 * sum(len(part) for part in batch)
+        files.close(b"")
+        written[name] = [(tmp_path / name / segment).read_bytes() for segment in files.segments]
+    assert len(written["whole"]) >= 4 and written["parts"] == written["whole"]
