@@ -136,9 +136,11 @@ class WriterProcess:
         assert self._process.stdin is not None and self._process.stdout is not None
         self._requests = self._process.stdin.fileno()
         self._replies = self._process.stdout.fileno()
+        set_pipe_size = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux
         for fd in (self._requests, self._replies):
             with contextlib.suppress(OSError):  # a smaller pipe only costs more wake-ups
-                fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+                if set_pipe_size is not None:
+                    fcntl.fcntl(fd, set_pipe_size, _PIPE_BYTES)
         self._path = path
         self._config = config
 
