@@ -30,7 +30,7 @@ class RunCutter:
         #: frames cut by a gap (a dropped run): neither whole nor recorded
         self.lost = 0
 
-    def begin(self, data: bytes, lead: int, stream_pos: int) -> tuple[bytes | None, int]:
+    def begin(self, data: bytes | memoryview, lead: int, stream_pos: int) -> tuple[bytes | None, int]:
         """Start on a run: the carried frame if this run completes it, and where whole frames begin in ``data``.
 
         Walk the whole frames from there (:func:`whole_frames`), then call :meth:`end`.
@@ -65,7 +65,7 @@ class RunCutter:
                 self.lost += 1
         return None, pos
 
-    def end(self, data: bytes, pos: int) -> None:
+    def end(self, data: bytes | memoryview, pos: int) -> None:
         """The whole frames of ``data`` ended at ``pos``: carry the rest into the next run."""
         if pos < len(data):
             self._carry += data[pos:]
@@ -85,7 +85,7 @@ def whole_frames(data: bytes, pos: int) -> tuple[list[tuple[int, int]], int]:
     return spans, pos
 
 
-def count_frame_starts(data: bytes, lead: int) -> int:
+def count_frame_starts(data: bytes | memoryview, lead: int) -> int:
     """How many frames begin in a run (what dropping it loses, as far as one can tell)."""
     pos, end, count = lead, len(data), 0
     while pos < end:

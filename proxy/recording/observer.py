@@ -7,7 +7,7 @@ passes them to a recorder (:class:`~proxy.recording.writer.FrameRecorder`; the p
 :class:`proxy.server.recorder.Recorder`), which queues them
 without blocking.  Frames the proxy passed through unchanged come in bulk
 (:class:`~proxy.core.hooks.RunEvent`: the bytes of a stretch of one direction)
-and the Recorder cuts them into frame records in its worker thread, so recording
+and the Recorder cuts them into frame records in its writer process, so recording
 decodes nothing on the relay's path.  The broker address comes from the connection's upstream URL
 (``pulsar://host:port``); ``frame_filter`` lets a ``record`` rule keep only the
 frames it matches.

@@ -4,10 +4,10 @@ Everything the recorder does except waiting.  The Trio recorder
 (:class:`proxy.server.recorder.Recorder`, the proxy's observer) puts a
 :class:`FrameItem` per frame the proxy looked at, a :class:`RunItem` per stretch of
 bytes it passed through unchanged, and a ``Record`` per connection opened or closed
-on a bounded queue, and hands batches of them to a worker thread that calls
-:meth:`RecordingBook.write`.  This module owns what happens then and the account
-kept meanwhile; it imports no trio and never waits (its file writes are blocking,
-and are made from that worker thread).
+on a bounded queue, and hands batches of them to the recording's writer process
+(:mod:`proxy.recording.writer_process`), which calls :meth:`SegmentWriter.write`.
+This module owns what happens then and the account kept meanwhile; it imports no trio
+and never waits (its file writes are blocking, and are made in the writer process).
 
 :func:`encode_batch` cuts runs into frames (per connection and direction, carrying a
 frame that continues in the next run; a run that does not follow on from the one
@@ -15,7 +15,7 @@ before — one was dropped — loses the frame cut across the gap, counted as dr
 redacts auth data, strips payloads when asked and frames the records
 (:mod:`proxy.recording.segment`); :class:`SegmentFiles` appends them to the current
 segment, rotating to a new one past ``max_segment_bytes``.  Every write goes straight
-to the OS (unbuffered), so a killed process loses at most the record being written;
+to the OS (unbuffered), so a killed proxy loses at most the batch being written;
 the recorder has the segment fsynced and the index rewritten (write + rename) once a
 second.  :class:`RecordingBook` keeps the recording's account — frames and bytes per
 connection, frames dropped (queue full, or lost across a gap), protocol versions — and
@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import enum
 import os
+import pickle
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,7 +40,7 @@ from typing import Final, Protocol, TypeAlias
 
 import crc32c as _crc32c
 
-from proxy.core.run_cutter import RunCutter
+from proxy.core.run_cutter import RunCutter, count_frame_starts
 from proxy.errors import ProtocolError, RecordingError
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.pb import recording_pb2 as rpb
@@ -94,6 +95,11 @@ def recording_dir_name(start_ns: int, pid: int) -> str:
     return f"{stamp}-{pid}"
 
 
+def segment_name(number: int) -> str:
+    """The file name of a recording's ``number``-th segment (from 1)."""
+    return f"segment-{number:06d}{SEGMENT_SUFFIX}"
+
+
 def _enum_name(value: str | enum.Enum) -> str:
     if isinstance(value, enum.Enum):
         value = value.value
@@ -124,14 +130,22 @@ class FrameItem:
 
 @dataclass(frozen=True, slots=True)
 class RunItem:
-    """Bytes passed through unchanged: whole frames, perhaps cut at either end (see ``record_run``)."""
+    """Bytes passed through unchanged: whole frames, perhaps cut at either end (see ``record_run``).
+
+    In the writer process ``data`` is a view of the bytes the proxy sent it.
+    """
 
     conn_id: int
     direction: int
     ts_ns: int
-    data: bytes
+    data: bytes | memoryview
     lead: int
     stream_pos: int
+
+    def __reduce__(self) -> tuple[type[RunItem], tuple[int, int, int, pickle.PickleBuffer, int, int]]:
+        # the run's bytes out of band (see proxy.recording.writer_process)
+        return RunItem, (self.conn_id, self.direction, self.ts_ns, pickle.PickleBuffer(self.data), self.lead,
+                         self.stream_pos)
 
 
 QueueItem: TypeAlias = FrameItem | RunItem | rpb.Record
@@ -156,6 +170,8 @@ class BatchResult:
     versions: dict[int, tuple[bool, int]] = field(default_factory=dict)
     #: frames cut across a gap in a stream (a dropped run): neither start nor end was recorded
     frames_lost: int = 0
+    #: segments of the recording so far (the current one included)
+    segments: int = 0
 
     def count(self, conn_id: int, wire_bytes: int, frames: int = 1) -> None:
         counts = self.per_connection.setdefault(conn_id, [0, 0])
@@ -164,8 +180,32 @@ class BatchResult:
         self.frames += frames
 
 
+def _records_in(parts: Sequence[bytes | memoryview]) -> Iterator[list[bytes | memoryview]]:
+    """The parts of each framed record in turn: a record's first part opens with its size (and CRC32C)."""
+    index = 0
+    while index < len(parts):
+        record = [parts[index]]
+        missing = _RECORD_HEAD.size + _SIZE_PREFIX.unpack_from(parts[index])[0] - len(parts[index])
+        index += 1
+        while missing > 0:
+            record.append(parts[index])
+            missing -= len(parts[index])
+            index += 1
+        yield record
+
+
+def write_index(path: Path, index: bytes) -> None:
+    """Replace the index of the recording at ``path`` atomically (write, fsync, rename)."""
+    tmp = path / (INDEX_NAME + ".tmp")
+    with open(tmp, "wb") as out:
+        out.write(index)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path / INDEX_NAME)
+
+
 class SegmentFiles:
-    """The segment files of one recording; used from one worker thread at a time."""
+    """The segment files of one recording; used from one thread at a time (the writer process's)."""
 
     def __init__(self, path: Path, recording_id: str, config: RecordConfig, clock: Callable[[], int]) -> None:
         self.path = path
@@ -179,7 +219,7 @@ class SegmentFiles:
 
     def _open_next(self) -> None:
         self._close_current()
-        name = f"segment-{len(self.segments) + 1:06d}{SEGMENT_SUFFIX}"
+        name = segment_name(len(self.segments) + 1)
         header = rpb.Record(header=rpb.SegmentHeader(
             format_version=FORMAT_VERSION, recording_id=self.recording_id,
             segment_index=len(self.segments) + 1, created_ns=self.clock(),
@@ -192,7 +232,7 @@ class SegmentFiles:
     def _write(self, data: bytes) -> None:
         self._write_parts([data], len(data))
 
-    def _write_parts(self, parts: list[bytes], size: int) -> None:
+    def _write_parts(self, parts: Sequence[bytes | memoryview], size: int) -> None:
         """Write ``parts`` (``size`` bytes in all) in order, gathered by the kernel (no joined copy)."""
         assert self._file is not None
         index = 0
@@ -209,23 +249,35 @@ class SegmentFiles:
         self._size += size
         self._dirty = True
 
-    def append(self, records: Sequence[bytes]) -> int:
-        """Append framed records, rotating past the size limit; the bytes written."""
-        total = 0
-        pending: list[bytes] = []
-        pending_size = 0
+    def append(self, parts: Sequence[bytes | memoryview]) -> int:
+        """Append framed records given as parts (see ``encode_batch``), rotating past the size limit; the bytes written.
+
+        A batch that fits in the current segment goes out as it is (``writev``, no copy);
+        otherwise it is cut between records where the limit falls.
+        """
         if self._file is None:
             self._open_next()
+        total = sum(map(len, parts))
+        if self._size + total <= self.config.max_segment_bytes:
+            self._write_parts(parts, total)
+            return total
+        return self._append_rotating(_records_in(parts))
+
+    def _append_rotating(self, records: Iterator[list[bytes | memoryview]]) -> int:
+        total = 0
+        pending: list[bytes | memoryview] = []
+        pending_size = 0
         for rec in records:
-            if self._size + pending_size + len(rec) > self.config.max_segment_bytes and \
+            size = sum(map(len, rec))
+            if self._size + pending_size + size > self.config.max_segment_bytes and \
                     (pending or self._size > len(SEGMENT_MAGIC) + 64):
                 if pending:
                     self._write_parts(pending, pending_size)
                     total += pending_size
                     pending, pending_size = [], 0
                 self._open_next()
-            pending.append(rec)
-            pending_size += len(rec)
+            pending += rec
+            pending_size += size
         if pending:
             self._write_parts(pending, pending_size)
             total += pending_size
@@ -237,12 +289,7 @@ class SegmentFiles:
             os.fsync(self._file)
             self._dirty = False
         if index is not None:
-            tmp = self.path / (INDEX_NAME + ".tmp")
-            with open(tmp, "wb") as out:
-                out.write(index)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, self.path / INDEX_NAME)
+            write_index(self.path, index)
 
     def _close_current(self) -> None:
         if self._file is not None:
@@ -252,15 +299,18 @@ class SegmentFiles:
             os.close(self._file)
             self._file = None
 
-    def close(self, index: bytes) -> None:
+    def close(self, index: bytes | None) -> None:
         self._close_current()
         self.sync(index)
 
 
 def encode_batch(items: Sequence[QueueItem], config: RecordConfig,
-                  streams: dict[tuple[int, int], RunCutter] | None = None) -> tuple[list[bytes], BatchResult]:
-    """Turn queue items into framed records (runs in the worker thread; ``streams`` is its state)."""
-    out: list[bytes] = []
+                  streams: dict[tuple[int, int], RunCutter] | None = None
+                  ) -> tuple[list[bytes | memoryview], BatchResult]:
+    """Turn queue items into framed records, in order, as the parts to write (runs in the writer process;
+    ``streams`` is its state): a record is one part, or three for a frame of a run (see
+    ``_encode_run_frames``); each part belongs to one record."""
+    out: list[bytes | memoryview] = []
     result = BatchResult()
     if streams is None:
         streams = {}
@@ -308,7 +358,7 @@ def _frame_record(conn_id: int, direction: int, origin: int, ts_ns: int, raw: by
 
 
 def _encode_run(item: RunItem, streams: dict[tuple[int, int], RunCutter], config: RecordConfig,
-                out: list[bytes], result: BatchResult) -> None:
+                out: list[bytes | memoryview], result: BatchResult) -> None:
     """Cut a run into whole frames (after the stream's carried frame start) and append their records."""
     key = (item.conn_id, item.direction)
     cutter = streams.get(key)
@@ -323,9 +373,13 @@ def _encode_run(item: RunItem, streams: dict[tuple[int, int], RunCutter], config
     result.frames_lost += cutter.lost - lost
 
 
-def _encode_run_frames(item: RunItem, origin: int, data: bytes, pos: int, config: RecordConfig,
-                       out: list[bytes], result: BatchResult) -> int:
-    """Append the records of the whole frames in ``data`` from ``pos``; returns where the first partial one starts."""
+def _encode_run_frames(item: RunItem, origin: int, data: bytes | memoryview, pos: int, config: RecordConfig,
+                       out: list[bytes | memoryview], result: BatchResult) -> int:
+    """Append the records of the whole frames in ``data`` from ``pos``; returns where the first partial one starts.
+
+    A record goes out as three parts (its size and CRC32C, the head of its body, and the frame
+    as a view of ``data``) that the kernel gathers: the frame's bytes are copied once, to the file.
+    """
     # FrameRecord fields 1-4 and the tag of field 5, in field order as protobuf writes them: the
     # same for every frame of the run, so each record is written with no message object
     fields = (b"\x08" + varint(item.conn_id) + b"\x10" + bytes((item.direction,)) + b"\x18" + bytes((origin,))
@@ -334,34 +388,45 @@ def _encode_run_frames(item: RunItem, origin: int, data: bytes, pos: int, config
     secret_types = SECRET_PATHS if config.redact else {}
     unpack, pack, crc = _SIZE_PREFIX.unpack_from, _RECORD_HEAD.pack, _crc32c.crc32c
     view = memoryview(data)
-    #: frame size -> (the record body up to the frame's bytes, its CRC32C): frames of a run mostly share sizes
-    heads: dict[int, tuple[bytes, int]] = {}
+    #: frame size -> (the record body up to the frame's bytes, its CRC32C, the body's size): frames of
+    #: a run mostly share sizes, and mostly follow one of their own size
+    heads: dict[int, tuple[bytes, int, int]] = {}
+    last_size = -1
+    body_head, head_crc, body_size = b"", 0, 0
+    append = out.append
     frames = wire_bytes = 0
     end = len(data)
     while end - pos >= 10:
         size = unpack(data, pos)[0] + 4
-        if end - pos < size:
+        stop = pos + size
+        if stop > end:
             break
-        start = pos
-        pos += size
-        frames += 1
-        wire_bytes += size
         # a command in canonical form opens 08 TYPE (see scanner); others, secrets and stripped
         # payloads go the general way
-        kind = data[start + 9]
-        if general or size < 10 or data[start + 8] != 0x08 or kind > 0x7F or kind in secret_types:
-            out.append(_frame_record(item.conn_id, item.direction, origin, item.ts_ns, data[start:pos], (), config))
-            continue
-        head = heads.get(size)
-        if head is None:
-            fields_and_size = fields + varint(size)
-            body_head = b"\x12" + varint(len(fields_and_size) + size) + fields_and_size
-            head = heads[size] = (body_head, crc(body_head))
-        frame = view[start:pos]
-        out.append(pack(len(head[0]) + size, crc(frame, head[1])) + head[0] + frame)
+        kind = data[pos + 9]
+        if general or size < 10 or data[pos + 8] != 0x08 or kind > 0x7F or kind in secret_types:
+            append(_frame_record(item.conn_id, item.direction, origin, item.ts_ns, bytes(data[pos:stop]), (),
+                                 config))
+        else:
+            if size != last_size:
+                head = heads.get(size)
+                if head is None:
+                    fields_and_size = fields + varint(size)
+                    body = b"\x12" + varint(len(fields_and_size) + size) + fields_and_size
+                    head = heads[size] = (body, crc(body), len(body) + size)
+                body_head, head_crc, body_size = head
+                last_size = size
+            frame = view[pos:stop]
+            append(pack(body_size, crc(frame, head_crc)))
+            append(body_head)
+            append(frame)
+        pos = stop
+        frames += 1
+        wire_bytes += size
     if frames:
         result.count(item.conn_id, wire_bytes, frames)
     return pos
+
 
 def _protocol_version(raw: bytes, frame_type: int | None) -> int | None:
     try:
@@ -417,11 +482,40 @@ def run_item(conn_id: int, direction: str | enum.Enum, ts_ns: int, data: bytes, 
     return RunItem(conn_id, DIRECTIONS[_enum_name(direction)], ts_ns, data, lead, stream_pos)
 
 
-class RecordingBook:
-    """One recording's directory, segment files and account (see the module docstring).
+class SegmentWriter:
+    """Encodes batches of queue items and appends them to a recording's segments (blocking).
 
-    :meth:`create`, :meth:`write`, :meth:`sync` and :meth:`finish` block (file I/O: call
-    them from a worker thread, one at a time); the rest only counts.
+    What the recording's writer process runs (:mod:`proxy.recording.writer_process`):
+    it keeps the cutting state of every stream; :class:`RecordingBook` keeps the account.
+    """
+
+    def __init__(self, path: Path, config: RecordConfig, clock: Callable[[], int] = time.time_ns) -> None:
+        self.config = config
+        self.files = SegmentFiles(path, path.name, config, clock)
+        #: the cutting state per (connection, direction)
+        self._streams: dict[tuple[int, int], RunCutter] = {}
+
+    def write(self, batch: Sequence[QueueItem]) -> BatchResult:
+        """Encode ``batch`` and append it to the segments; what to account for (``RecordingBook.account``)."""
+        records, result = encode_batch(batch, self.config, self._streams)
+        result.bytes_written = self.files.append(records)
+        result.segments = len(self.files.segments)
+        return result
+
+    def sync(self, index: bytes | None) -> None:
+        """fsync the current segment and replace the index when given."""
+        self.files.sync(index)
+
+    def close(self, index: bytes | None) -> None:
+        """Close the segments (fsynced) and write ``index`` when given."""
+        self.files.close(index)
+
+
+class RecordingBook:
+    """One recording's directory and account (see the module docstring); its segments are written
+    by a :class:`SegmentWriter` (in the writer process), whose results :meth:`account` counts.
+
+    :meth:`create` blocks (file I/O: call it from a worker thread); the rest only counts.
     """
 
     def __init__(self, config: RecordConfig, *, clock: Callable[[], int] = time.time_ns,
@@ -432,13 +526,12 @@ class RecordingBook:
         self._clock = clock
         self.connections: dict[int, rpb.ConnectionInfo] = {}
         self._versions: dict[int, dict[bool, int]] = {}
-        self.files: SegmentFiles | None = None
+        #: segments written so far (from the writer's results)
+        self.segments = 0
         self.index_dirty = True
         self.closed = False
         #: bytes of runs queued and not yet taken by the writer (bounded by ``config.queue_bytes``)
         self.queued_run_bytes = 0
-        #: the worker thread's cutting state per (connection, direction)
-        self._streams: dict[tuple[int, int], RunCutter] = {}
         self.start_ns = 0
         #: the recording directory, set by ``create``
         self.path = Path()
@@ -447,8 +540,7 @@ class RecordingBook:
         """Create the recording directory and write its first index (blocking)."""
         self.start_ns = self._clock()
         self.path = _make_recording_dir(Path(self.config.dir), recording_dir_name(self.start_ns, self.pid))
-        self.files = SegmentFiles(self.path, self.path.name, self.config, self._clock)
-        self.files.sync(self.index_bytes())
+        write_index(self.path, self.index_bytes())
 
     def dropped(self, conn_id: int, frames: int) -> None:
         """``frames`` of ``conn_id`` were not queued (queue full or closed): counted, never written."""
@@ -457,6 +549,14 @@ class RecordingBook:
         if info is not None:
             info.frames_dropped += frames
         self.index_dirty = True
+
+    def lost(self, batch: Sequence[QueueItem]) -> None:
+        """``batch`` left the queue but could not be written (the writer failed): its frames count as dropped."""
+        for item in batch:
+            if type(item) is RunItem:
+                self.dropped(item.conn_id, count_frame_starts(item.data, item.lead))
+            elif type(item) is FrameItem:
+                self.dropped(item.conn_id, 1)
 
     def opened(self, conn_id: int, client_addr: Address, broker_addr: Address,
                lookup_mode: str | enum.Enum | None, ts_ns: int) -> rpb.Record:
@@ -491,19 +591,13 @@ class RecordingBook:
         """``batch`` left the queue: its runs' bytes no longer count against ``config.queue_bytes``."""
         self.queued_run_bytes -= sum(len(item.data) for item in batch if type(item) is RunItem)
 
-    def write(self, batch: Sequence[QueueItem]) -> BatchResult:
-        """Encode ``batch`` and append it to the segments (blocking); account for it with ``account``."""
-        assert self.files is not None
-        records, result = encode_batch(batch, self.config, self._streams)
-        result.bytes_written = self.files.append(records)
-        return result
-
     def account(self, result: BatchResult) -> None:
-        """Count what ``write`` wrote (on the thread that counts drops, so the counters never race)."""
+        """Count what a ``SegmentWriter.write`` wrote (on the thread that counts drops, so the counters never race)."""
         self.stats.frames_recorded += result.frames
         self.stats.frames_dropped += result.frames_lost
         self.stats.bytes_written += result.bytes_written
-        self.stats.segments = len(self.files.segments) if self.files is not None else 0
+        self.segments = max(self.segments, result.segments)
+        self.stats.segments = self.segments
         for conn_id, (frames, wire_bytes) in result.per_connection.items():
             info = self.connections.get(conn_id)
             if info is None:
@@ -524,16 +618,10 @@ class RecordingBook:
         self.index_dirty = False
         return self.index_bytes()
 
-    def sync(self, index: bytes | None) -> None:
-        """fsync the current segment and replace the index when given (blocking)."""
-        assert self.files is not None
-        self.files.sync(index)
-
-    def finish(self) -> None:
-        """Close the segments and write the finished index, with ``end_ns`` (blocking)."""
-        assert self.files is not None
+    def finished_index(self) -> bytes:
+        """The index to write on exit: the recording is finished (it gets ``end_ns``)."""
         self.closed = True
-        self.files.close(self.index_bytes())
+        return self.index_bytes()
 
     def index_bytes(self) -> bytes:
         index = rpb.RecordingIndex(
@@ -541,8 +629,7 @@ class RecordingBook:
             pid=self.pid, frames_recorded=self.stats.frames_recorded,
             frames_dropped=self.stats.frames_dropped, include_payloads=self.config.include_payloads,
             redact=self.config.redact)
-        if self.files is not None:
-            index.segments.extend(self.files.segments)
+        index.segments.extend(segment_name(number) for number in range(1, self.segments + 1))
         index.connections.extend(self.connections[c] for c in sorted(self.connections))
         if self.closed:
             index.end_ns = self._clock()
@@ -552,4 +639,5 @@ class RecordingBook:
 
 __all__ = ["DEFAULT_MAX_SEGMENT_BYTES", "DEFAULT_QUEUE_BYTES", "DEFAULT_QUEUE_SIZE", "INDEX_NAME", "SEGMENT_SUFFIX",
            "Address", "BatchResult", "FrameItem", "FrameRecorder", "QueueItem", "RecordConfig", "RecorderStats",
-           "RecordingBook", "RunItem", "SegmentFiles", "encode_batch", "frame_item", "recording_dir_name", "run_item"]
+           "RecordingBook", "RunItem", "SegmentFiles", "SegmentWriter", "encode_batch", "frame_item",
+           "recording_dir_name", "run_item", "segment_name", "write_index"]

@@ -3,7 +3,7 @@
 The proxy calls :meth:`Recorder.record` for every frame it looks at (and again for
 every frame it changed or originated, with origin ``proxy``),
 :meth:`Recorder.record_run` for each stretch of bytes it passed through unchanged
-(cut into frames by the worker thread), and
+(cut into frames by the writer process), and
 :meth:`Recorder.open_connection` / :meth:`Recorder.close_connection` around each
 client connection.  None of these await or touch the disk: they put an item on a
 bounded queue (bounded in items and in bytes) and return.  When the queue is full
@@ -11,12 +11,14 @@ the frame (or run) is dropped and counted (per connection and in total, reported
 :attr:`Recorder.stats` for /metrics), so a slow disk never stalls traffic.
 
 One writer task drains the queue in batches (gathering for up to 20 ms after a
-batch's first record, so that frames trickling in cost one thread hand-off per
-batch rather than one each) and hands each batch to a worker thread, which
-encodes and appends it (:meth:`~proxy.recording.writer.RecordingBook.write`: cutting,
-redaction, payload stripping, segment rotation are all there, with no trio).  Once a
-second the segment is fsynced and the index rewritten.  On exit the queue is drained
-and the index is finished with ``end_ns``.
+batch's first record, so that frames trickling in cost one hand-off per batch rather
+than one each) and hands each batch, from a worker thread, to the recording's writer
+process (:mod:`proxy.recording.writer_process`), which encodes and appends it
+(:meth:`~proxy.recording.writer.SegmentWriter.write`: cutting, redaction, payload
+stripping, segment rotation are all there, with no trio) on its own interpreter, so
+that none of it holds the interpreter lock the relays need.  Once a second the segment
+is fsynced and the index rewritten.  On exit the queue is drained and the index is
+finished with ``end_ns``.
 """
 
 from __future__ import annotations
@@ -29,9 +31,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final
 
+import structlog
 import trio
 
 from proxy.core.run_cutter import count_frame_starts
+from proxy.errors import RecordingError
 from proxy.recording.writer import (
     Address,
     QueueItem,
@@ -40,14 +44,18 @@ from proxy.recording.writer import (
     RecordingBook,
     frame_item,
     run_item,
+    write_index,
 )
+from proxy.recording.writer_process import WriterProcess
 
 #: records taken off the queue per write (bounds the memory of one batch)
 _BATCH_LIMIT: Final = 2_000
 #: how long the writer keeps gathering after a batch's first record before handing it to the
-#: worker thread: each hand-off costs a thread wake-up and a wake-up of the Trio loop, which
+#: writer process: each hand-off costs wake-ups of a thread, the child and the Trio loop, which
 #: cost the proxy far more than encoding the frames did when every frame went on its own
 _GATHER_SECONDS: Final = 0.02
+
+log = structlog.get_logger("pulsar_tap.recording")
 
 
 async def _gather(receive: trio.MemoryReceiveChannel[QueueItem], batch: list[QueueItem], deadline: float) -> bool:
@@ -87,6 +95,9 @@ class Recorder:
         self.config = config
         self.book = RecordingBook(config, clock=clock, pid=pid)
         self._send: trio.MemorySendChannel[QueueItem] | None = None
+        self._writer: WriterProcess | None = None
+        #: why recording stopped early (the writer process failed); the proxy goes on, frames are dropped
+        self.failure: str | None = None
         self._stack = contextlib.AsyncExitStack()
 
     @property
@@ -153,6 +164,13 @@ class Recorder:
 
     async def __aenter__(self) -> Recorder:
         await trio.to_thread.run_sync(self.book.create)
+        # started from this thread: the writer process dies with it
+        self._writer = writer = WriterProcess(self.book.path, self.config)
+        try:
+            await trio.to_thread.run_sync(writer.started)
+        except BaseException:
+            await trio.to_thread.run_sync(writer.stop)
+            raise
         # Overflow policy: a full queue drops the frame and counts it (see record()).
         send, receive = trio.open_memory_channel[QueueItem](self.config.queue_size)
         self._send = send
@@ -168,7 +186,8 @@ class Recorder:
         return await self._stack.__aexit__(exc_type, exc, tb)
 
     async def _write_loop(self, receive: trio.MemoryReceiveChannel[QueueItem]) -> None:
-        book = self.book
+        book, writer = self.book, self._writer
+        assert writer is not None
         batch: list[QueueItem] = []
         try:
             async with receive:
@@ -187,18 +206,44 @@ class Recorder:
                         pending, batch = batch, []
                         await self._write_batch(pending)
                     if trio.current_time() >= next_sync:
-                        await trio.to_thread.run_sync(book.sync, book.changed_index())
+                        await self._sync(writer.sync, book.changed_index())
                         next_sync = trio.current_time() + self.config.flush_interval
         finally:
             # Data must be complete on exit, even when the recorder is cancelled.
             with trio.CancelScope(shield=True):
                 if batch:
                     await self._write_batch(batch)
-                await trio.to_thread.run_sync(book.finish)
+                if self.failure is not None:
+                    await trio.to_thread.run_sync(writer.stop)
+                await self._sync(writer.close, book.finished_index())
 
     async def _write_batch(self, batch: list[QueueItem]) -> None:
+        assert self._writer is not None
         self.book.taken(batch)
-        self.book.account(await trio.to_thread.run_sync(self.book.write, batch))
+        if self.failure is None:
+            try:
+                self.book.account(await trio.to_thread.run_sync(self._writer.write, batch))
+                return
+            except RecordingError as exc:
+                self._failed(exc)
+        self.book.lost(batch)
+
+    async def _sync(self, call: Callable[[bytes | None], None], index: bytes | None) -> None:
+        """Have the writer fsync and write ``index``; once it has failed, write the index here."""
+        if self.failure is None:
+            try:
+                await trio.to_thread.run_sync(call, index)
+                return
+            except RecordingError as exc:
+                self._failed(exc)
+                index = self.book.index_bytes()
+        if index is not None:
+            await trio.to_thread.run_sync(write_index, self.book.path, index)
+
+    def _failed(self, exc: RecordingError) -> None:
+        # Traffic wins: the proxy goes on, and what it would have recorded is counted as dropped.
+        self.failure = str(exc)
+        log.error("recording stopped", path=str(self.book.path), error=self.failure)
 
 
 __all__ = ["Recorder"]

@@ -178,6 +178,7 @@ def test_a_recorder_killed_mid_write_leaves_a_recording_readable_to_its_last_who
             proc.kill()
             proc.wait(timeout=10)
     assert proc.returncode == -signal.SIGKILL
+    _wait_for_no_writer_process_of(proc.pid)
     recordings = open_recordings(tmp_path)
     recording = recordings.recordings[0]
     assert not recording.finished
@@ -194,6 +195,49 @@ def test_a_recorder_killed_mid_write_leaves_a_recording_readable_to_its_last_who
     shown = subprocess.run([sys.executable, "-m", "proxy", "show", str(tmp_path), "--json"],
                            capture_output=True, text=True, timeout=120, check=True)
     assert len(shown.stdout.splitlines()) == len(frames)
+
+
+def _writer_processes_of(parent: int) -> list[int]:
+    """Pids of the recording writer processes started by ``parent`` (their command line names it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                args = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"proxy.recording.writer_process" in args and str(parent).encode() in args:
+                found.append(int(entry.name))
+    return found
+
+
+def _wait_for_no_writer_process_of(parent: int) -> None:
+    deadline = time.monotonic() + 10
+    while _writer_processes_of(parent):
+        assert time.monotonic() < deadline, "the writer process outlived the killed proxy"
+        time.sleep(0.05)
+
+
+async def test_a_writer_process_that_died_stops_recording_not_the_proxy(tmp_path: Path) -> None:
+    """The recorder hands its batches to a writer process.  If that process dies, recording stops
+    with one clear reason (``failure``, logged), what would have been written counts as dropped,
+    the recorder exits normally (traffic wins), and its index is still finished."""
+    frames = session()
+    with trio.fail_after(20):
+        async with Recorder(RecordConfig(dir=tmp_path)) as recorder:
+            (child,) = _writer_processes_of(os.getpid())
+            os.kill(child, signal.SIGKILL)
+            recorder.open_connection(1, "127.0.0.1:5000", "127.0.0.1:6650", "rewrite", BASE_NS)
+            for f in frames:
+                recorder.record(1, f.direction, f.origin, f.ts_ns, f.raw)
+            await trio.sleep(0.3)
+            assert recorder.failure is not None and "writer process ended" in recorder.failure
+            recorder.record(1, frames[0].direction, frames[0].origin, frames[0].ts_ns, frames[0].raw)
+    assert not _writer_processes_of(os.getpid())
+    recording = open_recordings(tmp_path).recordings[0]
+    assert recording.finished
+    assert recording.frames_dropped == recorder.stats.frames_dropped == len(frames) + 1
+    assert recording.connections[1].frames_dropped == len(frames) + 1
 
 
 async def test_the_proxy_observer_hook_feeds_the_recorder(tmp_path: Path) -> None:
@@ -223,20 +267,20 @@ async def test_the_proxy_observer_hook_feeds_the_recorder(tmp_path: Path) -> Non
     assert [(g.origin, g.rules) for g in got] == [(f.origin, f.rules) for f in frames]
 
 
-async def test_frames_arriving_one_by_one_are_handed_to_the_writer_thread_in_few_batches(
+async def test_frames_arriving_one_by_one_are_handed_to_the_writer_in_few_batches(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each hand-off to the worker thread wakes a thread and the Trio loop: frames trickling in
-    (as they do through a proxy) are gathered for a moment and written together, all of them."""
-    from proxy.recording import writer as recorder_module
+    """Each hand-off to the writer process wakes a thread, the child and the Trio loop: frames
+    trickling in (as they do through a proxy) are gathered for a moment and written together, all of them."""
+    from proxy.recording import writer_process
 
-    appends: list[int] = []
-    real_append = recorder_module.SegmentFiles.append
+    batches: list[int] = []
+    real_write = writer_process.WriterProcess.write
 
-    def counting_append(self: recorder_module.SegmentFiles, records: list[bytes]) -> int:
-        appends.append(len(records))
-        return real_append(self, records)
+    def counting_write(self: writer_process.WriterProcess, batch: list[object]) -> object:
+        batches.append(len(batch))
+        return real_write(self, batch)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(recorder_module.SegmentFiles, "append", counting_append)
+    monkeypatch.setattr(writer_process.WriterProcess, "write", counting_write)
     frames = session() * 10
     with trio.fail_after(10):
         async with Recorder(RecordConfig(dir=tmp_path)) as recorder:
@@ -244,8 +288,8 @@ async def test_frames_arriving_one_by_one_are_handed_to_the_writer_thread_in_few
             for f in frames:
                 recorder.record(1, f.direction, f.origin, f.ts_ns, f.raw)
                 await trio.lowlevel.checkpoint()  # the writer task runs between frames
-    assert sum(appends) == len(frames) + 1  # every frame, and the opened record
-    assert len(appends) <= 3
+    assert sum(batches) == len(frames) + 1  # every frame, and the opened record
+    assert len(batches) <= 3
     assert len(list(open_recordings(tmp_path).frames())) == len(frames)
 
 
@@ -324,7 +368,7 @@ def test_a_run_is_written_as_protobuf_would_write_its_frame_records() -> None:
     fast, result = rec.encode_batch([run], config)
     general, _ = rec.encode_batch([rec.FrameItem(7, rpb.TO_CLIENT, rpb.BROKER, BASE_NS, raw, ())
                                     for raw in frames], config)
-    assert fast == general and result.frames == len(frames)
+    assert b"".join(fast) == b"".join(general) and result.frames == len(frames)
 
 
 def test_a_dropped_run_loses_only_the_frames_it_touched() -> None:
@@ -360,3 +404,62 @@ def _check_gap(frames: list[bytes], pieces: list[tuple[int, bytes]], items: list
         pos += len(raw)
     assert kept == untouched
     assert result.frames == len(kept) and result.frames_lost == touched >= 1
+
+
+def _mixed_stream_frames() -> list[bytes]:
+    """A client's frames as the proxy passes them: a session's (with auth data), then SENDs of many sizes."""
+    from proxy.pb import PulsarApi_pb2 as api
+    from proxy.protocol.frame import encode_payload_command
+
+    frames = [f.raw for f in session(sends=4) if f.direction == "to_broker" and f.origin == "client"]
+    for index, size in enumerate([0, 1, 90, 1000, 1000, 1000, 5000, 17, 1000, 70_000, 3, 3, 3]):
+        frames.append(encode_payload_command(api.CommandSend(producer_id=1, sequence_id=index),
+                                             api.MessageMetadata(producer_name="p", sequence_id=index,
+                                                                 publish_time=1), b"x" * size))
+    return frames
+
+
+def test_runs_cut_anywhere_encode_to_the_records_of_the_frames_one_by_one() -> None:
+    """The run encoder (records as parts, frames as views, heads shared by frame size) writes the very
+    bytes the general one does frame by frame, with redaction and payload stripping on or off."""
+    import random
+
+    from proxy.recording import writer as rec
+
+    frames = _mixed_stream_frames()
+    data = b"".join(frames)
+    rng = random.Random(17)
+    for redact in (True, False):
+        for include_payloads in (True, False):
+            config = RecordConfig(dir=Path("unused"), redact=redact, include_payloads=include_payloads)
+            general, _ = rec.encode_batch([rec.FrameItem(3, rpb.TO_BROKER, rpb.CLIENT, BASE_NS, raw, ())
+                                           for raw in frames], config)
+            for _attempt in range(5):
+                pieces = _cut(data, [rng.randint(1, 9000) for _ in range(7)])
+                items = [rec.RunItem(3, rpb.TO_BROKER, BASE_NS, piece, lead, offset)
+                         for (offset, piece), lead in zip(pieces, _leads(data, pieces), strict=True)]
+                parts, result = rec.encode_batch(items, config)
+                assert b"".join(parts) == b"".join(general)
+                assert (result.frames, result.per_connection[3]) == (len(frames), [len(frames), len(data)])
+
+
+def test_a_batch_of_record_parts_rotates_segments_exactly_where_whole_records_do(tmp_path: Path) -> None:
+    """Segments end between records, at the same records whether a batch comes as parts (a run's
+    frames) or as whole records; a batch that fits is written as it is."""
+    from proxy.recording import writer as rec
+
+    frames = _mixed_stream_frames() * 3
+    config = RecordConfig(dir=tmp_path, max_segment_bytes=20_000)
+    whole, _ = rec.encode_batch([rec.FrameItem(3, rpb.TO_BROKER, rpb.CLIENT, BASE_NS, raw, ()) for raw in frames],
+                                config)
+    data = b"".join(frames)
+    parts, _ = rec.encode_batch([rec.RunItem(3, rpb.TO_BROKER, BASE_NS, data, 0, 0)], config)
+    assert len(parts) > len(whole)  # the run's records came as parts
+    written = {}
+    for name, batch in (("whole", whole), ("parts", parts)):
+        (tmp_path / name).mkdir()
+        files = rec.SegmentFiles(tmp_path / name, "rec-1", config, clock=lambda: 1)
+        assert files.append(batch) + files.append(batch) == 2 * sum(len(part) for part in batch)
+        files.close(b"")
+        written[name] = [(tmp_path / name / segment).read_bytes() for segment in files.segments]
+    assert len(written["whole"]) >= 4 and written["parts"] == written["whole"]

@@ -1,0 +1,246 @@
+"""The recording's writer process: encoding and appending away from the proxy's interpreter lock.
+
+Cutting runs into frame records is Python work per frame (most of a microsecond for a
+1 KiB frame).  In a thread of the proxy it held the interpreter lock the relay needs
+between every read and write, and recording took passthrough of 1 KiB frames down to a
+fraction; a child process has its own interpreter and runs on another core, and the proxy
+only hands it bytes.
+
+The Trio recorder (:class:`proxy.server.recorder.Recorder`) starts one
+:class:`WriterProcess` per recording (from its Trio thread) and calls its blocking
+methods from a worker thread, one at a time: :meth:`~WriterProcess.write` sends a batch
+of queue items and waits for its :class:`~proxy.recording.writer.BatchResult`;
+:meth:`~WriterProcess.sync` and :meth:`~WriterProcess.close` carry the recorder's fsyncs
+and index writes.  The child runs a :class:`~proxy.recording.writer.SegmentWriter`.
+
+Requests go down the child's stdin, replies come up its stdout.  A request is a header
+(kind, size of the pickled part, number of buffers), each buffer's size, the pickled part,
+then the buffers: the bytes of runs travel out of band (pickle protocol 5), so the proxy
+copies them only into the pipe, and the child reads them into one buffer it keeps.  A
+reply is a size and a pickled ``(ok, value)`` (``value`` the error text when not ok).
+The child ignores SIGINT and SIGTERM (the proxy says when recording ends), is killed
+when the proxy's thread that started it ends (``PR_SET_PDEATHSIG``), and at the end of
+its input without a close (the proxy is gone) closes its segments and leaves the index
+as the proxy last wrote it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copyreg
+import ctypes
+import fcntl
+import os
+import pickle
+import signal
+import struct
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Final, cast
+
+from proxy.errors import RecordingError
+from proxy.pb import recording_pb2 as rpb
+from proxy.recording.writer import BatchResult, QueueItem, RecordConfig, SegmentWriter
+
+_REQUEST_HEAD: Final = struct.Struct(">BII")
+_SIZE: Final = struct.Struct(">I")
+_START, _WRITE, _SYNC, _CLOSE = 1, 2, 3, 4
+#: the pipes' capacity: a batch crosses in few wake-ups of either side
+_PIPE_BYTES: Final = 1 << 20
+#: buffers per writev (the kernel's IOV_MAX on Linux)
+_IOV_MAX: Final = 1024
+_PR_SET_PDEATHSIG: Final = 1
+#: the child's niceness: when cores are short, the proxy's traffic goes first and the recorder
+#: drops (and counts) what it cannot write, as it does when its queue is full
+_NICENESS: Final = 10
+
+
+def _record_from(data: bytes) -> rpb.Record:
+    return rpb.Record.FromString(data)
+
+
+def _reduce_record(record: rpb.Record) -> tuple[Callable[[bytes], rpb.Record], tuple[bytes]]:
+    return _record_from, (record.SerializeToString(),)
+
+
+# the generated module does not import under the name its classes carry: records cross as their bytes
+copyreg.pickle(rpb.Record, _reduce_record)
+
+
+def _write_all(fd: int, parts: list[memoryview]) -> None:
+    """Write ``parts`` in order, gathered (``writev``), whatever the kernel takes per call."""
+    index = 0
+    while index < len(parts):
+        written = os.writev(fd, parts[index:index + _IOV_MAX])
+        while written:
+            size = len(parts[index])
+            if written < size:
+                parts[index] = parts[index][written:]
+                break
+            written -= size
+            index += 1
+
+
+def _read_exact(fd: int, size: int) -> bytearray:
+    """``size`` bytes from ``fd``; EOFError when it ends first."""
+    buffer = bytearray(size)
+    view, got = memoryview(buffer), 0
+    while got < size:
+        count = os.readv(fd, [view[got:]])
+        if not count:
+            raise EOFError
+        got += count
+    return buffer
+
+
+def _send(fd: int, kind: int, value: object) -> None:
+    """One request: ``value`` pickled, the buffers it holds (``PickleBuffer``) out of band."""
+    buffers: list[pickle.PickleBuffer] = []
+    pickled = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+    views = [buffer.raw() for buffer in buffers]
+    head = _REQUEST_HEAD.pack(kind, len(pickled), len(views)) + b"".join(_SIZE.pack(len(view)) for view in views)
+    _write_all(fd, [memoryview(head), memoryview(pickled), *views])
+
+
+def _receive(fd: int) -> tuple[int, object]:
+    """One request: (kind, value), its buffers as views of what was read; EOFError at the end of input."""
+    kind, pickled_size, count = _REQUEST_HEAD.unpack(_read_exact(fd, _REQUEST_HEAD.size))
+    sizes = struct.unpack(f">{count}I", _read_exact(fd, 4 * count)) if count else ()
+    pickled = _read_exact(fd, pickled_size)
+    data = memoryview(_read_exact(fd, sum(sizes)))
+    buffers, pos = [], 0
+    for size in sizes:
+        buffers.append(data[pos:pos + size])
+        pos += size
+    return kind, pickle.loads(pickled, buffers=buffers)
+
+
+def _reply(fd: int, ok: bool, value: object) -> None:
+    pickled = pickle.dumps((ok, value), protocol=5)
+    _write_all(fd, [memoryview(_SIZE.pack(len(pickled))), memoryview(pickled)])
+
+
+class WriterProcess:
+    """The proxy's end of a recording's writer process; see the module docstring.
+
+    Create it on the thread that runs the recorder (the child dies with that thread); call
+    :meth:`started`, :meth:`write`, :meth:`sync` and :meth:`close` from one worker thread at a time.
+    """
+
+    def __init__(self, path: Path, config: RecordConfig) -> None:
+        package_root = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root,
+                                                                         os.environ.get("PYTHONPATH")]))}
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "proxy.recording.writer_process", str(os.getpid())],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        assert self._process.stdin is not None and self._process.stdout is not None
+        self._requests = self._process.stdin.fileno()
+        self._replies = self._process.stdout.fileno()
+        set_pipe_size = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux
+        for fd in (self._requests, self._replies):
+            with contextlib.suppress(OSError):  # a smaller pipe only costs more wake-ups
+                if set_pipe_size is not None:
+                    fcntl.fcntl(fd, set_pipe_size, _PIPE_BYTES)
+        self._path = path
+        self._config = config
+
+    def started(self) -> None:
+        """Have the child open the recording at ``path`` (blocking); RecordingError when it cannot."""
+        self._call(_START, (str(self._path), self._config))
+
+    def write(self, batch: Sequence[QueueItem]) -> BatchResult:
+        """Encode and append ``batch`` in the child (blocking); what it wrote."""
+        result = self._call(_WRITE, list(batch))
+        assert isinstance(result, BatchResult)
+        return result
+
+    def sync(self, index: bytes | None) -> None:
+        """fsync the current segment and replace the index when given (blocking)."""
+        self._call(_SYNC, index)
+
+    def close(self, index: bytes | None) -> None:
+        """Close the segments, write the index when given, and wait for the child to end (blocking)."""
+        try:
+            self._call(_CLOSE, index)
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        """End the child (closing its input ends it; killed if it lingers) and reap it."""
+        process = self._process
+        for pipe in (process.stdin, process.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def _call(self, kind: int, value: object) -> object:
+        try:
+            _send(self._requests, kind, value)
+            (size,) = _SIZE.unpack(_read_exact(self._replies, _SIZE.size))
+            ok, answer = pickle.loads(_read_exact(self._replies, size))
+        except (EOFError, BrokenPipeError, ValueError) as exc:
+            code = self._process.poll()
+            raise RecordingError(f"the recording's writer process ended (exit code {code})") from exc
+        if not ok:
+            raise RecordingError(f"cannot write the recording in {self._path}: {answer}")
+        return answer
+
+
+def _die_with_parent(parent: int) -> None:
+    """Be killed when the proxy's thread that started this process ends (Linux), or end now if it has."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(0)
+
+
+def main(argv: list[str]) -> int:
+    """The child: serve requests from stdin until a close or the end of input."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with_parent(int(argv[0]))
+    with contextlib.suppress(OSError):
+        os.nice(_NICENESS)
+    requests, replies = sys.stdin.fileno(), os.dup(sys.stdout.fileno())
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print must not garble the replies
+    writer: SegmentWriter | None = None
+    while True:
+        try:
+            kind, value = _receive(requests)
+        except EOFError:
+            break
+        try:
+            answer: object = None
+            if kind == _START:
+                path, config = cast(tuple[str, RecordConfig], value)
+                writer = SegmentWriter(Path(path), config)
+            elif writer is None:
+                raise RecordingError("the writer was not started")
+            elif kind == _WRITE:
+                answer = writer.write(cast(list[QueueItem], value))
+            elif kind == _SYNC:
+                writer.sync(cast(bytes | None, value))
+            elif kind == _CLOSE:
+                writer.close(cast(bytes | None, value))
+                writer = None
+                _reply(replies, True, None)
+                return 0
+        except (OSError, RecordingError) as exc:
+            _reply(replies, False, exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc))
+            continue
+        _reply(replies, True, answer)
+    if writer is not None:
+        writer.close(None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
