@@ -626,8 +626,8 @@ def print_observers(results: dict[str, dict[str, float]]) -> None:
             line += (f"  recorded {row['recorded']:,.0f} of {row['sent']:,.0f} frames (recorder dropped "
                      f"{row['dropped']:,.0f}; the rest the observer queue dropped)")
         if "observed" in row:
-            line += (f"  telemetry saw {row['observed']:,.0f} of {row['sent']:,.0f} SENDs + receipts "
-                     f"({row['events dropped']:,.0f} events dropped)")
+            line += (f"  coverage {row['observed'] / row['sent']:.1%}: telemetry saw {row['observed']:,.0f} of "
+                     f"{row['sent']:,.0f} SENDs + receipts ({row['events dropped']:,.0f} events dropped)")
         if "scrape s" in row:
             line += f"; /metrics scraped in {row['scrape s']:.2f}s"
         print(line)

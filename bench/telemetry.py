@@ -14,14 +14,16 @@ Two measurements:
   ``off``, and the events the observer queue dropped (telemetry falling behind
   shows there, never as slower traffic).
 - ``observer``: the sans-IO core alone: a scripted session of SEND/SEND_RECEIPT
-  frames fed straight into :class:`proxy.telemetry.Telemetry`; printed as
-  microseconds per frame.
+  frames fed straight into :class:`proxy.telemetry.Telemetry` one by one (the full
+  path), and the same frames as the relay hands passed-through bytes over: runs of
+  ``--run-frames`` frames (SENDs, then their receipts) into the observer's ``on_run``
+  (the data path); printed as microseconds per frame.
 
 Spans go to a discarding exporter behind the real batch span processor, so the
 SDK's work is counted but no collector is needed.
 
 Usage: ``.venv/bin/python bench/telemetry.py [--messages 2000] [--size 100]
-[--repeat 3] [--mode proxy|observer|both]``.
+[--repeat 3] [--run-frames 200] [--mode proxy|observer|both]``.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from proxy.config.proxy_config import HostPort, LimitsConfig, ProxyConfig, ServiceUrl
-from proxy.core.hooks import ConnectionEvent, FrameEvent, Observer
+from proxy.core.hooks import ConnectionEvent, ConnectionInfo, FrameEvent, Observer, RunEvent
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.frame import Frame, encode_command, encode_payload_command, frame_from_bytes
 from proxy.protocol.session import Direction
@@ -246,16 +248,55 @@ def bench_observer(messages: int, size: int, repeat: int) -> None:
         print(f"{mode:<14}{per_frame * 1e6:>10.2f}{1 / per_frame:>12.0f}")
 
 
+def bench_observer_runs(messages: int, size: int, repeat: int, run_frames: int) -> None:
+    """The same frames in runs through ``on_run``, as the relay hands over bytes it passed through."""
+    print(f"observer alone, in runs of {run_frames} frames (the relay's way): {messages} SEND + {messages} "
+          f"SEND_RECEIPT frames, best of {repeat}")
+    print(f"{'mode':<14}{'us/frame':>10}{'frames/s':>12}{'frames seen':>13}")
+    info = ConnectionInfo(1, "127.0.0.1:1", "127.0.0.1:6650", "pulsar://127.0.0.1:6650")
+    for mode in ("metrics", "traces-100%", "traces-1%"):
+        best, seen = float("inf"), 0
+        for _ in range(repeat):
+            frames = scripted_frames(messages, size)
+            handshake, data = frames[:4], frames[4:]
+            sends = [frame.raw for direction, frame in data if direction is Direction.TO_BROKER]
+            receipts = [frame.raw for direction, frame in data if direction is Direction.TO_CLIENT]
+            events, ts, positions = [], 1, {Direction.TO_BROKER: 0, Direction.TO_CLIENT: 0}
+            for start in range(0, messages, run_frames):
+                for direction, raws in ((Direction.TO_BROKER, sends), (Direction.TO_CLIENT, receipts)):
+                    run = b"".join(raws[start:start + run_frames])
+                    events.append(RunEvent(info, direction, ts, run, 0, positions[direction], ts))
+                    positions[direction] += len(run)
+                    ts += 50_000
+            pipeline = pipeline_for(mode)
+            assert pipeline is not None
+            telemetry, observer = pipeline.telemetry, pipeline.observer
+            observer.on_connection(ConnectionEvent(info, 0, closed=False))
+            for direction, frame in handshake:
+                telemetry.frame(1, direction, frame, 0, forwarded_ns=0)
+            started = time.perf_counter()
+            for event in events:
+                observer.on_run(event)
+            best = min(best, time.perf_counter() - started)
+            seen = telemetry.frames_seen - len(handshake)
+            pipeline.shutdown()
+        per_frame = best / (2 * messages)
+        print(f"{mode:<14}{per_frame * 1e6:>10.2f}{1 / per_frame:>12.0f}{seen:>13}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=2000)
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--run-frames", type=int, default=200,
+                        help="frames per run in the observer's runs measurement (default 200)")
     parser.add_argument("--mode", choices=("proxy", "observer", "both"), default="both")
     args = parser.parse_args(argv)
     print(f"load average at the start: {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
     if args.mode in ("observer", "both"):
         bench_observer(args.messages, args.size, args.repeat)
+        bench_observer_runs(args.messages, args.size, args.repeat, args.run_frames)
     if args.mode in ("proxy", "both"):
         bench_proxy(args.messages, args.size, args.repeat)
     return 0

@@ -2,7 +2,13 @@
 
 The relay calls :meth:`ObserverHub.publish` (synchronous, never blocks); events (frames,
 runs of passed-through bytes, connections) go into one bounded Trio memory channel and
-a single task hands them to each observer, for a slice of time per scheduling turn (the relays run in between).  A long
+a single task hands them to each observer, for a slice of time per scheduling turn (the relays run in between).
+While events wait, the slice keeps telemetry's share of the loop at about ``share``:
+it lasts ``share / (1 - share)`` times as long as the relays ran since the hub's
+previous turn (at least ``slice_seconds``, at most ``max_slice_seconds``), so a
+saturated proxy spends that fraction of its time on observers rather than a fixed
+few milliseconds per turn (which, against relay turns of tens of milliseconds, left
+observers ~1 % of the requests).  A long
 run (a relay reads up to 256 KiB at once) is handed over in pieces of about
 ``RUN_PIECE_BYTES``, cut between frames, when an observer works frame by frame on runs
 (``runs_in_pieces``: telemetry), so that it never holds the relays up for a whole run.  Overflow policy: when the
@@ -16,6 +22,7 @@ from __future__ import annotations
 import struct
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Final
 
 import structlog
@@ -27,8 +34,12 @@ DEFAULT_QUEUE_SIZE: Final = 10_000
 #: bytes of RunEvents queued at most (each holds up to a receive buffer of bytes)
 DEFAULT_QUEUE_BYTES: Final = 64 * 1024 * 1024
 
-#: how long the hub's task delivers per scheduling turn at most (the relays run in between)
+#: how long the hub's task delivers per scheduling turn at least, while events wait
 _DELIVER_SECONDS_PER_TURN: Final = 0.002
+#: the fraction of the loop's time the hub takes while events wait (the relays have the rest)
+DEFAULT_SHARE: Final = 0.4
+#: the longest the hub delivers in one turn (the relays wait no longer than this for it)
+MAX_SLICE_SECONDS: Final = 0.02
 
 #: a run longer than this is delivered in pieces of about this size, cut between frames
 RUN_PIECE_BYTES: Final = 32 * 1024
@@ -45,7 +56,11 @@ class ObserverHub:
 
     def __init__(self, observers: list[Observer] | None = None, queue_size: int = DEFAULT_QUEUE_SIZE,
                  queue_bytes: int = DEFAULT_QUEUE_BYTES, slice_seconds: float = _DELIVER_SECONDS_PER_TURN,
-                 run_piece_bytes: int = RUN_PIECE_BYTES) -> None:
+                 run_piece_bytes: int = RUN_PIECE_BYTES, share: float = DEFAULT_SHARE,
+                 max_slice_seconds: float = MAX_SLICE_SECONDS,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        if not 0.0 <= share < 1.0:
+            raise ValueError(f"share {share} is not in [0, 1)")
         self.observers: list[Observer] = list(observers or [])
         # Bounded in events and in the bytes of runs: overflow drops the event and counts it (see publish).
         self._send, self._receive = trio.open_memory_channel[Event](queue_size)
@@ -55,6 +70,10 @@ class ObserverHub:
         self.delivered = 0
         self.observer_errors = 0
         self.slice_seconds = slice_seconds
+        self.max_slice_seconds = max(max_slice_seconds, slice_seconds)
+        #: the hub's time per second of the relays' (share / (1 - share))
+        self._weight = share / (1.0 - share)
+        self._clock = clock
         self.run_piece_bytes = run_piece_bytes
         #: taken from the queue, not yet delivered: the pieces of a long run
         self._pieces: deque[Event] = deque()
@@ -101,7 +120,8 @@ class ObserverHub:
     async def run(self) -> None:
         """Deliver events until :meth:`close` (the queue is drained first)."""
         receive, pieces = self._receive, self._pieces
-        clock = time.perf_counter
+        clock = self._clock
+        turn_ended = clock()
         async with receive:
             while True:
                 if pieces:
@@ -113,8 +133,12 @@ class ObserverHub:
                         return
                 # What else is waiting, without a trip through the scheduler per event (the relays
                 # publish many events per turn; one each would leave the queue to overflow), for
-                # at most a slice of time: then the relays go on (the queue absorbs the rest).
-                until = clock() + self.slice_seconds
+                # a slice in proportion to the relays' last turn: then the relays go on (the queue
+                # absorbs the rest).
+                started = clock()
+                slice_seconds = min(max((started - turn_ended) * self._weight, self.slice_seconds),
+                                    self.max_slice_seconds)
+                until = started + slice_seconds
                 self._deliver(pieces.popleft())
                 while clock() < until:
                     if not pieces:
@@ -123,6 +147,7 @@ class ObserverHub:
                         except (trio.WouldBlock, trio.EndOfChannel):
                             break
                     self._deliver(pieces.popleft())
+                turn_ended = clock()
 
     def _take(self, event: Event) -> None:
         """Queue an event for delivery; a long run as pieces cut between frames."""

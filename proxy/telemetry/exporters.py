@@ -37,6 +37,7 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 
 from proxy.errors import ConfigError
+from proxy.telemetry.histogram import FoldsHistograms
 
 EXPORTERS: Final = ("none", "console", "otlp")
 PROTOCOLS: Final = ("http", "grpc")
@@ -173,14 +174,17 @@ def _grpc_target(endpoint: str) -> str:
     return endpoint.split("://", 1)[-1].rstrip("/")
 
 
+class FoldingPeriodicReader(FoldsHistograms, PeriodicExportingMetricReader):
+    """The periodic OTLP export, the pre-aggregated latency histogram included."""
+
+
 def metric_readers(settings: ExportSettings) -> list[MetricReader]:
     """Readers beyond /metrics' in-process one: a periodic OTLP export when ``exporter: otlp``."""
     if settings.exporter != "otlp" or not settings.otlp_metrics:
         return []
     _silence_sdk_exporter_logs()
-    return [PeriodicExportingMetricReader(_metric_exporter(settings),
-                                          export_interval_millis=settings.metric_interval_ms,
-                                          export_timeout_millis=settings.timeout_s * 1000)]
+    return [FoldingPeriodicReader(_metric_exporter(settings), export_interval_millis=settings.metric_interval_ms,
+                                  export_timeout_millis=settings.timeout_s * 1000)]
 
 
 def tracer_provider(settings: ExportSettings, resource: Resource, *, exporter: SpanExporter | None = None,

@@ -17,8 +17,11 @@
 
 Topic labels have bounded cardinality: the policy keeps at most ``max_topics``
 distinct topic values (optionally only those matching glob patterns) and folds the
-rest into ``other``.  An in-process :class:`InMemoryMetricReader` backs
-:meth:`ProxyMetrics.prometheus_text`; other readers (OTLP) can be added.
+rest into ``other``.  An in-process reader backs :meth:`ProxyMetrics.prometheus_text`;
+other readers (OTLP) can be added.  The latency histogram is aggregated by
+:class:`~proxy.telemetry.histogram.PreAggregatedHistogram` (a tenth of the SDK's cost
+per request, the same output), so every reader must fold it in
+(:class:`~proxy.telemetry.histogram.FoldsHistograms`).
 """
 
 from __future__ import annotations
@@ -29,12 +32,13 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricReader
-from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.util.types import AttributeValue
 
 from proxy.telemetry import prometheus
+from proxy.telemetry.histogram import FoldingInMemoryReader, FoldsHistograms, PreAggregatedHistogram
 
 #: Seconds; from sub-millisecond loopback round trips to slow broker fail-overs.
 LATENCY_BUCKETS_S: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
@@ -73,21 +77,34 @@ class TopicLabelPolicy:
         return topic
 
 
+def _request_attributes(key: tuple[str, str, str | None]) -> dict[str, AttributeValue]:
+    command, outcome, topic = key
+    attributes: dict[str, AttributeValue] = {"command": command, "outcome": outcome}
+    if topic is not None:
+        attributes["topic"] = topic
+    return attributes
+
+
 class ProxyMetrics:
     """The instruments; see the module docstring.  Methods are cheap and never do I/O.
 
     Counters and gauges are kept as plain numbers and read by observable
     instruments when a reader collects (an SDK ``add`` per frame would cost more
-    than the rest of telemetry); only the latency histogram records per request.
+    than the rest of telemetry); the latency histogram is pre-aggregated per
+    request and added to each collection.
     """
 
     def __init__(self, *, topic_policy: TopicLabelPolicy | None = None,
                  extra_readers: Sequence[MetricReader] = (), resource: Resource | None = None) -> None:
         self.topics = topic_policy or TopicLabelPolicy()
-        self.reader = InMemoryMetricReader()
-        views = [View(instrument_name=REQUEST_DURATION,
-                      aggregation=ExplicitBucketHistogramAggregation(LATENCY_BUCKETS_S))]
-        self.provider = MeterProvider(metric_readers=[self.reader, *extra_readers], views=views,
+        self.reader = FoldingInMemoryReader()
+        readers: list[FoldsHistograms] = [self.reader]
+        for reader in extra_readers:
+            if not isinstance(reader, FoldsHistograms):
+                raise TypeError(f"{type(reader).__name__} does not fold in the latency histogram")
+            readers.append(reader)
+        # No exemplars: nothing records through the SDK's synchronous path (the histogram is ours).
+        self.provider = MeterProvider(metric_readers=readers, exemplar_filter=AlwaysOffExemplarFilter(),
                                       resource=resource or Resource.create({"service.name": "pulsar-tap"}))
         meter = self.provider.get_meter("pulsar-tap")
         self._drop_sources: dict[str, Callable[[], int]] = {}
@@ -100,8 +117,12 @@ class ProxyMetrics:
         self.producers = 0
         self.consumers = 0
         self.outstanding_permits = 0
-        self.request_duration = meter.create_histogram(
-            REQUEST_DURATION, unit="s", description="Time from a request to its response, as the client sees it")
+        # Registered for its name, unit and scope; measurements go to the pre-aggregated histogram.
+        self.request_duration = PreAggregatedHistogram(meter.create_histogram(
+            REQUEST_DURATION, unit="s", description="Time from a request to its response, as the client sees it"),
+            LATENCY_BUCKETS_S)
+        for reader in readers:
+            reader.fold_in(self.request_duration)
         meter.create_observable_counter("pulsar_tap_frames", callbacks=[self._observe_frames],
                                         description="Frames through the proxy")
         meter.create_observable_counter("pulsar_tap_bytes", callbacks=[self._observe_bytes], unit="By",
@@ -120,10 +141,8 @@ class ProxyMetrics:
 
     # -- recording ------------------------------------------------------------------------
     def request(self, command: str, topic: str | None, outcome: str, seconds: float) -> None:
-        attributes = {"command": command, "outcome": outcome}
-        if self.topics.enabled:
-            attributes["topic"] = self.topics.label(topic)
-        self.request_duration.record(max(seconds, 0.0), attributes)
+        key = (command, outcome, self.topics.label(topic) if self.topics.enabled else None)
+        self.request_duration.record(key, lambda: _request_attributes(key), max(seconds, 0.0))
 
     def frame(self, command: str, direction: str, origin: str, size: int) -> None:
         counts = self._frames.get((command, direction, origin))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from proxy.config.proxy_config import ServiceUrl
 from proxy.core.hooks import ConnectionEvent, ConnectionInfo, FrameEvent, Origin, RunEvent
 from proxy.core.lookup import BrokerDirectory
@@ -186,7 +188,7 @@ async def test_the_hub_hands_a_long_run_over_in_pieces_cut_between_frames() -> N
 
 async def test_the_relays_run_between_the_pieces_of_a_long_run() -> None:
     log: list[object] = []
-    hub = ObserverHub([_Collect(log)], slice_seconds=0.0, run_piece_bytes=4096)
+    hub = ObserverHub([_Collect(log)], slice_seconds=0.0, run_piece_bytes=4096, share=0.0)
     info = ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None)
     await _deliver_all(hub, RunEvent(info, TO_BROKER, 0, sends(500, 60), 0, 0, 0), ticks=log)
     kinds = ["piece" if isinstance(entry, RunEvent) else "tick" for entry in log]
@@ -200,6 +202,41 @@ async def test_the_relays_run_between_the_pieces_of_a_long_run() -> None:
     kinds = ["piece" if isinstance(entry, RunEvent) else "tick" for entry in log]
     first, last = kinds.index("piece"), len(kinds) - 1 - kinds[::-1].index("piece")
     assert "tick" not in kinds[first:last]
+
+
+@pytest.mark.parametrize("share", [0.2, 0.4, 0.6])
+async def test_while_events_wait_the_hub_takes_its_share_of_the_loop(share: float) -> None:
+    """Each hub turn lasts share / (1 - share) of the relays' time since its previous one.
+
+    A fake clock: a relay turn publishes 200 events and takes 10 ms; an observer takes
+    0.1 ms an event.  Over 40 relay turns the hub must have used about share / (1 - share)
+    of the relays' 400 ms (it has plenty queued), not a fixed 2 ms per turn.
+    """
+    import trio
+
+    now = [0.0]
+
+    class Slow(_Collect):
+        runs_in_pieces = False
+
+        def on_run(self, event: RunEvent) -> None:
+            now[0] += 0.0001
+
+    hub = ObserverHub([Slow([])], share=share, slice_seconds=0.0, max_slice_seconds=1.0, clock=lambda: now[0])
+    info = ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None)
+    relay_seconds = 0.0
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(hub.run)
+        for turn in range(40):
+            for index in range(200):
+                hub.publish(RunEvent(info, TO_BROKER, 0, b"x", 0, turn * 200 + index, 0))
+            now[0] += 0.010
+            relay_seconds += 0.010
+            await trio.lowlevel.checkpoint()
+        hub_seconds = hub.delivered * 0.0001
+        hub.close()
+    assert hub.dropped == 0
+    assert 0.85 < hub_seconds / relay_seconds / (share / (1 - share)) < 1.15, (hub_seconds, relay_seconds)
 
 
 async def test_observers_that_take_runs_whole_get_them_as_received() -> None:
