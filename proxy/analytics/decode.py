@@ -156,7 +156,8 @@ def message_values(metadata: api.MessageMetadata, payload: bytes, values: list[t
             raise BatchError(f"message {index} of the batch: undecodable SingleMessageMetadata: {exc}") from None
         size = single.payload_size
         properties = single.properties
-        if (not size and not single.HasField("payload_size")) or (properties and not single.IsInitialized()):
+        property_total = len(properties)
+        if (not size and not single.HasField("payload_size")) or (property_total and not single.IsInitialized()):
             missing = ", ".join(single.FindInitializationErrors())
             raise BatchError(f"message {index} of the batch: SingleMessageMetadata lacks required fields: {missing}")
         pos += meta_size
@@ -168,8 +169,8 @@ def message_values(metadata: api.MessageMetadata, payload: bytes, values: list[t
         key = single.partition_key
         if not key and not single.HasField("partition_key"):
             key = None
-        append((sequence_id, size, key, len(properties) if len(properties) < 2 else property_count(properties),
-                index, single.event_time or None))
+        append((sequence_id, size, key, property_total if property_total < 2 else property_count(properties), index,
+                single.event_time or None))
         pos += size
     if pos != end:
         raise BatchError(f"{end - pos} stray bytes after the last message of the batch")
