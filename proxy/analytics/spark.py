@@ -115,9 +115,6 @@ def spark_session(master: str | None = None, app_name: str = "pulsar-tap analyze
             .config("spark.driver.extraJavaOptions", driver_options)
             .config("spark.executor.extraJavaOptions", java_options)
             .config("spark.local.dir", str(Path(scratch) / "local"))
-            # The JVM talks to its Python workers over Unix sockets rather than loopback TCP: over TCP each
-            # task waited ~30 ms more (an empty 13-task job 0.40-0.45 s, over Unix sockets 0.14 s).
-            .config("spark.python.unix.domain.socket.enabled", "true")
         )
         for setting, variable in (("spark.driver.memory", "PULSAR_TAP_SPARK_DRIVER_MEMORY"),
                                   ("spark.executor.memory", "PULSAR_TAP_SPARK_EXECUTOR_MEMORY")):
