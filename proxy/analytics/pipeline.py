@@ -157,11 +157,11 @@ def task_groups(sizes: Sequence[int], tasks: int) -> list[list[int]]:
     """The indices of ``sizes`` dealt into at most ``tasks`` groups of about equal total size.
 
     Largest first, each to the group with the least so far; each group in index order.
-    A plain task costs the driver's JVM ~10 ms of CPU whatever it does (an empty 13-task
-    job 0.14 s, a 2-task one 0.04 s on the 2-core machine), so the plain steps run two
-    tasks per core, each over a group of splits, rather than one task per split:
-    equal-sized splits keep the cores as evenly busy either way, and the second task
-    per core still lets a core that others slow down hand work to the other.
+    A plain task costs the driver's JVM ~10 ms of CPU and ~30 ms of waiting whatever it
+    does (an empty 13-task job 0.40-0.45 s, a 2-task one 0.09 s on the 2-core machine),
+    so the plain steps run two tasks per core, each over a group of splits, rather than
+    one task per split: equal-sized splits keep the cores as evenly busy either way, and
+    the second task per core still lets a core that others slow down hand work to the other.
     """
     count = max(1, min(len(sizes), tasks))
     groups: list[list[int]] = [[] for _ in range(count)]
