@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from proxy.analytics import tables as tb
-from proxy.analytics.decode import SEND, SEND_ERROR, ChunkAssembler, message_rows
+from proxy.analytics.decode import SEND, SEND_ERROR, ChunkAssembler, message_values, unread_batch_values
 from proxy.errors import ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol import chunks, compression
@@ -152,21 +152,20 @@ class ConnectionFinisher:
                           topic: str | None) -> None:
         publish_time, compression_name = last.publish_time, compression.compression_name(last.compression)
         metadata = whole.metadata
-        staged: list[tuple[Any, ...]] = []
+        values: list[tuple[Any, ...]] = []
         if metadata.HasField("num_messages_in_batch") and not metadata.encryption_keys:
-            count = metadata.num_messages_in_batch
-            staged = [(self.conn_id, ts_ns, last.producer_name, metadata.sequence_id + i, publish_time, None,
-                       compression_name, None, None, i if count > 1 else -1, None) for i in range(count)]
+            values = unread_batch_values(metadata.sequence_id, metadata.num_messages_in_batch)
         else:
             if metadata.compression != compression.NONE and not metadata.encryption_keys:
                 # The payload is not here to inflate: its size is what the metadata says it inflates to.
                 metadata.compression = compression.NONE
                 whole = chunks.AssembledMessage(metadata, bytes(metadata.uncompressed_size), whole.num_chunks,
                                                 whole.uuid)
-            message_rows(metadata, whole.payload, staged, self.conn_id, ts_ns, last.producer_name, publish_time,
-                         compression_name, None, None, None)
-        for row in staged:
-            self.out.messages.append((self.recording, row[0], row[1], topic, *row[2:11]))
+            message_values(metadata, whole.payload, values)
+        for sequence_id, size, key, properties_count, batch_index, event_time in values:
+            self.out.messages.append((self.recording, self.conn_id, ts_ns, topic, last.producer_name, sequence_id,
+                                      publish_time, size, compression_name, key, properties_count, batch_index,
+                                      event_time))
 
     def _chunk_reset(self, row: dict[str, Any]) -> None:
         producer_name, uuid = row["message"].split("\x00", 1)

@@ -111,33 +111,38 @@ def property_count(properties: Any) -> int:
     return len(properties) if len(properties) < 2 else len({kv.key for kv in properties})
 
 
-def message_rows(metadata: api.MessageMetadata, payload: bytes, rows: list[tuple[Any, ...]], conn_id: int,
-                 ts_ns: int, producer_name: str, publish_time: int, compression_name: str, epoch: int | None,
-                 ref_kind: int | None, ref_id: int | None) -> None:
+#: The columns of a ``messages`` row that differ between the messages of one payload, in the order
+#: :func:`message_values` gives them; the others (:data:`MESSAGE_SHARED`) are the payload's.
+MESSAGE_OWN: Final = ("sequence_id", "size", "key", "properties_count", "batch_index", "event_time_ms")
+MESSAGE_SHARED: Final = ("conn_id", "ts_ns", "producer_name", "publish_time_ms", "compression", "epoch", "ref_kind",
+                         "ref_id")
+
+
+def message_values(metadata: api.MessageMetadata, payload: bytes, values: list[tuple[Any, ...]]) -> None:
     """The application messages of one whole (not chunked) payload, as ``decode_messages`` finds them.
 
-    Appends one :data:`~proxy.analytics.tables.STAGED` ``messages`` row (without
-    ``recording``) per message to ``rows``; raises what ``decode_messages`` raises (the
-    caller drops what was added for the payload then).
+    Appends one tuple of the :data:`MESSAGE_OWN` columns per message to ``values``
+    (the rest of a ``messages`` row is the same for every message of the payload);
+    raises what ``decode_messages`` raises (the caller drops what was added for the
+    payload then).
     """
     base_key = metadata.partition_key if metadata.HasField("partition_key") else None
     if metadata.encryption_keys:
-        rows.append((conn_id, ts_ns, producer_name, metadata.sequence_id, publish_time, len(payload),
-                     compression_name, base_key, property_count(metadata.properties), -1, None, epoch, ref_kind,
-                     ref_id))
+        values.append((metadata.sequence_id, len(payload), base_key, property_count(metadata.properties), -1, None))
         return
     data = compression.decompress(metadata.compression, payload, metadata.uncompressed_size)
     if not metadata.HasField("num_messages_in_batch"):
-        rows.append((conn_id, ts_ns, producer_name, metadata.sequence_id, publish_time, len(data), compression_name,
-                     base_key, property_count(metadata.properties), -1, metadata.event_time or None, epoch,
-                     ref_kind, ref_id))
+        values.append((metadata.sequence_id, len(data), base_key, property_count(metadata.properties), -1,
+                       metadata.event_time or None))
         return
     count = metadata.num_messages_in_batch
     if not 0 < count <= MAX_BATCH_MESSAGES:
         raise BatchError(f"implausible num_messages_in_batch {count}")
     pos, end = 0, len(data)
     unpack, parse, first_sequence, append = _U32.unpack_from, api.SingleMessageMetadata.FromString, \
-        metadata.sequence_id, rows.append
+        metadata.sequence_id, values.append
+    # decode_message(SingleMessageMetadata, ...) inlined: this loop runs once per message.  A field's
+    # presence is asked for only when its value is the default (asking costs as much as reading it).
     for index in range(count):
         if end - pos < 4:
             raise BatchError(f"batch ends before message {index} of {count}")
@@ -145,27 +150,35 @@ def message_rows(metadata: api.MessageMetadata, payload: bytes, rows: list[tuple
         pos += 4
         if meta_size > end - pos:
             raise BatchError(f"metadata of message {index} runs past the end of the batch")
-        # decode_message(SingleMessageMetadata, ...) inlined: this loop runs once per message
         try:
             single = parse(data[pos:pos + meta_size])
         except (DecodeError, RuntimeError, ValueError) as exc:
             raise BatchError(f"message {index} of the batch: undecodable SingleMessageMetadata: {exc}") from None
+        size = single.payload_size
         properties = single.properties
-        if not single.HasField("payload_size") or (properties and not single.IsInitialized()):
+        property_total = len(properties)
+        if (not size and not single.HasField("payload_size")) or (property_total and not single.IsInitialized()):
             missing = ", ".join(single.FindInitializationErrors())
             raise BatchError(f"message {index} of the batch: SingleMessageMetadata lacks required fields: {missing}")
         pos += meta_size
-        size = single.payload_size
         if not 0 <= size <= end - pos:
             raise BatchError(f"payload of message {index} runs past the end of the batch")
-        append((conn_id, ts_ns, producer_name,
-                single.sequence_id if single.HasField("sequence_id") else first_sequence + index, publish_time, size,
-                compression_name, single.partition_key if single.HasField("partition_key") else None,
-                len(properties) if len(properties) < 2 else property_count(properties), index,
-                single.event_time or None, epoch, ref_kind, ref_id))
+        sequence_id = single.sequence_id
+        if not sequence_id and not single.HasField("sequence_id"):
+            sequence_id = first_sequence + index
+        key = single.partition_key
+        if not key and not single.HasField("partition_key"):
+            key = None
+        append((sequence_id, size, key, property_total if property_total < 2 else property_count(properties), index,
+                single.event_time or None))
         pos += size
     if pos != end:
         raise BatchError(f"{end - pos} stray bytes after the last message of the batch")
+
+
+def unread_batch_values(first_sequence: int, count: int) -> list[tuple[Any, ...]]:
+    """:data:`MESSAGE_OWN` columns of the ``count`` messages of a payload that was not recorded."""
+    return [(first_sequence + index, None, None, None, index if count > 1 else -1, None) for index in range(count)]
 
 
 def replication_rows(ts_ns: int, metadata: api.MessageMetadata, payload: bytes | None
@@ -236,24 +249,81 @@ class _Rows:
         self.batches: list[pa.RecordBatch] = []
 
     def flush(self) -> None:
-        import pyarrow as pa
-
         if not self.rows:
             return
-        try:
-            arrays = pa.RecordBatch.from_struct_array(pa.array(self.rows, type=self.row_type)).columns
-        except (pa.ArrowInvalid, pa.ArrowTypeError):  # text recorded as bytes that are not UTF-8
-            columns = list(zip(*self.rows, strict=True))
-            arrays = [_array(values, kind) for values, kind in zip(columns, self.schema.types[1:], strict=True)]
-        recording = pa.repeat(pa.scalar(self.recording, pa.string()), len(self.rows))
-        self.batches.append(pa.RecordBatch.from_arrays([recording, *arrays], schema=self.schema))
+        self._add_batch(_columns(self.rows, self.row_type), len(self.rows))
         self.rows = []
+
+    def _add_batch(self, arrays: list[pa.Array], count: int) -> None:
+        import pyarrow as pa
+
+        recording = pa.repeat(pa.scalar(self.recording, pa.string()), count)
+        self.batches.append(pa.RecordBatch.from_arrays([recording, *arrays], schema=self.schema))
 
     def table(self) -> pa.Table:
         import pyarrow as pa
 
         self.flush()
         return pa.Table.from_batches(self.batches, schema=self.schema)
+
+
+class _MessageRows(_Rows):
+    """``messages`` rows, kept as each message's own columns and, once per payload, the shared ones.
+
+    The messages of a batch share eight of a row's fourteen columns
+    (:data:`MESSAGE_SHARED`): Arrow repeats them instead of Python carrying them in
+    every message's tuple (:attr:`values` holds the :data:`MESSAGE_OWN` columns).
+    """
+
+    def __init__(self, recording: str) -> None:
+        import pyarrow as pa
+
+        super().__init__(tb.STAGED["messages"], recording)
+        self.own_type = pa.struct([self.schema.field(name) for name in MESSAGE_OWN])
+        self.shared_type = pa.struct([self.schema.field(name) for name in MESSAGE_SHARED])
+        self.values: list[tuple[Any, ...]] = []
+        #: per payload: its shared columns, and how many of :attr:`values` follow from it
+        self.shared: list[tuple[Any, ...]] = []
+        self.counts: list[int] = []
+
+    def mark(self) -> tuple[int, int]:
+        return len(self.values), len(self.shared)
+
+    def add(self, shared: tuple[Any, ...], mark: tuple[int, int]) -> None:
+        """The values added since ``mark`` were one payload's messages, with these shared columns."""
+        count = len(self.values) - mark[0]
+        if count:
+            self.shared.append(shared)
+            self.counts.append(count)
+
+    def rollback(self, mark: tuple[int, int]) -> None:
+        del self.values[mark[0]:]
+        del self.shared[mark[1]:]
+        del self.counts[mark[1]:]
+
+    def flush(self) -> None:
+        import numpy as np
+        import pyarrow as pa
+
+        if not self.values:
+            return
+        payload_of = pa.array(np.repeat(np.arange(len(self.counts), dtype=np.int64), self.counts))
+        shared = [column.take(payload_of) for column in _columns(self.shared, self.shared_type)]
+        by_name = dict(zip(MESSAGE_SHARED, shared, strict=True))
+        by_name.update(zip(MESSAGE_OWN, _columns(self.values, self.own_type), strict=True))
+        self._add_batch([by_name[name] for name in self.schema.names[1:]], len(self.values))
+        self.values, self.shared, self.counts = [], [], []
+
+
+def _columns(rows: list[tuple[Any, ...]], row_type: pa.StructType) -> list[pa.Array]:
+    """Row tuples as Arrow columns of ``row_type``'s fields (C++ transposes them in one go)."""
+    import pyarrow as pa
+
+    try:
+        return list(pa.RecordBatch.from_struct_array(pa.array(rows, type=row_type)).columns)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):  # text recorded as bytes that are not UTF-8
+        columns = list(zip(*rows, strict=True))
+        return [_array(values, row_type.field(index).type) for index, values in enumerate(columns)]
 
 
 def _array(values: tuple[Any, ...], kind: pa.DataType) -> pa.Array:
@@ -294,7 +364,7 @@ class SplitDecoder:
         self.split = split
         self.recording = recording
         self.frames = _Rows(tb.STAGED["frames"], recording)
-        self.messages = _Rows(tb.STAGED["messages"], recording)
+        self.messages = _MessageRows(recording)
         self.replication = _Rows(tb.STAGED["replication"], recording)
         self.edges = _Rows(tb.EDGE, recording)
         self.connections: dict[int, _Connection] = {}
@@ -373,7 +443,7 @@ class SplitDecoder:
             self.frames.flush()
         if section is None or (frame_type != SEND and frame_type != MESSAGE):
             return
-        messages_mark, replication_mark = len(self.messages.rows), len(self.replication.rows)
+        messages_mark, replication_mark = self.messages.mark(), len(self.replication.rows)
         try:
             metadata = section.metadata
             if frame_type == SEND:
@@ -387,10 +457,10 @@ class SplitDecoder:
                                                   metadata.publish_time, lag_ms, snapshot_id, source_cluster, epoch,
                                                   ref_kind, ref_id))
         except (ProtocolError, ValueError):
-            del self.messages.rows[messages_mark:]
+            self.messages.rollback(messages_mark)
             del self.replication.rows[replication_mark:]
             raise
-        if len(self.messages.rows) >= BATCH_ROWS:
+        if len(self.messages.values) >= BATCH_ROWS:
             self.messages.flush()
         if len(self.replication.rows) >= BATCH_ROWS:
             self.replication.flush()
@@ -399,34 +469,27 @@ class SplitDecoder:
                   metadata: api.MessageMetadata, section: Any, stripped: bool, epoch: int, producer_id: int,
                   frame_size: int) -> None:
         """The messages rows of a SEND, as the reference's ``_MessageDecoder.rows``."""
-        rows = self.messages.rows
-        producer_name, publish_time = metadata.producer_name, metadata.publish_time
-        compression_name = compression.compression_name(metadata.compression)
         if metadata.HasField("marker_type"):
             return
+        messages = self.messages
+        values, mark = messages.values, messages.mark()
+        shared = (conn_id, ts_ns, metadata.producer_name, metadata.publish_time,
+                  compression.compression_name(metadata.compression), epoch, tb.REF_PRODUCER, producer_id)
         if metadata.HasField("uuid") and metadata.num_chunks_from_msg > 1:
             if stripped:
                 if metadata.chunk_id + 1 >= metadata.num_chunks_from_msg:
-                    rows.append((conn_id, ts_ns, producer_name, metadata.sequence_id, publish_time,
-                                 metadata.total_chunk_msg_size, compression_name, None, None, -1, None,
-                                 epoch, tb.REF_PRODUCER, producer_id))
-                return
-            whole = self._chunk(connection, conn_id, seq, ts_ns, direction, metadata, section, producer_id,
-                                frame_size)
-            if whole is None:
-                return
-            metadata, payload = whole.metadata, whole.payload
+                    values.append((metadata.sequence_id, metadata.total_chunk_msg_size, None, None, -1, None))
+            else:
+                whole = self._chunk(connection, conn_id, seq, ts_ns, direction, metadata, section, producer_id,
+                                    frame_size)
+                if whole is not None:
+                    message_values(whole.metadata, whole.payload, values)
         elif stripped:
             count = metadata.num_messages_in_batch if metadata.HasField("num_messages_in_batch") else 1
-            first = metadata.sequence_id
-            for i in range(count):
-                rows.append((conn_id, ts_ns, producer_name, first + i, publish_time, None, compression_name, None,
-                             None, i if count > 1 else -1, None, epoch, tb.REF_PRODUCER, producer_id))
-            return
+            values += unread_batch_values(metadata.sequence_id, count)
         else:
-            payload = section.payload
-        message_rows(metadata, payload, rows, conn_id, ts_ns, producer_name, publish_time, compression_name, epoch,
-                     tb.REF_PRODUCER, producer_id)
+            message_values(metadata, section.payload, values)
+        messages.add(shared, mark)
 
     def _chunk(self, connection: _Connection, conn_id: int, seq: int, ts_ns: int, direction: str,
                metadata: api.MessageMetadata,
@@ -496,5 +559,5 @@ def decode_split(split: Split, data: SegmentBytes, recording: str | None = None)
     return output
 
 
-__all__ = ["BATCH_ROWS", "SplitDecoder", "SplitOutput", "decode_split", "message_rows", "parse_frame",
-           "replication_rows", "server_error_name"]
+__all__ = ["BATCH_ROWS", "MESSAGE_OWN", "MESSAGE_SHARED", "SplitDecoder", "SplitOutput", "decode_split",
+           "message_values", "parse_frame", "replication_rows", "server_error_name", "unread_batch_values"]

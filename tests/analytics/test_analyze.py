@@ -278,3 +278,18 @@ def test_many_edge_rows_are_shuffled_by_connection_with_the_same_tables(tmp_path
     assert done.returncode == 0, done.stderr[-3000:]
     for name in TABLES:
         assert as_rows(tmp_path / "spark", name) == as_rows(tmp_path / "one", name), name
+
+
+@pytest.mark.parametrize("tasks", [1, 2, 4, 64])
+def test_splits_are_dealt_into_tasks_of_about_equal_bytes(tasks: int) -> None:
+    """The plain steps' task groups: every split exactly once, at most ``tasks`` groups, each in split order,
+    and no group heavier than the lightest by more than the largest split."""
+    from proxy.analytics.pipeline import task_groups
+
+    sizes = [8 << 20] * 12 + [4_400_000, 3, 9 << 20, 1 << 20]
+    groups = task_groups(sizes, tasks)
+    assert sorted(i for group in groups for i in group) == list(range(len(sizes)))
+    assert len(groups) == min(tasks, len(sizes)) and all(group == sorted(group) for group in groups)
+    loads = [sum(sizes[i] for i in group) for group in groups]
+    assert max(loads) - min(loads) <= max(sizes)
+    assert task_groups([], tasks) == []

@@ -154,22 +154,33 @@ def test_a_segment_that_is_not_one_is_reported_not_fatal() -> None:
     assert "bad magic" in reader.skipped[0].describe()
 
 
+class Segment:
+    """A one-segment recording written frame by frame, a millisecond apart."""
+
+    def __init__(self, recording: Path) -> None:
+        self.recording = recording
+        self.data = bytearray(SEGMENT_MAGIC)
+        self.data += encode_record(rpb.Record(header=rpb.SegmentHeader(
+            format_version=1, recording_id=recording.name, segment_index=1, created_ns=1)))
+        self.now = 1_763_800_000_000_000_000
+
+    def frame(self, conn_id: int, direction: int, raw: bytes) -> None:
+        self.now += 1_000_000
+        self.data += encode_frame_record(rpb.FrameRecord(
+            conn_id=conn_id, direction=direction, origin=rpb.CLIENT if direction == rpb.TO_BROKER else rpb.BROKER,
+            ts_ns=self.now, data=raw))
+
+    def save(self) -> Path:
+        self.recording.mkdir(parents=True)
+        (self.recording / "segment-000001.ptap").write_bytes(bytes(self.data))
+        return self.recording
+
+
 def test_sends_pair_with_receipts_as_the_session_machine_pairs_them_across_splits(tmp_path: Path) -> None:
     """A resent SEND replaces the waiting one, a stray receipt answers nothing, SEND_ERROR fails it, the last
     SEND of a connection is unanswered, two producers with the same sequence ids stay apart; split anywhere."""
-    recording = tmp_path / "in" / "20251122T083320Z-7"
-    recording.mkdir(parents=True)
-    data = bytearray(SEGMENT_MAGIC)
-    data += encode_record(rpb.Record(header=rpb.SegmentHeader(format_version=1, recording_id=recording.name,
-                                                              segment_index=1, created_ns=1)))
-    now = 1_763_800_000_000_000_000
-
-    def frame(conn_id: int, direction: int, raw: bytes) -> None:
-        nonlocal now
-        now += 1_000_000
-        data.extend(encode_frame_record(rpb.FrameRecord(
-            conn_id=conn_id, direction=direction, origin=rpb.CLIENT if direction == rpb.TO_BROKER else rpb.BROKER,
-            ts_ns=now, data=raw)))
+    segment = Segment(tmp_path / "in" / "20251122T083320Z-7")
+    frame = segment.frame
 
     def send(conn_id: int, producer_id: int, sequence_id: int) -> None:
         metadata = api.MessageMetadata(producer_name=f"p{producer_id}", sequence_id=sequence_id, publish_time=1)
@@ -206,7 +217,7 @@ def test_sends_pair_with_receipts_as_the_session_machine_pairs_them_across_split
         send(conn_id, 2, 1)           # producer id 2 now names another topic
         receipt(conn_id, 1, 1)
         send(conn_id, 2, 2)           # never answered
-    (recording / "segment-000001.ptap").write_bytes(bytes(data))
+    recording = segment.save()
     for split_bytes in (200, 700, 1 << 20):
         out = tmp_path / f"out-{split_bytes}"
         analyze_in_process([str(recording)], str(out), split_bytes=split_bytes)
@@ -257,3 +268,72 @@ def test_a_damaged_frame_gets_the_same_verdict_and_problem_text_as_the_one_proce
         assert spark == reader, raw.hex()
         outcomes[spark[0]] += 1
     assert outcomes["ok"] > 100 and outcomes["MalformedFrame"] > 1000, outcomes
+
+
+def test_messages_of_a_batch_get_each_column_as_the_reference_reads_it(tmp_path: Path) -> None:
+    """Per message, a batch's rows read presence, not only values: a sequence id or key set to its default
+    (0, "") is kept, an absent one comes from the batch (first sequence id + index) or is null; properties
+    count repeated keys once; event time 0 is null.  Batches that break half-way (a message without
+    payload_size, a property without value, stray bytes, a payload past the end) and encrypted or
+    unbatched payloads give the reference's rows and problems too, split anywhere."""
+    from proxy.protocol.batch import build_batch
+
+    segment = Segment(tmp_path / "in" / "20251122T083320Z-8")
+    segment.frame(1, rpb.TO_BROKER, encode_command(api.CommandConnect(client_version="t", protocol_version=21)))
+    segment.frame(1, rpb.TO_BROKER, encode_command(api.CommandProducer(
+        topic="persistent://public/default/columns", producer_id=1, request_id=1)))
+    sequence = 100
+
+    def send(body: bytes, count: int | None, **fields: Any) -> None:
+        nonlocal sequence
+        metadata = api.MessageMetadata(producer_name="p", sequence_id=sequence, publish_time=5,
+                                       uncompressed_size=len(body), **fields)
+        if count is not None:
+            metadata.num_messages_in_batch = count
+        segment.frame(1, rpb.TO_BROKER, encode_payload_command(
+            api.CommandSend(producer_id=1, sequence_id=sequence, num_messages=count or 1), metadata, body))
+        sequence += 10
+
+    def single(**fields: Any) -> api.SingleMessageMetadata:
+        properties = fields.pop("properties", [])
+        meta = api.SingleMessageMetadata(**fields)
+        for key, value in properties:
+            meta.properties.add(key=key, value=value)
+        return meta
+
+    varied = [single(payload_size=3), single(payload_size=0, sequence_id=0, partition_key=""),
+              single(payload_size=3, sequence_id=7, partition_key="k", event_time=0),
+              single(payload_size=3, event_time=99, properties=[("a", "1")]),
+              single(payload_size=3, properties=[("a", "1"), ("a", "2"), ("b", "3")]),
+              single(payload_size=3, properties=[("a", "1"), ("b", "2")], partition_key="\u00e9")]
+    send(build_batch((meta, b"xyz"[:meta.payload_size]) for meta in varied), len(varied))
+    send(build_batch([(single(payload_size=3), b"abc")]), 1, partition_key="outer", event_time=4)
+
+    def raw_batch(*parts: tuple[api.SingleMessageMetadata, bytes]) -> bytes:
+        out = b""
+        for meta, payload in parts:
+            encoded = meta.SerializePartialToString()
+            out += len(encoded).to_bytes(4, "big") + encoded + payload
+        return out
+
+    send(raw_batch((single(payload_size=1), b"a"), (single(sequence_id=3), b"")), 2)  # no payload_size
+    lacking = single(payload_size=1)
+    lacking.properties.add(key="only-key")
+    send(raw_batch((single(payload_size=1), b"a"), (lacking, b"b")), 2)  # a property without its value
+    send(raw_batch((single(payload_size=1), b"a")) + b"zz", 1)  # stray bytes
+    send(raw_batch((single(payload_size=9), b"a")), 1)  # the payload runs past the end
+    send(raw_batch((single(payload_size=1), b"a")), 2)  # fewer messages than announced
+    send(b"plain message", None, event_time=12, partition_key="solo")
+    send(b"sealed", None, encryption_keys=[api.EncryptionKeys(key="k", value=b"v")])
+    recording = segment.save()
+    for split_bytes in (150, 600, 1 << 20):
+        out = tmp_path / f"out-{split_bytes}"
+        analyze_in_process([str(recording)], str(out), split_bytes=split_bytes)
+        assert_same_as_reference([recording], out)
+        messages = pq.read_table(out / "messages").to_pylist()
+        assert len(messages) == len(varied) + 1 + 2
+        assert {(m["sequence_id"], m["key"], m["properties_count"], m["event_time_ms"]) for m in messages} >= {
+            (100, None, 0, None), (0, "", 0, None), (7, "k", 0, None), (103, None, 1, 99), (104, None, 2, None),
+            (105, "\u00e9", 2, None), (110, None, 0, None), (170, "solo", 0, 12), (180, None, 0, None)}
+        undecodable = [e for e in pq.read_table(out / "errors").to_pylist() if e["outcome"] == "undecodable"]
+        assert len(undecodable) == 5
