@@ -117,12 +117,18 @@ class BrokerConnection:
         self._reply(api.CommandError(request_id=request_id, error=server_error(name),
                                      message=message))
 
-    def poll_keepalive(self) -> KeepaliveStep:
-        """What keepalive asks for now (the server calls this often): a PING is sent; DEAD: close."""
+    def poll_keepalive(self) -> tuple[KeepaliveStep, str]:
+        """What keepalive asks for now (the server calls this often) and why: a PING is sent; DEAD: close.
+
+        As Pulsar's PulsarHandler, a tick that finds the handshake unfinished closes the
+        connection instead of pinging it.
+        """
         step = self.keepalive.poll(self.clock_ns())
         if step is KeepaliveStep.PING:
+            if self.session.state is not ConnectionState.CONNECTED:
+                return KeepaliveStep.DEAD, "handshake not completed within the keepalive interval"
             self._emit(PING_FRAME)
-        return step
+        return step, "no PONG to keepalive PING"
 
     # -- input ------------------------------------------------------------------
 

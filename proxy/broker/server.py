@@ -149,8 +149,9 @@ class BrokerNode:
             return
         while True:
             await trio.sleep(interval / 4)  # (a PING or the verdict is at most a quarter interval late)
-            if conn.poll_keepalive() is KeepaliveStep.DEAD:
-                log.warning("closing connection", peer=conn.peer, reason="no PONG to keepalive PING")
+            step, reason = conn.poll_keepalive()
+            if step is KeepaliveStep.DEAD:
+                log.warning("closing connection", peer=conn.peer, reason=reason)
                 conn.closing = True
                 signal.set()
                 return

@@ -138,6 +138,26 @@ async def test_idle_client_is_pinged_and_closed_without_pong() -> None:
             assert await silent.closed(wait_s=3)
 
 
+async def test_a_client_that_never_finishes_the_handshake_is_closed_at_the_first_tick_unpinged() -> None:
+    """PulsarHandler's keepalive tick closes a connection whose handshake is not completed ("Pulsar Handshake
+    was not completed within timeout") rather than pinging it; the embedded broker used to ping it."""
+    async with running(ClusterConfig(keepalive_seconds=0.2)) as runner, wire(runner) as mute:
+        frames: list[str] = []
+        with trio.fail_after(3):
+            try:
+                while True:
+                    frames.append((await mute.next(wait_s=3)).type_name)
+            except (EOFError, trio.BrokenResourceError):
+                pass
+        assert frames == []
+        # a client that did connect, at the same interval, is pinged and stays open while it answers
+        async with wire(runner) as answering:
+            await answering.connect()
+            await answering.expect("PING", wait_s=2)
+            await answering.send(api.CommandPong())
+            await answering.expect("PING", wait_s=2)
+
+
 async def test_a_busy_client_is_pinged_at_every_interval_as_pulsars_broker_does() -> None:
     """PulsarHandler pings on a fixed-rate timer whatever the traffic; a client can see it, so the embedded
     broker does the same (it used to ping only a silent client)."""
