@@ -5,8 +5,9 @@ The only module of :mod:`proxy.broker` that awaits.  Each broker of a cluster is
 nursery with a reader (bytes -> :class:`~proxy.protocol.frame.FrameDecoder` ->
 :class:`~proxy.broker.connection.BrokerConnection`), a writer (drains the
 connection's outbox) and a keepalive task (the shared policy of
-:mod:`proxy.protocol.keepalive`: PING a client silent for an interval, close one
-silent for an interval after the PING) — when one fails, all of them stop and
+:mod:`proxy.protocol.keepalive` on Pulsar's schedule: a PING at every tick, a close when
+nothing came since the previous tick's PING, or when a tick finds the handshake
+unfinished) — when one fails, all of them stop and
 the socket is closed.  A malformed frame or an illegal command closes the
 connection with one warning line naming the peer and the reason; a peer's reset
 or cut ends that connection only (:func:`~proxy.containment.contained`).
