@@ -73,7 +73,13 @@ async def test_10000_messages_survive_unloads_and_a_broker_restart_exactly_once_
                                                   reconnects=3)
         ids = [r.result() for r in receipts]
         assert len(ids) == total
-        assert all(a < b for a, b in itertools.pairwise(ids)), "receipts out of order"
+        # A message the killed owner stored but did not confirm is sent again and dropped by
+        # deduplication; Pulsar answers such a repeat with message id -1:-1, as the official
+        # clients hand it on. Every other id comes in order.
+        stored = [message_id for message_id in ids if message_id.ledger_id >= 0]
+        repeats = total - len(stored)
+        assert repeats <= 500 * len(disruptions), f"{repeats} repeats: more than the disruptions' pending windows"
+        assert all(a < b for a, b in itertools.pairwise(stored)), "receipts out of order"
         payloads = await _read_all(cluster.service_url_all, total)
     assert payloads == [b"msg-%06d" % i for i in range(total)]
 
