@@ -85,14 +85,35 @@ def whole_frames(data: bytes, pos: int) -> tuple[list[tuple[int, int]], int]:
     return spans, pos
 
 
+#: frames of one size in a row worth counting by stride (below, one by one costs less)
+_STRIDE_FROM = 8
+
+
 def count_frame_starts(data: bytes | memoryview, lead: int) -> int:
-    """How many frames begin in a run (what dropping it loses, as far as one can tell)."""
+    """How many frames begin in a run (what dropping it loses, as far as one can tell).
+
+    The proxy counts every frame of each run it drops, on the relay's path, so this must
+    cost much less than the frames' walk: where a frame is followed by frames of its own
+    size (a producer's messages mostly are), each of the four bytes of the size prefix is
+    compared across all of them at once (a strided slice, ``lstrip``), and the walk jumps
+    past the frames whose prefixes match.  The count is the same as frame by frame.
+    """
     pos, end, count = lead, len(data), 0
+    unpack = _SIZE.unpack_from
     while pos < end:
-        count += 1
         if end - pos < 4:
-            break
-        pos += _SIZE.unpack_from(data, pos)[0] + 4
+            return count + 1
+        prefix = data[pos:pos + 4]
+        size = unpack(prefix)[0] + 4
+        if (end - pos) // size < _STRIDE_FROM:
+            count += 1
+            pos += size
+            continue
+        # frames in a row from ``pos`` whose size prefix is this one, byte column by byte column
+        same = min(len(column) - len(column.lstrip(prefix[index:index + 1]))
+                   for index in range(4) for column in (bytes(data[pos + index:end:size]),))
+        count += same
+        pos += same * size
     return count
 
 

@@ -4,9 +4,12 @@ process reads them where they lie, and the space is reused once they are written
 from __future__ import annotations
 
 import pickle
+import struct
 from pathlib import Path
 
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from recording_sessions import BASE_NS, session
 
 from proxy.core.run_cutter import count_frame_starts
@@ -91,3 +94,26 @@ async def test_a_full_ring_drops_runs_counts_their_frames_and_never_blocks(tmp_p
     recording = open_recordings(tmp_path).recordings[0]
     assert recording.frames_dropped == recorder.stats.frames_dropped == refused
     assert len(list(recording.frames())) == len(frames) - refused
+
+
+def _frame_starts_one_by_one(data: bytes, lead: int) -> int:
+    pos, count = lead, 0
+    while pos < len(data):
+        count += 1
+        if len(data) - pos < 4:
+            break
+        pos += struct.unpack_from(">I", data, pos)[0] + 4
+    return count
+
+
+@settings(max_examples=400, deadline=None)
+@given(sizes=st.lists(st.one_of(st.sampled_from([6, 6, 6, 6, 300]), st.integers(0, 70_000)), max_size=80),
+       filler=st.binary(min_size=8, max_size=8), lead=st.integers(0, 9), cut=st.integers(0, 10**6))
+def test_the_frames_a_dropped_run_loses_are_counted_as_one_by_one(sizes: list[int], filler: bytes, lead: int,
+                                                                   cut: int) -> None:
+    """Counting by stride (runs of equal frames) gives the frame-by-frame count, wherever the run is cut."""
+    data = b"\x07" * lead + b"".join(struct.pack(">I", size) + (filler * (size // 8 + 1))[:size] for size in sizes)
+    data = data[:cut % (len(data) + 1)]
+    lead = min(lead, len(data))
+    assert count_frame_starts(data, lead) == _frame_starts_one_by_one(data, lead)
+    assert count_frame_starts(memoryview(bytearray(data)), lead) == _frame_starts_one_by_one(data, lead)
