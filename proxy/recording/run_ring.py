@@ -14,7 +14,10 @@ writer process has written them (or, for a run the recorder's queue refused, at 
 When a run does not fit, :meth:`RunRing.put` says so and the recorder drops it (and
 counts its frames), as it did when its queue held too many bytes.  The memory is a
 ``memfd`` (an unlinked temporary file where there is none): it has no name, and goes
-away when both processes have let go of it, whichever way they end.
+away when both processes have let go of it, whichever way they end.  Pages of shared
+memory stay allocated once written, so the recorder gives them back (:meth:`RunRing.tick`)
+when the ring has been empty for a while: a burst of traffic does not leave the proxy
+holding the ring's size for good.
 """
 
 from __future__ import annotations
@@ -56,6 +59,10 @@ class RunRing:
         self.view = memoryview(self._map)
         #: the (start, end) of every run in the ring, oldest first
         self._runs: deque[tuple[int, int]] = deque()
+        #: the most of the ring written since it was last trimmed
+        self._written_to = 0
+        #: runs put in so far, and as of the previous tick
+        self._puts = self._puts_at_tick = 0
 
     @classmethod
     def create(cls, size: int) -> RunRing:
@@ -99,7 +106,24 @@ class RunRing:
                 return None
         self.view[start:start + size] = data
         runs.append((start, start + size))
+        self._written_to = max(self._written_to, start + size)
+        self._puts += 1
         return start
+
+    def tick(self) -> None:
+        """Call it every second or so: trims the ring when it is empty and nothing came since the previous tick."""
+        if self._puts == self._puts_at_tick:
+            self.trim()
+        self._puts_at_tick = self._puts
+
+    def trim(self) -> None:
+        """Give the pages of an empty ring back to the system (written again, they come back as zeros)."""
+        remove = getattr(mmap, "MADV_REMOVE", None)  # Linux
+        if self._runs or not self._written_to or remove is None:
+            return
+        with contextlib.suppress(OSError):
+            self._map.madvise(remove, 0, self.size)
+        self._written_to = 0
 
     def take_back(self) -> None:
         """Release the newest run (its item was not queued after all)."""

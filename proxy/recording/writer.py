@@ -54,8 +54,9 @@ SEGMENT_SUFFIX: Final = ".ptap"
 DEFAULT_MAX_SEGMENT_BYTES: Final = 256 * 1024 * 1024
 DEFAULT_QUEUE_SIZE: Final = 10_000
 #: bytes of runs waiting for the writer (the size of the recorder's run ring); beyond this a run is
-#: dropped (and its frames counted)
-DEFAULT_QUEUE_BYTES: Final = 64 * 1024 * 1024
+#: dropped (and its frames counted).  What the observer hub's queue (64 MiB of runs) and the
+#: recorder's queue (64 MiB) held together when runs went through both.
+DEFAULT_QUEUE_BYTES: Final = 128 * 1024 * 1024
 
 DIRECTIONS: Final[dict[str, int]] = {"to_broker": rpb.TO_BROKER, "to_client": rpb.TO_CLIENT}
 ORIGINS: Final[dict[str, int]] = {"client": rpb.CLIENT, "broker": rpb.BROKER, "proxy": rpb.PROXY}

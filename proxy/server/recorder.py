@@ -233,6 +233,8 @@ class Recorder:
                         pending, batch = batch, []
                         await self._write_batch(pending)
                     if trio.current_time() >= next_sync:
+                        assert self._ring is not None
+                        self._ring.tick()
                         await self._sync(writer.sync, book.changed_index())
                         next_sync = trio.current_time() + self.config.flush_interval
         finally:

@@ -41,6 +41,35 @@ def test_runs_take_space_in_order_wrap_around_and_are_refused_when_it_is_full() 
         ring.close()
 
 
+def _resident_kib(ring: RunRing) -> int:
+    """The ring's pages in memory (its memfd's allocated blocks), in KiB."""
+    import os
+
+    assert ring.fd is not None
+    return os.fstat(ring.fd).st_blocks // 2
+
+
+def test_an_empty_ring_gives_its_pages_back_once_nothing_came_for_a_tick() -> None:
+    ring = RunRing.create(1 << 20)
+    try:
+        for _ in range(8):
+            ring.put(b"r" * (100 * 1024))
+        ring.release(8)
+        assert _resident_kib(ring) >= 800
+        ring.tick()  # runs came since the start: kept
+        assert _resident_kib(ring) >= 800
+        ring.put(b"s" * 1024)
+        ring.tick()
+        ring.tick()  # nothing came since the previous tick, but a run is still in: kept
+        assert _resident_kib(ring) >= 800 and bytes(ring.view[:4]) == b"ssss"
+        ring.release(1)
+        ring.tick()
+        assert _resident_kib(ring) == 0
+        assert ring.put(b"t" * 10) == 0 and bytes(ring.view[:10]) == b"t" * 10
+    finally:
+        ring.close()
+
+
 def test_a_run_in_the_ring_crosses_to_the_writer_process_as_its_place_not_its_bytes() -> None:
     ring = RunRing.create(1 << 16)
     try:
