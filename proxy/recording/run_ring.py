@@ -5,19 +5,22 @@ relay passed through unchanged as a view of the relay's receive buffer, which is
 as soon as the relay goes on: it has to copy them.  It copies them here, into memory it
 shares with the recording's writer process (:mod:`proxy.recording.writer_process`), so
 that only a run's place (offset and length) crosses the pipe and the child encodes and
-writes the bytes where they lie.  The ring's memory is reused run after run, so the copy
-is a plain ``memcpy`` into pages that are already there (a fresh ``bytes`` per run cost
-page faults as well, and the pipe cost two more copies).
+writes the bytes where they lie (the pipe used to cost two more copies).
 
 Runs take contiguous space in order; the space of the oldest runs is released once the
 writer process has written them (or, for a run the recorder's queue refused, at once).
 When a run does not fit, :meth:`RunRing.put` says so and the recorder drops it (and
-counts its frames), as it did when its queue held too many bytes.  The memory is a
-``memfd`` (an unlinked temporary file where there is none): it has no name, and goes
-away when both processes have let go of it, whichever way they end.  Pages of shared
-memory stay allocated once written, so the recorder gives them back (:meth:`RunRing.tick`)
-when the ring has been empty for a while: a burst of traffic does not leave the proxy
-holding the ring's size for good.
+counts its frames), as it did when its queue held too many bytes.
+
+Writing to a page of shared memory for the first time costs a page fault: copying every
+run into fresh pages took a tenth of the relay's time.  So past its first ``REUSE_FROM``
+bytes the ring goes back to its start whenever those are all free: while the writer
+keeps up, runs reuse the same few MiB, and the rest of the ring fills only when a
+backlog builds up.  Pages stay allocated once written, so the recorder gives them back
+(:meth:`RunRing.tick`) when the ring has been empty for a while: a burst of traffic does
+not leave the proxy holding the ring's size for good.  The memory is a ``memfd`` (an
+unlinked temporary file where there is none): it has no name, and goes away when both
+processes have let go of it, whichever way they end.
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ import mmap
 import os
 import tempfile
 from collections import deque
+from typing import Final
+
+#: the ring goes back to its start past this many bytes when they are all free (see above)
+REUSE_FROM: Final = 16 * 1024 * 1024
 
 
 def _shared_file(size: int) -> int:
@@ -57,6 +64,7 @@ class RunRing:
         self.size = size
         self._map = mmap.mmap(fd, size)
         self.view = memoryview(self._map)
+        self.reuse_from = min(REUSE_FROM, size)
         #: the (start, end) of every run in the ring, oldest first
         self._runs: deque[tuple[int, int]] = deque()
         #: the most of the ring written since it was last trimmed
@@ -94,7 +102,7 @@ class RunRing:
         else:
             head, tail = runs[-1][1], runs[0][0]
             if runs[-1][0] >= tail:  # not wrapped: free after the head, and before the tail
-                if head + size <= self.size:
+                if head + size <= self.size and not (head >= self.reuse_from and tail >= max(size, self.reuse_from)):
                     start = head
                 elif size <= tail:
                     start = 0

@@ -41,6 +41,25 @@ def test_runs_take_space_in_order_wrap_around_and_are_refused_when_it_is_full() 
         ring.close()
 
 
+def test_past_its_first_mib_the_ring_goes_back_to_its_start_when_that_is_free() -> None:
+    """While the writer keeps up, runs reuse the same pages; a backlog spreads over the whole ring."""
+    ring = RunRing.create(100)
+    ring.reuse_from = 30
+    try:
+        assert [ring.put(b"a" * 10) for _ in range(3)] == [0, 10, 20]
+        ring.release(2)  # 20 free at the start: less than reuse_from
+        assert ring.put(b"b" * 10) == 30
+        ring.release(1)  # 30 free at the start
+        assert ring.put(b"c" * 10) == 0  # back to the start
+        assert ring.put(b"d" * 10) == 10  # (wrapped: up to the oldest run, at 30)
+        assert ring.put(b"e" * 15) is None
+        ring.release(1)  # "b" written
+        assert ring.put(b"e" * 15) == 20  # not wrapped any more: after the head
+        assert [ring.put(b"f" * 20) for _ in range(4)] == [35, 55, 75, None]  # a backlog: the whole ring
+    finally:
+        ring.close()
+
+
 def _resident_kib(ring: RunRing) -> int:
     """The ring's pages in memory (its memfd's allocated blocks), in KiB."""
     import os
@@ -136,12 +155,15 @@ def _frame_starts_one_by_one(data: bytes, lead: int) -> int:
 
 
 @settings(max_examples=400, deadline=None)
-@given(sizes=st.lists(st.one_of(st.sampled_from([6, 6, 6, 6, 300]), st.integers(0, 70_000)), max_size=80),
+@given(groups=st.lists(st.tuples(st.one_of(st.sampled_from([6, 300, 1020]), st.integers(0, 70_000)),
+                                 st.integers(1, 120)), max_size=12),
        filler=st.binary(min_size=8, max_size=8), lead=st.integers(0, 9), cut=st.integers(0, 10**6))
-def test_the_frames_a_dropped_run_loses_are_counted_as_one_by_one(sizes: list[int], filler: bytes, lead: int,
-                                                                   cut: int) -> None:
-    """Counting by stride (runs of equal frames) gives the frame-by-frame count, wherever the run is cut."""
-    data = b"\x07" * lead + b"".join(struct.pack(">I", size) + (filler * (size // 8 + 1))[:size] for size in sizes)
+def test_the_frames_a_dropped_run_loses_are_counted_as_one_by_one(groups: list[tuple[int, int]], filler: bytes,
+                                                                   lead: int, cut: int) -> None:
+    """Counting rows of equal frames at once gives the frame-by-frame count, wherever the run is cut."""
+    frames = [struct.pack(">I", size) + (filler * (size // 8 + 1))[:size] for size, repeat in groups
+              for _ in range(repeat)]
+    data = b"\x07" * lead + b"".join(frames)
     data = data[:cut % (len(data) + 1)]
     lead = min(lead, len(data))
     assert count_frame_starts(data, lead) == _frame_starts_one_by_one(data, lead)
