@@ -625,8 +625,12 @@ def print_observers(results: dict[str, dict[str, float]]) -> None:
         line = f"{name:<24}" + "".join(f"{row[label]:>16,.0f}{row[label] / plain[label]:>8.2f}x"
                                        for label, _ in OBSERVER_SIZES)
         if "recorded" in row:
-            line += (f"  recorded {row['recorded']:,.0f} of {row['sent']:,.0f} frames (recorder dropped "
-                     f"{row['dropped']:,.0f}; the rest the observer queue dropped)")
+            # (not accounted for: frames cut by a dropped run at the end of a connection, less the
+            # CONNECT/CONNECTED frames recorded but not counted as sent; with the recorder behind the
+            # observer hub's queue, also what that queue dropped)
+            line += (f"  recorded {row['recorded']:,.0f} of {row['sent']:,.0f} frames "
+                     f"({row['recorded'] / row['sent']:.0%}; recorder dropped {row['dropped']:,.0f}, "
+                     f"not accounted for {row['sent'] - row['recorded'] - row['dropped']:,.0f})")
         if "observed" in row:
             line += (f"  coverage {row['observed'] / row['sent']:.1%}: telemetry saw {row['observed']:,.0f} of "
                      f"{row['sent']:,.0f} SENDs + receipts ({row['events dropped']:,.0f} events dropped)")

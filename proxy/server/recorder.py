@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import importlib
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -179,6 +180,9 @@ class Recorder:
 
     async def __aenter__(self) -> Recorder:
         await trio.to_thread.run_sync(self.book.create)
+        # counting a dropped run's frames uses numpy: imported now, not on the relay's path at the first drop
+        # (that stalled traffic for ~0.1 s)
+        await trio.to_thread.run_sync(importlib.import_module, "numpy")
         try:
             self._ring = ring = RunRing.create(self.config.queue_bytes)
         except OSError as exc:
