@@ -16,9 +16,11 @@ Writing to a page of shared memory for the first time costs a page fault: copyin
 run into fresh pages took a tenth of the relay's time.  So past its first ``REUSE_FROM``
 bytes the ring goes back to its start whenever those are all free: while the writer
 keeps up, runs reuse the same few MiB, and the rest of the ring fills only when a
-backlog builds up.  Pages stay allocated once written, so the recorder gives them back
-(:meth:`RunRing.tick`) when the ring has been empty for a while: a burst of traffic does
-not leave the proxy holding the ring's size for good.  The memory is a ``memfd`` (an
+backlog builds up.  Those first MiB are written once when the ring is made
+(:meth:`RunRing.prefault`, before traffic); pages stay allocated once written, so the
+recorder gives back the pages past them (:meth:`RunRing.tick`) when the ring has been
+empty for a while: a burst of traffic does not leave the proxy holding the ring's size
+for good.  The memory is a ``memfd`` (an
 unlinked temporary file where there is none): it has no name, and goes away when both
 processes have let go of it, whichever way they end.
 """
@@ -81,6 +83,13 @@ class RunRing:
             os.close(fd)
             raise
 
+    def prefault(self) -> None:
+        """Write the pages of the first ``reuse_from`` bytes (blocking; before traffic: no fault then)."""
+        zeros = bytes(1 << 20)
+        for start in range(0, self.reuse_from, len(zeros)):
+            stop = min(start + len(zeros), self.reuse_from)
+            self.view[start:stop] = zeros[:stop - start]
+
     def close_fd(self) -> None:
         """Close the descriptor (the mapping stays): once the writer process has mapped it."""
         if self.fd is not None:
@@ -125,13 +134,15 @@ class RunRing:
         self._puts_at_tick = self._puts
 
     def trim(self) -> None:
-        """Give the pages of an empty ring back to the system (written again, they come back as zeros)."""
+        """Give the pages of an empty ring past ``reuse_from`` back to the system (written again, they
+        come back as zeros)."""
         remove = getattr(mmap, "MADV_REMOVE", None)  # Linux
-        if self._runs or not self._written_to or remove is None:
+        if self._runs or self._written_to <= self.reuse_from or remove is None:
             return
         with contextlib.suppress(OSError):
-            self._map.madvise(remove, 0, self.size)
-        self._written_to = 0
+            # (whole pages: reuse_from is a multiple of the page size unless it is the whole ring)
+            self._map.madvise(remove, self.reuse_from, self.size - self.reuse_from)
+        self._written_to = self.reuse_from
 
     def take_back(self) -> None:
         """Release the newest run (its item was not queued after all)."""

@@ -185,6 +185,7 @@ class Recorder:
         await trio.to_thread.run_sync(importlib.import_module, "numpy")
         try:
             self._ring = ring = RunRing.create(self.config.queue_bytes)
+            await trio.to_thread.run_sync(ring.prefault)
         except OSError as exc:
             raise RecordingError(f"cannot set up the recording's run ring: {exc.strerror or exc}") from None
         try:
