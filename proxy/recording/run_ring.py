@@ -39,11 +39,13 @@ REUSE_FROM: Final = 16 * 1024 * 1024
 
 
 def _shared_file(size: int) -> int:
-    """A file descriptor of ``size`` bytes of memory nothing else can open (inheritable: the child maps it)."""
+    """A file descriptor of ``size`` bytes of memory nothing else can open (the child maps it)."""
+    fd: int | None = None
     create = getattr(os, "memfd_create", None)
     if create is not None:
-        fd: int = create("pulsar-tap-runs", 0)
-    else:  # pragma: no cover - systems without memfd
+        with contextlib.suppress(OSError):  # (a sandbox may refuse it)
+            fd = create("pulsar-tap-runs")  # close-on-exec: only the writer process gets it (pass_fds)
+    if fd is None:
         with tempfile.TemporaryFile() as file:
             fd = os.dup(file.fileno())
     try:
