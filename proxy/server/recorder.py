@@ -17,11 +17,11 @@ One writer task drains the queue in batches (gathering for up to 20 ms after a
 batch's first record, so that frames trickling in cost one hand-off per batch rather
 than one each) and hands each batch, from a worker thread, to the recording's writer
 process (:mod:`proxy.recording.writer_process`), which encodes and appends it
-(the ring's space is released when it has)
 (:meth:`~proxy.recording.writer.SegmentWriter.write`: cutting, redaction, payload
 stripping, segment rotation are all there, with no trio) on its own interpreter, so
-that none of it holds the interpreter lock the relays need.  Once a second the segment
-is fsynced and the index rewritten.  On exit the queue is drained and the index is
+that none of it holds the interpreter lock the relays need; the ring's space is
+released once it has.  Once a second the segment is fsynced and the index rewritten
+(and an idle ring trimmed).  On exit the queue is drained and the index is
 finished with ``end_ns``.
 """
 
