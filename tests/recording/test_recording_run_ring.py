@@ -148,6 +148,31 @@ async def test_a_full_ring_drops_runs_counts_their_frames_and_never_blocks(tmp_p
     assert len(list(recording.frames())) == len(frames) - refused
 
 
+async def test_after_the_writer_process_died_runs_are_counted_as_dropped_and_the_ring_never_stays_full(
+        tmp_path: Path) -> None:
+    """Runs taken by a batch the dead writer could not write give their ring space back: later runs
+    are still taken (and counted dropped when their batch fails too), never refused for a full ring."""
+    import os
+    import signal
+
+    from test_recording_recorder import _writer_processes_of
+
+    run = b"".join(f.raw for f in session(sends=20) if f.direction == "to_broker")[100:]  # whole frames or not
+    frames_per_run = count_frame_starts(run, 0)
+    with trio.fail_after(20):
+        async with Recorder(RecordConfig(dir=tmp_path, queue_bytes=4 * len(run))) as recorder:
+            (child,) = _writer_processes_of(os.getpid())
+            os.kill(child, signal.SIGKILL)
+            for index in range(40):  # ten rings' worth, a few at a time
+                assert recorder.record_run(1, "to_broker", BASE_NS, run, 0, index * len(run))
+                if index % 3 == 2:
+                    await trio.sleep(0.05)
+            assert recorder.failure is not None
+    assert recorder.stats.frames_recorded == 0
+    assert recorder.stats.frames_dropped == 40 * frames_per_run
+    assert not _writer_processes_of(os.getpid())
+
+
 def _frame_starts_one_by_one(data: bytes, lead: int) -> int:
     pos, count = lead, 0
     while pos < len(data):
