@@ -125,6 +125,9 @@ class RunEvent:
     (continued in a later event).  ``stream_pos`` is the offset of its first byte in
     the direction's stream (the same count advances by every received frame handed
     out as a :class:`FrameEvent`), so that a reader can tell when events were dropped.
+    With ``ConnectionPipeline``'s ``run_views``, ``data`` is a ``memoryview`` of a buffer
+    the relay reuses once ``publish`` returns: the observer hub copies it to ``bytes`` for
+    the observers its queue serves, and an ``immediate`` observer copies what it keeps.
     """
 
     connection: ConnectionInfo

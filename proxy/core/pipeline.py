@@ -50,7 +50,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Final
+from typing import Final, cast
 
 from proxy.config.proxy_config import ServiceUrl
 from proxy.core.holding import HoldQueue
@@ -148,7 +148,7 @@ class ConnectionPipeline:
     def __init__(self, info: ConnectionInfo, *, settings: PipelineSettings, directory: BrokerDirectory,
                  default_broker: ServiceUrl, now_ns: int, hook: FrameHook | None = None,
                  publish: Callable[[FrameEvent | RunEvent | ConnectionEvent], None] | None = None,
-                 observations: bool = True, runs: bool = False) -> None:
+                 observations: bool = True, runs: bool = False, run_views: bool = False) -> None:
         self.info = info
         self.settings = settings
         self.directory = directory
@@ -174,6 +174,9 @@ class ConnectionPipeline:
         # Observers that take passed-through bytes in bulk (``runs``: the recorder) get each
         # stretch of them as one RunEvent, and no frame is decoded for them.
         self._runs = publish is not None and runs
+        # ``run_views``: ``publish`` copies what it keeps of a RunEvent's bytes before it returns
+        # (the observer hub does), so they are handed over as a view of the receive buffer, uncopied
+        self._run_views = run_views
         #: per direction, the stream offset of the next byte handed out (the RunEvents' stream_pos)
         self._stream_pos = {TO_BROKER: 0, TO_CLIENT: 0}
         # The shared session machine, lenient: a frame its table refuses is counted in
@@ -582,9 +585,11 @@ class ConnectionPipeline:
             run.clear()
 
     def _publish_run(self, direction: Direction, piece: Piece, lead: int, now_ns: int) -> None:
-        """Hand passed-through bytes to the observers that take runs (a copy: the buffer is reused)."""
+        """Hand passed-through bytes to the observers that take runs (a copy unless ``run_views``: the
+        buffer is reused)."""
         assert self.publish is not None
-        data = bytes(piece)  # type: ignore[arg-type]  # (never a Frame here)
+        # (never a Frame here; typed bytes as the hub's queued observers get it, see RunEvent)
+        data = cast(bytes, piece) if self._run_views else bytes(piece)  # type: ignore[arg-type]
         position = self._stream_pos[direction]
         self._stream_pos[direction] = position + len(data)
         self.publish(RunEvent(self.info, direction, now_ns, data, min(lead, len(data)), position,

@@ -85,14 +85,50 @@ def whole_frames(data: bytes, pos: int) -> tuple[list[tuple[int, int]], int]:
     return spans, pos
 
 
+#: frames of one size in a row worth comparing at once (below, one by one costs less)
+_STRIDE_FROM = 32
+#: after frames of one size came in shorter rows than that, frames walked one by one before trying again
+_WALK_FOR = 64
+
+
 def count_frame_starts(data: bytes | memoryview, lead: int) -> int:
-    """How many frames begin in a run (what dropping it loses, as far as one can tell)."""
+    """How many frames begin in a run (what dropping it loses, as far as one can tell).
+
+    The proxy counts every frame of each run it drops, on the relay's path, so this must
+    cost much less than the frames' walk: where a frame is followed by one of its own size
+    (a producer's messages mostly are), the size prefixes at that stride are read as one
+    array and compared at once, and the walk jumps past those that match.  Where sizes
+    vary, it walks frame by frame for a while before it tries that again.  The count is
+    the same as frame by frame.
+    """
     pos, end, count = lead, len(data), 0
+    unpack = _SIZE.unpack_from
     while pos < end:
-        count += 1
         if end - pos < 4:
-            break
-        pos += _SIZE.unpack_from(data, pos)[0] + 4
+            return count + 1
+        size = unpack(data, pos)[0] + 4
+        if end - pos >= _STRIDE_FROM * size and unpack(data, pos + size)[0] + 4 == size:
+            import numpy  # (here: most users of this module never drop a run)
+
+            # the size prefixes at this stride that lie whole in data; the first that differs (never
+            # the first one: 0 means none does)
+            stride = (end - pos - 4) // size + 1
+            prefixes = numpy.ndarray((stride,), dtype=">u4", buffer=data, offset=pos, strides=(size,))
+            same = int((prefixes != prefixes[0]).argmax()) or stride
+            count += same
+            pos += same * size
+            if same >= _STRIDE_FROM:
+                continue
+        else:
+            count += 1
+            pos += size
+        for _ in range(_WALK_FOR):  # sizes vary here: the next frames one by one
+            if pos >= end:
+                return count
+            count += 1
+            if end - pos < 4:
+                return count
+            pos += unpack(data, pos)[0] + 4
     return count
 
 

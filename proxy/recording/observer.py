@@ -43,6 +43,9 @@ class RecordingObserver:
 
     #: the recorder keeps raw bytes; the frame filter looks at ``fired`` only
     needs_observation = False
+    #: called by the hub as events are published (the recorder only queues them, copying a run's
+    #: bytes): no hop through the hub's queue, and the recording keeps the order of publication
+    immediate = True
 
     def __init__(self, recorder: FrameRecorder, *, lookup_mode: str | None = None,
                  frame_filter: Callable[[FrameEvent], bool] | None = None) -> None:

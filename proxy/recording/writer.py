@@ -45,6 +45,7 @@ from proxy.errors import ProtocolError, RecordingError
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.pb import recording_pb2 as rpb
 from proxy.protocol.frame import frame_from_bytes
+from proxy.recording import run_ring
 from proxy.recording.redaction import SECRET_PATHS, frame_type_of, redact, strip_payload
 from proxy.recording.segment import FORMAT_VERSION, SEGMENT_MAGIC, encode_frame_record, encode_record, varint
 
@@ -52,8 +53,10 @@ INDEX_NAME: Final = "index.pb"
 SEGMENT_SUFFIX: Final = ".ptap"
 DEFAULT_MAX_SEGMENT_BYTES: Final = 256 * 1024 * 1024
 DEFAULT_QUEUE_SIZE: Final = 10_000
-#: bytes of runs waiting for the writer; beyond this a run is dropped (and its frames counted)
-DEFAULT_QUEUE_BYTES: Final = 64 * 1024 * 1024
+#: bytes of runs waiting for the writer (the size of the recorder's run ring); beyond this a run is
+#: dropped (and its frames counted).  What the observer hub's queue (64 MiB of runs) and the
+#: recorder's queue (64 MiB) held together when runs went through both.
+DEFAULT_QUEUE_BYTES: Final = 128 * 1024 * 1024
 
 DIRECTIONS: Final[dict[str, int]] = {"to_broker": rpb.TO_BROKER, "to_client": rpb.TO_CLIENT}
 ORIGINS: Final[dict[str, int]] = {"client": rpb.CLIENT, "broker": rpb.BROKER, "proxy": rpb.PROXY}
@@ -73,7 +76,8 @@ class RecordConfig:
     max_segment_bytes: int = DEFAULT_MAX_SEGMENT_BYTES
     #: frames waiting for the writer; beyond this they are dropped and counted
     queue_size: int = DEFAULT_QUEUE_SIZE
-    #: bytes of passed-through runs waiting for the writer; beyond this a run is dropped and counted
+    #: bytes of passed-through runs waiting for the writer (the run ring's size); beyond this a run is
+    #: dropped and counted
     queue_bytes: int = DEFAULT_QUEUE_BYTES
     #: seconds between fsync + index rewrites
     flush_interval: float = 1.0
@@ -132,7 +136,9 @@ class FrameItem:
 class RunItem:
     """Bytes passed through unchanged: whole frames, perhaps cut at either end (see ``record_run``).
 
-    In the writer process ``data`` is a view of the bytes the proxy sent it.
+    The proxy's recorder keeps ``data`` in its run ring (``ring_offset``, see
+    :mod:`proxy.recording.run_ring`): then only its place crosses to the writer process,
+    where ``data`` is a view of the same shared memory.
     """
 
     conn_id: int
@@ -141,11 +147,22 @@ class RunItem:
     data: bytes | memoryview
     lead: int
     stream_pos: int
+    #: where ``data`` lies in the run ring; -1 when it is not in one (it crosses as bytes)
+    ring_offset: int = -1
 
-    def __reduce__(self) -> tuple[type[RunItem], tuple[int, int, int, pickle.PickleBuffer, int, int]]:
+    def __reduce__(self) -> tuple[Callable[..., RunItem], tuple[object, ...]]:
+        if self.ring_offset >= 0:
+            return _ring_run, (self.conn_id, self.direction, self.ts_ns, self.ring_offset, len(self.data), self.lead,
+                               self.stream_pos)
         # the run's bytes out of band (see proxy.recording.writer_process)
         return RunItem, (self.conn_id, self.direction, self.ts_ns, pickle.PickleBuffer(self.data), self.lead,
                          self.stream_pos)
+
+
+def _ring_run(conn_id: int, direction: int, ts_ns: int, offset: int, length: int, lead: int,
+              stream_pos: int) -> RunItem:
+    """A RunItem in the writer process, its bytes where the proxy put them in the ring."""
+    return RunItem(conn_id, direction, ts_ns, run_ring.attached(offset, length), lead, stream_pos)
 
 
 QueueItem: TypeAlias = FrameItem | RunItem | rpb.Record
@@ -460,7 +477,7 @@ class FrameRecorder(Protocol):
     def record(self, conn_id: int, direction: str | enum.Enum, origin: str | enum.Enum, ts_ns: int,
                raw: bytes, rules: Sequence[str] = ()) -> bool: ...
 
-    def record_run(self, conn_id: int, direction: str | enum.Enum, ts_ns: int, data: bytes, lead: int,
+    def record_run(self, conn_id: int, direction: str | enum.Enum, ts_ns: int, data: bytes | memoryview, lead: int,
                    stream_pos: int) -> bool: ...
 
     def open_connection(self, conn_id: int, client_addr: Address, broker_addr: Address,
@@ -476,10 +493,10 @@ def frame_item(conn_id: int, direction: str | enum.Enum, origin: str | enum.Enum
                      tuple(rules))
 
 
-def run_item(conn_id: int, direction: str | enum.Enum, ts_ns: int, data: bytes, lead: int,
-             stream_pos: int) -> RunItem:
+def run_item(conn_id: int, direction: str | enum.Enum, ts_ns: int, data: bytes | memoryview, lead: int,
+             stream_pos: int, ring_offset: int = -1) -> RunItem:
     """The queue item for bytes passed through unchanged (see ``FrameRecorder.record_run``)."""
-    return RunItem(conn_id, DIRECTIONS[_enum_name(direction)], ts_ns, data, lead, stream_pos)
+    return RunItem(conn_id, DIRECTIONS[_enum_name(direction)], ts_ns, data, lead, stream_pos, ring_offset)
 
 
 class SegmentWriter:
@@ -530,8 +547,6 @@ class RecordingBook:
         self.segments = 0
         self.index_dirty = True
         self.closed = False
-        #: bytes of runs queued and not yet taken by the writer (bounded by ``config.queue_bytes``)
-        self.queued_run_bytes = 0
         self.start_ns = 0
         #: the recording directory, set by ``create``
         self.path = Path()
@@ -586,10 +601,6 @@ class RecordingBook:
         info.end_ns = ts_ns
         self.index_dirty = True
         return rpb.Record(closed=rpb.ConnectionClosed(conn_id=conn_id, ts_ns=ts_ns))
-
-    def taken(self, batch: Sequence[QueueItem]) -> None:
-        """``batch`` left the queue: its runs' bytes no longer count against ``config.queue_bytes``."""
-        self.queued_run_bytes -= sum(len(item.data) for item in batch if type(item) is RunItem)
 
     def account(self, result: BatchResult) -> None:
         """Count what a ``SegmentWriter.write`` wrote (on the thread that counts drops, so the counters never race)."""

@@ -15,8 +15,10 @@ and index writes.  The child runs a :class:`~proxy.recording.writer.SegmentWrite
 
 Requests go down the child's stdin, replies come up its stdout.  A request is a header
 (kind, size of the pickled part, number of buffers), each buffer's size, the pickled part,
-then the buffers: the bytes of runs travel out of band (pickle protocol 5), so the proxy
-copies them only into the pipe, and the child reads them into one buffer it keeps.  A
+then the buffers.  The bytes of runs do not travel at all: the recorder copied them into
+its run ring (:mod:`proxy.recording.run_ring`), shared memory the child maps at its
+start, and a run crosses as its place there.  Runs that are not in a ring travel out of
+band (pickle protocol 5): copied only into the pipe, and read into one buffer the child keeps.  A
 reply is a size and a pickled ``(ok, value)`` (``value`` the error text when not ok).
 The child ignores SIGINT and SIGTERM (the proxy says when recording ends), is killed
 when the proxy's thread that started it ends (``PR_SET_PDEATHSIG``), and at the end of
@@ -42,6 +44,8 @@ from typing import Final, cast
 
 from proxy.errors import RecordingError
 from proxy.pb import recording_pb2 as rpb
+from proxy.recording import run_ring
+from proxy.recording.run_ring import RunRing
 from proxy.recording.writer import BatchResult, QueueItem, RecordConfig, SegmentWriter
 
 _REQUEST_HEAD: Final = struct.Struct(">BII")
@@ -125,17 +129,19 @@ def _reply(fd: int, ok: bool, value: object) -> None:
 class WriterProcess:
     """The proxy's end of a recording's writer process; see the module docstring.
 
-    Create it on the thread that runs the recorder (the child dies with that thread); call
+    Create it on the thread that runs the recorder (the child dies with that thread), with the
+    recorder's run ring when it has one (the child maps it; close the ring's descriptor after); call
     :meth:`started`, :meth:`write`, :meth:`sync` and :meth:`close` from one worker thread at a time.
     """
 
-    def __init__(self, path: Path, config: RecordConfig) -> None:
+    def __init__(self, path: Path, config: RecordConfig, ring: RunRing | None = None) -> None:
         package_root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root,
                                                                          os.environ.get("PYTHONPATH")]))}
+        ring_fd = ring.fd if ring is not None and ring.fd is not None else -1
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "proxy.recording.writer_process", str(os.getpid())],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+            [sys.executable, "-m", "proxy.recording.writer_process", str(os.getpid()), str(ring_fd)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, pass_fds=(ring_fd,) if ring_fd >= 0 else ())
         assert self._process.stdin is not None and self._process.stdout is not None
         self._requests = self._process.stdin.fileno()
         self._replies = self._process.stdout.fileno()
@@ -207,6 +213,8 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent(int(argv[0]))
+    if len(argv) > 1 and int(argv[1]) >= 0:
+        run_ring.attach(int(argv[1]))
     with contextlib.suppress(OSError):
         os.nice(_NICENESS)
     requests, replies = sys.stdin.fileno(), os.dup(sys.stdout.fileno())

@@ -270,5 +270,5 @@ class ProxyServer:
             info, settings=self.settings, directory=self.directory, default_broker=broker,
             now_ns=clock(), hook=self.hook,
             publish=self.observers.publish if self.observers.active else None,
-            observations=self.observers.needs_observation, runs=self.observers.takes_runs)
+            observations=self.observers.needs_observation, runs=self.observers.takes_runs, run_views=True)
         return Relay(self, client, pipeline, _clock=clock)

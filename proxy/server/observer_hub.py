@@ -15,10 +15,18 @@ run (a relay reads up to 256 KiB at once) is handed over in pieces of about
 queue is full (in events, or in the bytes of queued runs) the event is dropped and
 counted in ``dropped`` — traffic always wins over telemetry.  An observer that raises
 is logged and counted, and keeps receiving later events.
+
+An observer with ``immediate = True`` (the recorder: it only queues bytes for its own
+writer) is called from :meth:`ObserverHub.publish` itself, on the relay's path, and
+never through the queue: it keeps every event's order, costs no hop, and is not subject
+to the queue's drops (it has its own bounded queue).  A RunEvent's ``data`` may be a
+view of a receive buffer the relay reuses: an immediate observer copies what it keeps,
+and the hub copies it before queueing it for the others.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 import time
 from collections import deque
@@ -77,6 +85,11 @@ class ObserverHub:
         self.run_piece_bytes = run_piece_bytes
         #: taken from the queue, not yet delivered: the pieces of a long run
         self._pieces: deque[Event] = deque()
+        #: ``observers`` split into those called in ``publish`` and those the queue serves
+        #: (recomputed when observers were added)
+        self._immediate: list[Observer] = []
+        self._queued: list[Observer] = []
+        self._split_of = -1
 
     @property
     def active(self) -> bool:
@@ -104,7 +117,20 @@ class ObserverHub:
         """Events published and not yet delivered."""
         return self._send.statistics().current_buffer_used
 
+    def _split(self) -> None:
+        self._immediate = [observer for observer in self.observers if getattr(observer, "immediate", False)]
+        self._queued = [observer for observer in self.observers if not getattr(observer, "immediate", False)]
+        self._split_of = len(self.observers)
+
     def publish(self, event: Event) -> None:
+        if self._split_of != len(self.observers):
+            self._split()
+        for observer in self._immediate:
+            self._call(observer, event)
+        if not self._queued:
+            return
+        if type(event) is RunEvent and type(event.data) is not bytes:
+            event = dataclasses.replace(event, data=bytes(event.data))  # the relay reuses its buffer
         run_bytes = len(event.data) if type(event) is RunEvent else 0
         if run_bytes and self._queued_run_bytes + run_bytes > self.queue_bytes:
             self.dropped += 1
@@ -175,15 +201,18 @@ class ObserverHub:
     def _deliver(self, event: Event) -> None:
         if type(event) is RunEvent:
             self._queued_run_bytes -= len(event.data)
-        for observer in self.observers:
-            try:
-                if isinstance(event, RunEvent):
-                    observer.on_run(event)  # type: ignore[attr-defined]
-                elif isinstance(event, FrameEvent):
-                    observer.on_frame(event)
-                else:
-                    observer.on_connection(event)
-            except Exception as exc:  # an observer bug must not take traffic down
-                self.observer_errors += 1
-                log.warning("observer failed", observer=type(observer).__name__, error=repr(exc))
+        for observer in self._queued:
+            self._call(observer, event)
         self.delivered += 1
+
+    def _call(self, observer: Observer, event: Event) -> None:
+        try:
+            if isinstance(event, RunEvent):
+                observer.on_run(event)  # type: ignore[attr-defined]
+            elif isinstance(event, FrameEvent):
+                observer.on_frame(event)
+            else:
+                observer.on_connection(event)
+        except Exception as exc:  # an observer bug must not take traffic down
+            self.observer_errors += 1
+            log.warning("observer failed", observer=type(observer).__name__, error=repr(exc))

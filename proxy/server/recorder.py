@@ -6,9 +6,12 @@ every frame it changed or originated, with origin ``proxy``),
 (cut into frames by the writer process), and
 :meth:`Recorder.open_connection` / :meth:`Recorder.close_connection` around each
 client connection.  None of these await or touch the disk: they put an item on a
-bounded queue (bounded in items and in bytes) and return.  When the queue is full
-the frame (or run) is dropped and counted (per connection and in total, reported in the index and in
-:attr:`Recorder.stats` for /metrics), so a slow disk never stalls traffic.
+bounded queue and return; a run's bytes are copied into the recording's run ring
+(:mod:`proxy.recording.run_ring`, shared memory of ``queue_bytes``), which the writer
+process reads them from, so that only their place goes through the queue and the pipe.
+When the queue or the ring is full the frame (or run) is dropped and counted (per
+connection and in total, reported in the index and in :attr:`Recorder.stats` for
+/metrics), so a slow disk never stalls traffic.
 
 One writer task drains the queue in batches (gathering for up to 20 ms after a
 batch's first record, so that frames trickling in cost one hand-off per batch rather
@@ -16,8 +19,9 @@ than one each) and hands each batch, from a worker thread, to the recording's wr
 process (:mod:`proxy.recording.writer_process`), which encodes and appends it
 (:meth:`~proxy.recording.writer.SegmentWriter.write`: cutting, redaction, payload
 stripping, segment rotation are all there, with no trio) on its own interpreter, so
-that none of it holds the interpreter lock the relays need.  Once a second the segment
-is fsynced and the index rewritten.  On exit the queue is drained and the index is
+that none of it holds the interpreter lock the relays need; the ring's space is
+released once it has.  Once a second the segment is fsynced and the index rewritten
+(and an idle ring trimmed).  On exit the queue is drained and the index is
 finished with ``end_ns``.
 """
 
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import importlib
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -36,12 +41,14 @@ import trio
 
 from proxy.core.run_cutter import count_frame_starts
 from proxy.errors import RecordingError
+from proxy.recording.run_ring import RunRing
 from proxy.recording.writer import (
     Address,
     QueueItem,
     RecordConfig,
     RecorderStats,
     RecordingBook,
+    RunItem,
     frame_item,
     run_item,
     write_index,
@@ -96,6 +103,7 @@ class Recorder:
         self.book = RecordingBook(config, clock=clock, pid=pid)
         self._send: trio.MemorySendChannel[QueueItem] | None = None
         self._writer: WriterProcess | None = None
+        self._ring: RunRing | None = None
         #: why recording stopped early (the writer process failed); the proxy goes on, frames are dropped
         self.failure: str | None = None
         self._stack = contextlib.AsyncExitStack()
@@ -124,22 +132,30 @@ class Recorder:
             return False
         return True
 
-    def record_run(self, conn_id: int, direction: str | enum.Enum, ts_ns: int, data: bytes, lead: int,
+    def record_run(self, conn_id: int, direction: str | enum.Enum, ts_ns: int, data: bytes | memoryview, lead: int,
                    stream_pos: int) -> bool:
         """Queue bytes the proxy passed through unchanged, received at ``ts_ns`` (see ``hooks.RunEvent``).
 
-        They are cut into frame records by the writer: the first ``lead`` bytes finish a
+        They are copied into the run ring (``data`` may be a view of a buffer the relay
+        reuses) and cut into frame records by the writer: the first ``lead`` bytes finish a
         frame begun in an earlier run, and a frame cut at the end continues in the next
         run of the same direction.  ``stream_pos`` (the offset of ``data`` in the
         direction's stream) shows the writer when a run in between was dropped.  False
-        when it was dropped (queue full or closed); the frames that begin in it are counted.
+        when it was dropped (ring or queue full, or closed); the frames that begin in it are counted.
         """
-        book = self.book
-        if book.queued_run_bytes + len(data) > self.config.queue_bytes or \
-                not self._offer(run_item(conn_id, direction, ts_ns, data, lead, stream_pos)):
-            book.dropped(conn_id, count_frame_starts(data, lead))
+        ring = self._ring
+        if not data:
+            return True
+        offset = ring.put(data) if ring is not None and self._send is not None else None
+        if offset is None:
+            self.book.dropped(conn_id, count_frame_starts(data, lead))
             return False
-        book.queued_run_bytes += len(data)
+        assert ring is not None
+        if not self._offer(run_item(conn_id, direction, ts_ns, ring.view[offset:offset + len(data)], lead,
+                                    stream_pos, offset)):
+            ring.take_back()
+            self.book.dropped(conn_id, count_frame_starts(data, lead))
+            return False
         return True
 
     def open_connection(self, conn_id: int, client_addr: Address, broker_addr: Address,
@@ -164,12 +180,24 @@ class Recorder:
 
     async def __aenter__(self) -> Recorder:
         await trio.to_thread.run_sync(self.book.create)
-        # started from this thread: the writer process dies with it
-        self._writer = writer = WriterProcess(self.book.path, self.config)
+        # counting a dropped run's frames uses numpy: imported now, not on the relay's path at the first drop
+        # (that stalled traffic for ~0.1 s)
+        await trio.to_thread.run_sync(importlib.import_module, "numpy")
+        try:
+            self._ring = ring = RunRing.create(self.config.queue_bytes)
+            await trio.to_thread.run_sync(ring.prefault)
+        except OSError as exc:
+            raise RecordingError(f"cannot set up the recording's run ring: {exc.strerror or exc}") from None
+        try:
+            # started from this thread: the writer process dies with it
+            self._writer = writer = WriterProcess(self.book.path, self.config, ring)
+        finally:
+            ring.close_fd()  # the child has its own descriptor now
         try:
             await trio.to_thread.run_sync(writer.started)
         except BaseException:
             await trio.to_thread.run_sync(writer.stop)
+            ring.close()
             raise
         # Overflow policy: a full queue drops the frame and counts it (see record()).
         send, receive = trio.open_memory_channel[QueueItem](self.config.queue_size)
@@ -183,7 +211,11 @@ class Recorder:
         send, self._send = self._send, None
         if send is not None:
             await send.aclose()
-        return await self._stack.__aexit__(exc_type, exc, tb)
+        try:
+            return await self._stack.__aexit__(exc_type, exc, tb)
+        finally:
+            if self._ring is not None:
+                self._ring.close()
 
     async def _write_loop(self, receive: trio.MemoryReceiveChannel[QueueItem]) -> None:
         book, writer = self.book, self._writer
@@ -206,6 +238,8 @@ class Recorder:
                         pending, batch = batch, []
                         await self._write_batch(pending)
                     if trio.current_time() >= next_sync:
+                        assert self._ring is not None
+                        self._ring.tick()
                         await self._sync(writer.sync, book.changed_index())
                         next_sync = trio.current_time() + self.config.flush_interval
         finally:
@@ -218,15 +252,18 @@ class Recorder:
                 await self._sync(writer.close, book.finished_index())
 
     async def _write_batch(self, batch: list[QueueItem]) -> None:
-        assert self._writer is not None
-        self.book.taken(batch)
-        if self.failure is None:
-            try:
-                self.book.account(await trio.to_thread.run_sync(self._writer.write, batch))
-                return
-            except RecordingError as exc:
-                self._failed(exc)
-        self.book.lost(batch)
+        assert self._writer is not None and self._ring is not None
+        try:
+            if self.failure is None:
+                try:
+                    self.book.account(await trio.to_thread.run_sync(self._writer.write, batch))
+                    return
+                except RecordingError as exc:
+                    self._failed(exc)
+            self.book.lost(batch)
+        finally:
+            # written or given up: the ring's space goes back (its runs are the oldest in it, in order)
+            self._ring.release(sum(1 for item in batch if type(item) is RunItem and item.ring_offset >= 0))
 
     async def _sync(self, call: Callable[[bytes | None], None], index: bytes | None) -> None:
         """Have the writer fsync and write ``index``; once it has failed, write the index here."""

@@ -250,3 +250,67 @@ async def test_observers_that_take_runs_whole_get_them_as_received() -> None:
     run = RunEvent(info, TO_BROKER, 0, sends(500, 60), 0, 0, 0)
     await _deliver_all(hub, run)
     assert log == [run]
+
+
+async def test_an_immediate_observer_sees_each_event_as_published_and_the_queue_gets_copies() -> None:
+    """With ``run_views`` the pipeline hands runs over as views of the receive buffer: an
+    ``immediate`` observer (the recorder) is called inside ``publish``, in order, before the relay
+    reuses the buffer, and is never queued; the hub copies each run for the observers it queues."""
+
+    class Immediate:
+        immediate = True
+
+        def __init__(self) -> None:
+            self.seen: list[tuple[str, bytes]] = []
+
+        def on_frame(self, event: FrameEvent) -> None:
+            self.seen.append(("frame", bytes(event.frame.raw)))
+
+        def on_connection(self, event: ConnectionEvent) -> None:
+            self.seen.append(("connection", b""))
+
+        def on_run(self, event: RunEvent) -> None:
+            assert type(event.data) is memoryview  # uncopied
+            self.seen.append(("run", bytes(event.data)))
+
+    immediate, queued_log = Immediate(), list[object]()
+
+    class Queued(_Collect):
+        runs_in_pieces = False
+
+    hub = ObserverHub([immediate, Queued(queued_log)], slice_seconds=0.0)
+    pipe = ConnectionPipeline(
+        ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None), settings=PipelineSettings(),
+        directory=BrokerDirectory("proxy.example", upstream_tls=False, open_listener=lambda broker: 40001),
+        default_broker=UPSTREAM, now_ns=0, publish=hub.publish, observations=False, runs=hub.takes_runs,
+        run_views=True)
+    pipe.receive(TO_BROKER, CONNECT, 1)
+    pipe.receive(TO_CLIENT, CONNECTED, 2)
+    data = sends(40, 600)
+    buffer = bytearray(data)  # the relay's receive buffer, big enough to be handed over as a view
+    pipe.receive(TO_BROKER, memoryview(buffer), 3)
+    assert [kind for kind, _ in immediate.seen] == ["connection", "frame", "frame", "run"]  # before any hub turn
+    assert immediate.seen[-1][1] == data
+    buffer[:] = b"\0" * len(buffer)  # the relay reuses its buffer
+    assert hub.queued == 4  # the same events, for the other observer
+    import trio
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(hub.run)
+        hub.close()
+    runs = [event for event in queued_log if isinstance(event, RunEvent)]
+    assert [bytes(run.data) for run in runs] == [data]
+    assert len(immediate.seen) == 4  # delivered once
+
+
+def test_with_only_immediate_observers_the_hub_queues_nothing() -> None:
+    class Immediate(_Collect):
+        immediate = True
+
+    log: list[object] = []
+    hub = ObserverHub([Immediate(log)], queue_size=1)
+    info = ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None)
+    runs = [RunEvent(info, TO_BROKER, 0, b"x" * 300, 0, index * 300, 0) for index in range(5)]
+    for run in runs:
+        hub.publish(run)
+    assert log == runs and (hub.queued, hub.dropped) == (0, 0)

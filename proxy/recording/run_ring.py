@@ -1,0 +1,187 @@
+"""The run ring: shared memory the recorder copies passed-through bytes into, once.
+
+The proxy's recorder (:class:`proxy.server.recorder.Recorder`) gets each run of bytes the
+relay passed through unchanged as a view of the relay's receive buffer, which is reused
+as soon as the relay goes on: it has to copy them.  It copies them here, into memory it
+shares with the recording's writer process (:mod:`proxy.recording.writer_process`), so
+that only a run's place (offset and length) crosses the pipe and the child encodes and
+writes the bytes where they lie (the pipe used to cost two more copies).
+
+Runs take contiguous space in order; the space of the oldest runs is released once the
+writer process has written them (or, for a run the recorder's queue refused, at once).
+When a run does not fit, :meth:`RunRing.put` says so and the recorder drops it (and
+counts its frames), as it did when its queue held too many bytes.
+
+Writing to a page of shared memory for the first time costs a page fault: copying every
+run into fresh pages took a tenth of the relay's time.  So past its first ``REUSE_FROM``
+bytes the ring goes back to its start whenever those are all free: while the writer
+keeps up, runs reuse the same few MiB, and the rest of the ring fills only when a
+backlog builds up.  Those first MiB are written once when the ring is made
+(:meth:`RunRing.prefault`, before traffic); pages stay allocated once written, so the
+recorder gives back the pages past them (:meth:`RunRing.tick`) when the ring has been
+empty for a while: a burst of traffic does not leave the proxy holding the ring's size
+for good.  The memory is a ``memfd`` (an
+unlinked temporary file where there is none): it has no name, and goes away when both
+processes have let go of it, whichever way they end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import tempfile
+from collections import deque
+from typing import Final
+
+#: the ring goes back to its start past this many bytes when they are all free (see above)
+REUSE_FROM: Final = 16 * 1024 * 1024
+
+
+def _shared_file(size: int) -> int:
+    """A file descriptor of ``size`` bytes of memory nothing else can open (the child maps it)."""
+    fd: int | None = None
+    create = getattr(os, "memfd_create", None)
+    if create is not None:
+        with contextlib.suppress(OSError):  # (a sandbox may refuse it)
+            fd = create("pulsar-tap-runs")  # close-on-exec: only the writer process gets it (pass_fds)
+    if fd is None:
+        with tempfile.TemporaryFile() as file:
+            fd = os.dup(file.fileno())
+    try:
+        os.ftruncate(fd, size)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+class RunRing:
+    """Shared memory of ``size`` bytes holding runs in order; see the module docstring.
+
+    The proxy creates it (:meth:`create`), hands :attr:`fd` to the writer process (which
+    maps it with :func:`attach`), then :meth:`close_fd`.  Used from one thread (the recorder's).
+    """
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd: int | None = fd
+        self.size = size
+        self._map = mmap.mmap(fd, size)
+        self.view = memoryview(self._map)
+        self.reuse_from = min(REUSE_FROM, size)
+        #: the (start, end) of every run in the ring, oldest first
+        self._runs: deque[tuple[int, int]] = deque()
+        #: the most of the ring written since it was last trimmed
+        self._written_to = 0
+        #: runs put in so far, and as of the previous tick
+        self._puts = self._puts_at_tick = 0
+
+    @classmethod
+    def create(cls, size: int) -> RunRing:
+        fd = _shared_file(size)
+        try:
+            return cls(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def prefault(self) -> None:
+        """Write the pages of the first ``reuse_from`` bytes (blocking; before traffic: no fault then)."""
+        zeros = bytes(1 << 20)
+        for start in range(0, self.reuse_from, len(zeros)):
+            stop = min(start + len(zeros), self.reuse_from)
+            self.view[start:stop] = zeros[:stop - start]
+
+    def close_fd(self) -> None:
+        """Close the descriptor (the mapping stays): once the writer process has mapped it."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    @property
+    def runs(self) -> int:
+        """Runs in the ring, not yet released."""
+        return len(self._runs)
+
+    def put(self, data: bytes | memoryview) -> int | None:
+        """Copy ``data`` (not empty) in after the newest run; its offset, or None when there is no room."""
+        size, runs = len(data), self._runs
+        if not 0 < size <= self.size:
+            return None
+        if not runs:
+            start = 0
+        else:
+            head, tail = runs[-1][1], runs[0][0]
+            if runs[-1][0] >= tail:  # not wrapped: free after the head, and before the tail
+                if head + size <= self.size and not (head >= self.reuse_from and tail >= max(size, self.reuse_from)):
+                    start = head
+                elif size <= tail:
+                    start = 0
+                else:
+                    return None
+            elif head + size <= tail:
+                start = head
+            else:
+                return None
+        self.view[start:start + size] = data
+        runs.append((start, start + size))
+        self._written_to = max(self._written_to, start + size)
+        self._puts += 1
+        return start
+
+    def tick(self) -> None:
+        """Call it every second or so: trims the ring when it is empty and nothing came since the previous tick."""
+        if self._puts == self._puts_at_tick:
+            self.trim()
+        self._puts_at_tick = self._puts
+
+    def trim(self) -> None:
+        """Give the pages of an empty ring past ``reuse_from`` back to the system (written again, they
+        come back as zeros)."""
+        remove = getattr(mmap, "MADV_REMOVE", None)  # Linux
+        if self._runs or self._written_to <= self.reuse_from or remove is None:
+            return
+        with contextlib.suppress(OSError):
+            # (whole pages: reuse_from is a multiple of the page size unless it is the whole ring)
+            self._map.madvise(remove, self.reuse_from, self.size - self.reuse_from)
+        self._written_to = self.reuse_from
+
+    def take_back(self) -> None:
+        """Release the newest run (its item was not queued after all)."""
+        self._runs.pop()
+
+    def release(self, count: int) -> None:
+        """Release the ``count`` oldest runs (written, or given up)."""
+        runs = self._runs
+        for _ in range(count):
+            runs.popleft()
+
+    def close(self) -> None:
+        """Unmap (views of it still held elsewhere keep it mapped until they go) and close the descriptor."""
+        self.close_fd()
+        self._runs.clear()
+        with contextlib.suppress(BufferError):  # runs still viewed somewhere: unmapped when collected
+            self.view.release()
+            self._map.close()
+
+
+#: the writer process's mapping of the proxy's ring (see :func:`attach`)
+_attached: memoryview | None = None
+
+
+def attach(fd: int) -> None:
+    """In the writer process: map the ring the proxy passed as ``fd`` (runs then arrive as offsets)."""
+    global _attached
+    size = os.fstat(fd).st_size
+    _attached = memoryview(mmap.mmap(fd, size))
+    os.close(fd)
+
+
+def attached(offset: int, length: int) -> memoryview:
+    """In the writer process: the ring's bytes at ``offset``, ``length`` long."""
+    if _attached is None:
+        raise RuntimeError("no run ring attached")
+    return _attached[offset:offset + length]
+
+
+__all__ = ["RunRing", "attach", "attached"]

@@ -1,0 +1,199 @@
+"""The run ring: the recorder copies passed-through bytes into shared memory once, the writer
+process reads them where they lie, and the space is reused once they are written."""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from pathlib import Path
+
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from recording_sessions import BASE_NS, session
+
+from proxy.core.run_cutter import count_frame_starts
+from proxy.pb import recording_pb2 as rpb
+from proxy.recording.reader import open_recordings
+from proxy.recording.run_ring import RunRing
+from proxy.recording.writer import RecordConfig, RunItem
+from proxy.server.recorder import Recorder
+
+
+def test_runs_take_space_in_order_wrap_around_and_are_refused_when_it_is_full() -> None:
+    ring = RunRing.create(100)
+    try:
+        assert ring.put(b"a" * 40) == 0
+        assert ring.put(b"b" * 40) == 40
+        assert ring.put(b"c" * 40) is None  # 20 left at the end, nothing before the oldest
+        ring.release(1)  # the oldest written: 40 free at the start
+        assert ring.put(b"c" * 30) == 0  # does not fit at the end: wraps
+        assert ring.put(b"d" * 10) == 30
+        assert ring.put(b"e" * 1) is None  # would run into the oldest ("b" at 40)
+        assert bytes(ring.view[0:40]) == b"c" * 30 + b"d" * 10 and bytes(ring.view[40:80]) == b"b" * 40
+        ring.take_back()  # "d" was not queued after all: its space is free again
+        assert ring.put(b"f" * 10) == 30
+        ring.release(3)
+        assert ring.runs == 0
+        assert ring.put(b"g" * 100) == 0  # empty: from the start, the whole ring
+        assert ring.put(b"") is None and ring.runs == 1
+    finally:
+        ring.close()
+
+
+def test_past_its_first_mib_the_ring_goes_back_to_its_start_when_that_is_free() -> None:
+    """While the writer keeps up, runs reuse the same pages; a backlog spreads over the whole ring."""
+    ring = RunRing.create(100)
+    ring.reuse_from = 30
+    try:
+        assert [ring.put(b"a" * 10) for _ in range(3)] == [0, 10, 20]
+        ring.release(2)  # 20 free at the start: less than reuse_from
+        assert ring.put(b"b" * 10) == 30
+        ring.release(1)  # 30 free at the start
+        assert ring.put(b"c" * 10) == 0  # back to the start
+        assert ring.put(b"d" * 10) == 10  # (wrapped: up to the oldest run, at 30)
+        assert ring.put(b"e" * 15) is None
+        ring.release(1)  # "b" written
+        assert ring.put(b"e" * 15) == 20  # not wrapped any more: after the head
+        assert [ring.put(b"f" * 20) for _ in range(4)] == [35, 55, 75, None]  # a backlog: the whole ring
+    finally:
+        ring.close()
+
+
+def _resident_kib(ring: RunRing) -> int:
+    """The ring's pages in memory (its memfd's allocated blocks), in KiB."""
+    import os
+
+    assert ring.fd is not None
+    return os.fstat(ring.fd).st_blocks // 2
+
+
+def test_the_first_pages_are_written_before_traffic_and_an_empty_ring_gives_the_rest_back() -> None:
+    ring = RunRing.create(1 << 20)
+    ring.reuse_from = 256 * 1024
+    try:
+        assert _resident_kib(ring) == 0
+        ring.prefault()
+        assert _resident_kib(ring) == 256
+        for _ in range(8):
+            ring.put(b"r" * (100 * 1024))
+        ring.release(8)
+        assert _resident_kib(ring) >= 800
+        ring.tick()  # runs came since the start: kept
+        assert _resident_kib(ring) >= 800
+        ring.put(b"s" * 1024)
+        ring.tick()
+        ring.tick()  # nothing came since the previous tick, but a run is still in: kept
+        assert _resident_kib(ring) >= 800 and bytes(ring.view[:4]) == b"ssss"
+        ring.release(1)
+        ring.tick()
+        assert _resident_kib(ring) == 256  # the pages runs reuse stay
+        assert ring.put(b"t" * 10) == 0 and bytes(ring.view[:10]) == b"t" * 10
+    finally:
+        ring.close()
+
+
+def test_a_run_in_the_ring_crosses_to_the_writer_process_as_its_place_not_its_bytes() -> None:
+    ring = RunRing.create(1 << 16)
+    try:
+        data = b"".join(f.raw for f in session() if f.direction == "to_broker")
+        offset = ring.put(data)
+        assert offset is not None
+        item = RunItem(1, rpb.TO_BROKER, BASE_NS, ring.view[offset:offset + len(data)], 0, 0, offset)
+        buffers: list[pickle.PickleBuffer] = []
+        pickled = pickle.dumps(item, protocol=5, buffer_callback=buffers.append)
+        assert not buffers and len(pickled) < 200 and data[:64] not in pickled
+        del item
+    finally:
+        ring.close()
+
+
+async def test_a_run_is_copied_when_recorded_so_the_relay_may_reuse_its_buffer(tmp_path: Path) -> None:
+    """``record_run`` gets a view of the relay's receive buffer, which the relay overwrites with the
+    next receive right after: the recording still holds every frame as it was received."""
+    frames = [f for f in session(sends=20) if f.direction == "to_broker"]
+    buffer = bytearray(64 * 1024)
+    with trio.fail_after(10):
+        async with Recorder(RecordConfig(dir=tmp_path)) as recorder:
+            recorder.open_connection(1, "127.0.0.1:5000", "127.0.0.1:6650", "rewrite", BASE_NS)
+            position = 0
+            for frame in frames:  # one frame per receive, into the same buffer
+                buffer[:len(frame.raw)] = frame.raw
+                assert recorder.record_run(1, "to_broker", BASE_NS, memoryview(buffer)[:len(frame.raw)], 0, position)
+                buffer[:len(frame.raw)] = b"\xff" * len(frame.raw)
+                position += len(frame.raw)
+    got = [f.raw for f in open_recordings(tmp_path).frames()]
+    assert len(got) == len(frames)
+    assert got[1:] == [f.raw for f in frames[1:]]  # (the first, CONNECT, is redacted)
+
+
+async def test_a_full_ring_drops_runs_counts_their_frames_and_never_blocks(tmp_path: Path) -> None:
+    frames = [f for f in session(sends=200) if f.direction == "to_broker"]
+    runs: list[bytes] = [b""]  # whole frames, about 1000 bytes a run
+    for f in frames:
+        if len(runs[-1]) + len(f.raw) > 1000:
+            runs.append(b"")
+        runs[-1] += f.raw
+    positions = [sum(map(len, runs[:index])) for index in range(len(runs))]
+    with trio.fail_after(10):
+        async with Recorder(RecordConfig(dir=tmp_path, queue_bytes=4096)) as recorder:
+            recorder.open_connection(1, "127.0.0.1:5000", "127.0.0.1:6650", "rewrite", BASE_NS)
+            accepted = [recorder.record_run(1, "to_broker", BASE_NS, run, 0, position)  # no checkpoint
+                        for run, position in zip(runs, positions, strict=True)]
+    assert 0 < accepted.count(True) < len(runs)
+    assert sum(len(run) for run, ok in zip(runs, accepted, strict=True) if ok) <= 4096
+    refused = sum(count_frame_starts(run, 0) for run, ok in zip(runs, accepted, strict=True) if not ok)
+    recording = open_recordings(tmp_path).recordings[0]
+    assert recording.frames_dropped == recorder.stats.frames_dropped == refused
+    assert len(list(recording.frames())) == len(frames) - refused
+
+
+async def test_after_the_writer_process_died_runs_are_counted_as_dropped_and_the_ring_never_stays_full(
+        tmp_path: Path) -> None:
+    """Runs taken by a batch the dead writer could not write give their ring space back: later runs
+    are still taken (and counted dropped when their batch fails too), never refused for a full ring."""
+    import os
+    import signal
+
+    from test_recording_recorder import _writer_processes_of
+
+    run = b"".join(f.raw for f in session(sends=20) if f.direction == "to_broker")[100:]  # whole frames or not
+    frames_per_run = count_frame_starts(run, 0)
+    with trio.fail_after(20):
+        async with Recorder(RecordConfig(dir=tmp_path, queue_bytes=4 * len(run))) as recorder:
+            (child,) = _writer_processes_of(os.getpid())
+            os.kill(child, signal.SIGKILL)
+            for index in range(40):  # ten rings' worth, a few at a time
+                assert recorder.record_run(1, "to_broker", BASE_NS, run, 0, index * len(run))
+                if index % 3 == 2:
+                    await trio.sleep(0.05)
+            assert recorder.failure is not None
+    assert recorder.stats.frames_recorded == 0
+    assert recorder.stats.frames_dropped == 40 * frames_per_run
+    assert not _writer_processes_of(os.getpid())
+
+
+def _frame_starts_one_by_one(data: bytes, lead: int) -> int:
+    pos, count = lead, 0
+    while pos < len(data):
+        count += 1
+        if len(data) - pos < 4:
+            break
+        pos += struct.unpack_from(">I", data, pos)[0] + 4
+    return count
+
+
+@settings(max_examples=400, deadline=None)
+@given(groups=st.lists(st.tuples(st.one_of(st.sampled_from([6, 300, 1020]), st.integers(0, 70_000)),
+                                 st.integers(1, 120)), max_size=12),
+       filler=st.binary(min_size=8, max_size=8), lead=st.integers(0, 9), cut=st.integers(0, 10**6))
+def test_the_frames_a_dropped_run_loses_are_counted_as_one_by_one(groups: list[tuple[int, int]], filler: bytes,
+                                                                   lead: int, cut: int) -> None:
+    """Counting rows of equal frames at once gives the frame-by-frame count, wherever the run is cut."""
+    frames = [struct.pack(">I", size) + (filler * (size // 8 + 1))[:size] for size, repeat in groups
+              for _ in range(repeat)]
+    data = b"\x07" * lead + b"".join(frames)
+    data = data[:cut % (len(data) + 1)]
+    lead = min(lead, len(data))
+    assert count_frame_starts(data, lead) == _frame_starts_one_by_one(data, lead)
+    assert count_frame_starts(memoryview(bytearray(data)), lead) == _frame_starts_one_by_one(data, lead)
