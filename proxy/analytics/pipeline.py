@@ -55,7 +55,7 @@ from proxy.analytics.connections import TimeWindow
 from proxy.analytics.decode import SplitOutput
 from proxy.analytics.figures import Figures
 from proxy.analytics.inputs import DEFAULT_SPLIT_BYTES, SEGMENT_GLOB, AnalyticsError, is_url, local_segments
-from proxy.analytics.output import TableWriter, merge_throughput, resolution_table
+from proxy.analytics.output import BufferedTableWriter, TableWriter, merge_throughput, resolution_table
 from proxy.analytics.segments import Split, plan_splits, segment_index
 from proxy.analytics.spark import StageProgress
 from proxy.analytics.steps import (
@@ -320,17 +320,19 @@ def barrier_task(partition: Iterator[int], splits: list[Split], staging: str, wo
         return
     edges = pa.concat_tables([feather.read_table(f"{staging}/split-{split_id:05d}-edges.arrow")
                               for split_id in range(len(splits))])
-    writer = TableWriter(Path(work).parent, Path(work))
-    answers, figures, _rows = finish_edges(connection_share(edges, task, count), window, writer, f"c{task:05d}")
+    writer = BufferedTableWriter(Path(work).parent, Path(work), f"b{task:05d}")
+    answers, figures, _rows = finish_edges(connection_share(edges, task, count), window, writer, "")
     del edges, _rows
     feather.write_feather(resolution_table(answers), f"{staging}/answers-{task:05d}.arrow", compression="lz4")
     _all_arrived(staging, "answered", task, count, "")
     resolution = pa.concat_tables([feather.read_table(f"{staging}/answers-{index:05d}.arrow")
                                    for index in range(count)])
-    for output in held:
-        figures.merge(resolve_staged(output.staged, resolution, window, writer, f"s{output.split.split_id:05d}"))
+    while held:  # (each split's staged rows let go once resolved)
+        output = held.pop()
+        figures.merge(resolve_staged(output.staged, resolution, window, writer, ""))
     for split_id in staged:
         figures.merge(_resolve_staged_split(split_id, staging, resolution, window, writer))
+    writer.flush()  # the task's rows, a file per table and partition value
     yield pickle.dumps((summaries, figures.to_bytes()))
 
 

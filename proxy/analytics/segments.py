@@ -210,13 +210,13 @@ class SplitReader:
                 pos = self._resync(0, "not a pulsar-tap segment (bad magic)", None, scan_from=0)
         else:
             pos = next_record_start(data, split.start)
-        end, unpack, crc, parse, header_size = split.end, _HEADER.unpack_from, crc32c, parse_record, _HEADER_SIZE
+        end, unpack, crc, parse, header_size = split.end, _HEADER.unpack, crc32c, parse_record, _HEADER_SIZE
         # Damage is reported by the split whose records run into it, even past the split's end.
         while pos is not None and pos < total:
             if pos + header_size > total:
                 pos = self._resync(pos, f"{total - pos} bytes, less than a record header", total)
                 continue
-            size, checksum = unpack(data, pos)
+            size, checksum = unpack(data[pos:pos + header_size])
             if size < MIN_RECORD_BYTES or size > MAX_RECORD_BYTES:
                 pos = self._resync(pos, f"record claims {size} bytes", None)
                 continue
