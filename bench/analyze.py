@@ -11,9 +11,10 @@ then, in one run and on the same recording:
    write every table as Parquet) — the same code the executors run, with no Spark;
    once without writing (every row made, as today's decoder makes them: the per-core
    comparison) and once writing every table (the baseline Spark is measured against);
-3. **Spark** on ``--master`` (default ``local[2]``): the same steps as Spark tasks,
-   every table written (Spark's start-up — the JVM, and the Python workers importing
-   the decoder — shown apart, not counted).
+3. **Spark** on ``--master`` (default ``local[2]``): the same steps as Spark tasks (one
+   job of a barrier task per core on a local master), every table written (Spark's
+   start-up — the JVM, and the Python workers importing the decoder — shown apart, not
+   counted).
 
 Prints seconds, frames/s and MiB/s of each, the CPU seconds each used (for Spark: the
 driver, its JVM and the Python workers; on a machine others are using too, the CPU
@@ -105,10 +106,13 @@ def _warm_up(spark: Any) -> None:
     """Start the Python workers and import the decoder in them: part of Spark's start-up, not of the work.
 
     Plain tasks (what the pipeline runs for local recordings) and Arrow tasks (for URLs)
-    are served by different pools of workers: both are started.
+    are served by different pools of workers: both are started.  A barrier stage (the
+    pipeline's one job on a local master) is run once too: the JVM's first one took
+    ~50 ms longer than the next (its classes loaded).
     """
     cores = spark.sparkContext.defaultParallelism
     spark.sparkContext.parallelize(range(cores * 4), cores * 2).mapPartitions(_import_decoder).count()
+    spark.sparkContext.parallelize(range(cores), cores).barrier().mapPartitions(_import_decoder).count()
     spark.range(cores * 4, numPartitions=cores * 2).mapInArrow(_import_decoder, "id bigint").count()
 
 

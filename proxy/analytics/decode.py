@@ -84,7 +84,7 @@ def _command(data: bytes) -> api.BaseCommand:
         cmd = _BASE_COMMAND(data)
     except (DecodeError, RuntimeError, ValueError):
         return decode_command(data)  # raises the CommandDecodeError
-    if not cmd.HasField("type") or not cmd.IsInitialized():
+    if not cmd.IsInitialized():  # (``type`` is required: a command without one is not initialized)
         return decode_command(data)
     return cmd
 
@@ -130,7 +130,8 @@ def message_values(metadata: api.MessageMetadata, payload: bytes, values: list[t
     if metadata.encryption_keys:
         values.append((metadata.sequence_id, len(payload), base_key, property_count(metadata.properties), -1, None))
         return
-    data = compression.decompress(metadata.compression, payload, metadata.uncompressed_size)
+    kind = metadata.compression
+    data = payload if kind == compression.NONE else compression.decompress(kind, payload, metadata.uncompressed_size)
     if not metadata.HasField("num_messages_in_batch"):
         values.append((metadata.sequence_id, len(data), base_key, property_count(metadata.properties), -1,
                        metadata.event_time or None))

@@ -14,24 +14,38 @@
    topics (the answers are broadcast) and are written.
 
 Each task also returns its share of the report's :class:`~proxy.analytics.figures.Figures`,
-added up here.  When the recordings and ``--out`` are local paths, steps 1 and 3 are
-plain Spark tasks (:func:`decode_plain_task`, :func:`resolve_plain_task`: no query
-plan, nothing converted in the JVM); otherwise they are ``mapInArrow`` stages.  Frame
-bytes never cross the shuffle: what does is listed in :mod:`proxy.analytics.decode`.
+added up here.  Frame bytes never cross the shuffle: what does is listed in
+:mod:`proxy.analytics.decode`.
 
-Where the tables are written depends on ``--out``: a local path (which every executor
-sees: always so on one machine, a shared mount on a cluster) is written by the tasks
-themselves with Arrow (:class:`~proxy.analytics.output.TableWriter`, moved into place
-when complete); a Hadoop URL (``hdfs://``, ``s3a://``, ``file:///``) is written by
-Spark's own writers, the tasks handing their rows over as Arrow IPC blobs.  Inputs
-likewise: local paths are split into byte ranges read by the tasks, URLs are read by
-Spark's ``binaryFile`` source, a segment per task.
+When the recordings and ``--out`` are local paths, no DataFrame is needed, and how the
+steps run depends on the master:
+
+- on a local master that does not retry tasks (``local[N]``, ``local[*]``), all three
+  steps are **one job** of one barrier task per core (:func:`barrier_task`): the tasks
+  claim splits as they go (:class:`SplitClaims`), meet through files in the staging
+  directory, finish the connections each owns (:func:`connection_share`) and resolve
+  the splits they decoded from memory.  A job costs ~0.15 s of waiting and JVM time
+  whatever it does, and the driver does no step's work;
+- elsewhere (clusters, where Spark reruns failed tasks), steps 1 and 3 are plain Spark
+  tasks over groups of splits (:func:`decode_plain_task`, :func:`resolve_plain_task`:
+  no query plan, nothing converted in the JVM) and step 2 runs on the driver.
+
+Otherwise steps 1 and 3 are ``mapInArrow`` stages.  Where the tables are written
+depends on ``--out``: a local path (which every executor sees: always so on one
+machine, a shared mount on a cluster) is written by the tasks themselves with Arrow
+(:class:`~proxy.analytics.output.TableWriter`, moved into place when complete); a
+Hadoop URL (``hdfs://``, ``s3a://``, ``file:///``) is written by Spark's own writers,
+the tasks handing their rows over as Arrow IPC blobs.  Inputs likewise: local paths
+are split into byte ranges read by the tasks, URLs are read by Spark's ``binaryFile``
+source, a segment per task.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import pickle
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -41,7 +55,7 @@ from proxy.analytics.connections import TimeWindow
 from proxy.analytics.decode import SplitOutput
 from proxy.analytics.figures import Figures
 from proxy.analytics.inputs import DEFAULT_SPLIT_BYTES, SEGMENT_GLOB, AnalyticsError, is_url, local_segments
-from proxy.analytics.output import TableWriter, merge_throughput
+from proxy.analytics.output import BufferedTableWriter, TableWriter, merge_throughput, resolution_table
 from proxy.analytics.segments import Split, plan_splits, segment_index
 from proxy.analytics.spark import StageProgress
 from proxy.analytics.steps import (
@@ -134,12 +148,12 @@ def _split_summary(output: SplitOutput) -> tuple[int, int, list[Any], int]:
     return output.split.split_id, output.frames, output.skipped, output.edges.num_rows
 
 
-def _stage(output: SplitOutput, staging: str) -> None:
-    """A split's staged rows and edge rows, as files in ``staging`` (read by step 3 and the driver)."""
+def _stage(output: SplitOutput, staging: str, *, edges_only: bool = False) -> None:
+    """A split's staged rows and edge rows (or only those), as files in ``staging`` (read by steps 2 and 3)."""
     import pyarrow.feather as feather
 
     split_id = output.split.split_id
-    for name, table in [*output.staged.items(), ("edges", output.edges)]:
+    for name, table in [*([] if edges_only else output.staged.items()), ("edges", output.edges)]:
         feather.write_feather(table, f"{staging}/split-{split_id:05d}-{name}.arrow", compression="lz4")
 
 
@@ -197,6 +211,129 @@ def resolve_plain_task(groups: Iterator[list[int]], answers: Any, window: TimeWi
     for split_ids in groups:
         for split_id in split_ids:
             yield _resolve_staged_split(split_id, staging, resolution, window, writer).to_bytes()
+
+
+class SplitClaims:
+    """Splits handed to whichever task asks first, largest first: a core that others slow down does fewer.
+
+    A claim is a file created exclusively (``O_EXCL``) in ``directory``, which every
+    task sees (the staging directory: a local path, shared on a cluster).  Each task
+    walks the same order and takes what no task took before it, so every split is
+    decoded exactly once whatever the tasks' speeds.
+    """
+
+    def __init__(self, directory: str, sizes: Sequence[int]) -> None:
+        self.directory = directory
+        self.order = sorted(range(len(sizes)), key=lambda index: (-sizes[index], index))
+
+    def __iter__(self) -> Iterator[int]:
+        os.makedirs(self.directory, exist_ok=True)
+        for split_id in self.order:
+            try:
+                os.close(os.open(f"{self.directory}/claim-{split_id:05d}", os.O_CREAT | os.O_EXCL | os.O_WRONLY,
+                                 0o600))
+            except FileExistsError:
+                continue
+            yield split_id
+
+
+def connection_share(edges: pa.Table, task: int, tasks: int) -> pa.Table:
+    """The edge rows of the connections task ``task`` of ``tasks`` finishes (each connection to one task)."""
+    import zlib
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if tasks <= 1 or not edges.num_rows:
+        return edges
+    recordings = pc.dictionary_encode(edges["recording"].combine_chunks())
+    offsets = np.array([zlib.crc32(name.encode()) for name in recordings.dictionary.to_pylist()], dtype=np.int64)
+    keys = offsets[recordings.indices.to_numpy(zero_copy_only=False)] + edges["conn_id"].to_numpy()
+    return edges.filter(pa.array(keys % tasks == task))
+
+
+def _all_arrived(staging: str, point: str, task: int, count: int, note: str) -> list[str]:
+    """Wait until all ``count`` tasks reached ``point``; returns the ``note`` each left there.
+
+    The tasks meet through files in ``staging`` rather than Spark's ``allGather``,
+    whose every call waits a second in the JVM (it polls its answer once a second).
+    The barrier stage has started every task, so the wait ends unless a task fails, and
+    then Spark kills the others.
+    """
+    import time
+
+    directory = Path(staging) / point
+    directory.mkdir(exist_ok=True)
+    temporary = directory / f".{task:05d}"
+    temporary.write_text(note, encoding="utf-8")
+    os.replace(temporary, directory / f"{task:05d}")
+    names = [f"{index:05d}" for index in range(count)]
+    pause = 0.0005
+    while not all((directory / name).exists() for name in names):
+        time.sleep(pause)
+        pause = min(pause * 2, 0.01)
+    return [(directory / name).read_text(encoding="utf-8") for name in names]
+
+
+#: Staged rows a barrier task keeps in memory for its third step; beyond that they go to the staging directory.
+HELD_BYTES: Final = 512 * 2**20
+
+
+def barrier_task(partition: Iterator[int], splits: list[Split], staging: str, work: str, window: TimeWindow,
+                 strict: bool, count: int) -> Iterator[bytes]:
+    """The three steps in one task per core, all tasks started together (Spark's barrier mode).
+
+    Step 1 over the splits this task claims (:class:`SplitClaims`), their edge rows
+    written to ``staging``; when every task is there, step 2 for the connections this
+    task owns (:func:`connection_share`), its topic answers written to ``staging``;
+    when every task is there again, step 3 for the splits it decoded, from memory.
+    Yields one pickled ``(summaries, figures)``.  Run only where a failed task fails
+    the job (:func:`_barrier_tasks`): claims and meeting points are not made for reruns.
+    """
+    import pyarrow as pa
+    import pyarrow.feather as feather
+    from pyspark import BarrierTaskContext
+
+    _settle()
+    del partition  # the task's number says what it does
+    task = BarrierTaskContext.get().partitionId()
+    held: list[SplitOutput] = []
+    staged: list[int] = []
+    held_bytes = 0
+    summaries = []
+    for split_id in SplitClaims(f"{staging}/claims", [s.end - s.start for s in splits]):
+        output = decode_local_split(splits[split_id])
+        summaries.append(_split_summary(output))
+        size = sum(table.nbytes for table in output.staged.values())
+        if held_bytes + size > HELD_BYTES:
+            _stage(output, staging)
+            staged.append(split_id)
+        else:
+            _stage(output, staging, edges_only=True)
+            held.append(output)
+            held_bytes += size
+    skipped = _all_arrived(staging, "decoded", task, count, str(sum(len(summary[2]) for summary in summaries)))
+    figures = Figures()
+    if strict and any(int(ranges) for ranges in skipped):
+        yield pickle.dumps((summaries, figures.to_bytes()))  # the driver refuses the recording
+        return
+    edges = pa.concat_tables([feather.read_table(f"{staging}/split-{split_id:05d}-edges.arrow")
+                              for split_id in range(len(splits))])
+    writer = BufferedTableWriter(Path(work).parent, Path(work), f"b{task:05d}")
+    answers, figures, _rows = finish_edges(connection_share(edges, task, count), window, writer, "")
+    del edges, _rows
+    feather.write_feather(resolution_table(answers), f"{staging}/answers-{task:05d}.arrow", compression="lz4")
+    _all_arrived(staging, "answered", task, count, "")
+    resolution = pa.concat_tables([feather.read_table(f"{staging}/answers-{index:05d}.arrow")
+                                   for index in range(count)])
+    while held:  # (each split's staged rows let go once resolved)
+        output = held.pop()
+        figures.merge(resolve_staged(output.staged, resolution, window, writer, ""))
+    for split_id in staged:
+        figures.merge(_resolve_staged_split(split_id, staging, resolution, window, writer))
+    writer.flush()  # the task's rows, a file per table and partition value
+    yield pickle.dumps((summaries, figures.to_bytes()))
 
 
 def staged_edges_task(batches: Iterator[pa.RecordBatch], staging: str) -> Iterator[pa.RecordBatch]:
@@ -357,6 +494,13 @@ def run_pipeline(spark: SparkSession, inputs: Sequence[str], out: str, *, window
     # Local splits with the tables written by the tasks need no DataFrame: plain tasks, fewer costs per job.
     plain = (staging, work) if staging is not None and work is not None and not remote else None
     try:
+        tasks = _barrier_tasks(spark) if plain is not None else 0
+        if plain is not None and tasks:
+            step("decoding frames, pairing requests per connection, writing tables")
+            _run_barrier(spark, tasks, splits, plain[0], plain[1], window, strict, result)
+            step("publishing tables")
+            _publish(writer, result)
+            return result
         step("decoding frames")
         summaries: list[tuple[int, int, list[Any], int]] = []
         parts = []
@@ -379,10 +523,8 @@ def run_pipeline(spark: SparkSession, inputs: Sequence[str], out: str, *, window
             summaries = [pickle.loads(row["data"]) for row in
                          edges.filter(F.col("edge") == EDGE_SPLIT).select("data").collect()]
         edge_rows = 0
-        for _split_id, frames, skipped, edge_count in summaries:
-            result.frames_read += frames
-            edge_rows += edge_count
-            result.figures.skipped += [r.describe() for r in skipped]
+        for summary in summaries:
+            edge_rows += _add_summary(result, summary)
         if strict and result.figures.skipped:
             raise RecordingError(result.figures.skipped[0] + " (--strict)")
 
@@ -434,17 +576,65 @@ def run_pipeline(spark: SparkSession, inputs: Sequence[str], out: str, *, window
         if staging is None:
             edges.unpersist()
         step("publishing tables")
-        throughput = result.figures.throughput if result.figures.throughput is not None else merge_throughput([])
-        result.figures.counts["throughput"] = throughput.num_rows
         if writer is not None:
-            writer.write("throughput", throughput, "t00000")
-            result.written = writer.publish(ALL_TABLES)
+            _publish(writer, result)
         else:
-            result.written = _write_with_spark(spark, out, table_blobs, throughput)
+            result.written = _write_with_spark(spark, out, table_blobs, _throughput(result))
     finally:
         if writer is not None:
             writer.discard()
     return result
+
+
+def _barrier_tasks(spark: SparkSession) -> int:
+    """How many tasks the one-job plan runs (one per core), or 0 where it does not apply.
+
+    It applies to local masters that do not retry failed tasks (``local``, ``local[N]``,
+    ``local[*]``; not ``local[N,F]`` with F > 1): there a task that fails fails the job.
+    Where Spark reruns a failed task, or the whole stage of a barrier task (clusters),
+    a rerun would find the splits claimed and the meeting points passed by the attempt
+    that failed: there the steps run as jobs of their own.
+    """
+    match = re.fullmatch(r"local(?:\[(\d+|\*)(?:,(\d+))?\])?", spark.sparkContext.master or "")
+    if match is None or int(match.group(2) or 1) > 1:
+        return 0
+    conf = spark.sparkContext.getConf()
+    return max(1, spark.sparkContext.defaultParallelism // max(1, int(conf.get("spark.task.cpus", "1") or 1)))
+
+
+def _run_barrier(spark: SparkSession, tasks: int, splits: list[Split], staging: str, work: str, window: TimeWindow,
+                 strict: bool, result: AnalyzeResult) -> None:
+    """The three steps as one Spark job of ``tasks`` barrier tasks (:func:`barrier_task`)."""
+    task = functools.partial(barrier_task, splits=splits, staging=staging, work=work, window=window, strict=strict,
+                             count=tasks)
+    for data in spark.sparkContext.parallelize(range(tasks), tasks).barrier().mapPartitions(task).collect():
+        summaries, figures = pickle.loads(data)
+        for summary in summaries:
+            _add_summary(result, summary)
+        result.figures.merge(Figures.from_bytes(figures))
+    if strict and result.figures.skipped:
+        raise RecordingError(result.figures.skipped[0] + " (--strict)")
+
+
+def _add_summary(result: AnalyzeResult, summary: tuple[int, int, list[Any], int]) -> int:
+    """A split's summary into ``result``; returns its count of edge rows."""
+    _split_id, frames, skipped, edge_rows = summary
+    result.frames_read += frames
+    result.figures.skipped += [r.describe() for r in skipped]
+    return edge_rows
+
+
+def _throughput(result: AnalyzeResult) -> pa.Table:
+    throughput = result.figures.throughput if result.figures.throughput is not None else merge_throughput([])
+    result.figures.counts["throughput"] = throughput.num_rows
+    return throughput
+
+
+def _publish(writer: TableWriter | None, result: AnalyzeResult) -> None:
+    """The throughput table written, then every table moved into place."""
+    assert writer is not None
+    writer.write("throughput", _throughput(result), "t00000")
+    result.written = writer.publish(ALL_TABLES)
 
 
 def _of_kind(table: pa.Table, kind: int) -> Any:
@@ -500,5 +690,6 @@ def parse_time(text: str) -> int:
     return int(moment.timestamp() * 1e9)
 
 
-__all__ = ["AnalyzeResult", "decode_content_task", "decode_plain_task", "decode_task", "finish_task", "parse_time",
-           "resolve_plain_task", "resolve_task", "run_pipeline", "task_groups", "unblob_task"]
+__all__ = ["AnalyzeResult", "SplitClaims", "barrier_task", "connection_share", "decode_content_task",
+           "decode_plain_task", "decode_task", "finish_task", "parse_time", "resolve_plain_task", "resolve_task",
+           "run_pipeline", "task_groups", "unblob_task"]

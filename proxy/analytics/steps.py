@@ -26,7 +26,13 @@ from proxy.analytics.connections import ConnectionTables, TimeWindow, finish_con
 from proxy.analytics.decode import SplitOutput, decode_split
 from proxy.analytics.figures import Figures
 from proxy.analytics.inputs import DEFAULT_SPLIT_BYTES, local_segments, mapped
-from proxy.analytics.output import TableWriter, resolution_table, resolve_split, throughput_rows
+from proxy.analytics.output import (
+    BufferedTableWriter,
+    TableWriter,
+    resolution_table,
+    resolve_split,
+    throughput_rows,
+)
 from proxy.analytics.segments import Split, plan_splits, segment_recording_id
 
 if TYPE_CHECKING:
@@ -114,7 +120,7 @@ def analyze_in_process(inputs: Sequence[str], out: str | None, window: TimeWindo
     splits = plan_splits(segments, split_bytes)
     result = AnalyzeResult(out or "", segments=len(segments), splits=len(splits),
                            input_bytes=sum(s[3] for s in segments))
-    writer = TableWriter(Path(out)) if out is not None else None
+    writer = BufferedTableWriter(Path(out), None, "p") if out is not None else None
     clock = time.perf_counter()
     try:
         phase("decoding frames")
@@ -141,6 +147,7 @@ def analyze_in_process(inputs: Sequence[str], out: str | None, window: TimeWindo
         if writer is not None:
             if throughput is not None:
                 writer.write("throughput", throughput, "t00000")
+            writer.flush()
             result.written = writer.publish(ALL_TABLES)
         result.timings["total"] = time.perf_counter() - clock
     finally:

@@ -421,6 +421,8 @@ def check_frame(buf: bytes | bytearray | memoryview, pos: int, end: int, limit: 
     layout = check_payload(buf, cmd_end, frame_end, end)
     if isinstance(layout, int):
         return layout
+    if not pos:
+        return FrameHead(total + 4, cmd_size, type_, layout)
     bem_start, bem_end, checksum_at, metadata_start, metadata_end = layout
     return FrameHead(total + 4, cmd_size, type_, PayloadLayout(
         bem_start - pos if bem_start >= 0 else -1, bem_end - pos if bem_end >= 0 else -1, checksum_at - pos,

@@ -261,23 +261,91 @@ def test_urls_are_read_and_written_through_hadoop_with_the_same_tables(
         assert as_rows(tmp_path / "mixed", name) == local, name
 
 
-def test_many_edge_rows_are_shuffled_by_connection_with_the_same_tables(tmp_path: Path) -> None:
-    """Past DRIVER_EDGE_ROWS the second step runs as Spark tasks after a shuffle of the edge rows: same tables."""
-    stats = write_synthetic_recording(tmp_path / "in", 2**20, connections=6, segment_bytes=400_000,
-                                      features=Features(chunked=True, replication=True))
-    analyze_in_process([str(stats.path)], str(tmp_path / "one"), split_bytes=150_000)
-    script = (  # in a process of its own, as the CLI runs it: the driver's JVM goes with it
-        "import sys\n"
-        "import proxy.analytics.pipeline as pipeline\n"
-        "from proxy.analytics.spark import spark_session\n"
-        "pipeline.DRIVER_EDGE_ROWS = 0\n"
-        "with spark_session('local[2]') as spark:\n"
-        "    pipeline.run_pipeline(spark, [sys.argv[1]], sys.argv[2], split_bytes=150_000)\n")
-    done = subprocess.run([sys.executable, "-c", script, str(stats.path), str(tmp_path / "spark")],
-                          capture_output=True, text=True, timeout=SPARK_TIMEOUT, cwd=ROOT)
+def _run_pipeline(master: str, recording: str, out: Path, settings: str = "") -> None:
+    """run_pipeline on ``master`` in a process of its own, as the CLI runs it: the driver's JVM goes with it."""
+    script = ("import sys\n"
+              "import proxy.analytics.pipeline as pipeline\n"
+              "from proxy.analytics.spark import spark_session\n"
+              f"{settings}\n"
+              f"with spark_session({master!r}) as spark:\n"
+              "    pipeline.run_pipeline(spark, [sys.argv[1]], sys.argv[2], split_bytes=150_000)\n")
+    done = subprocess.run([sys.executable, "-c", script, recording, str(out)], capture_output=True, text=True,
+                          timeout=SPARK_TIMEOUT, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A 1 MiB recording of six connections (chunks, replication), and the tables one process writes of it."""
+    base = tmp_path_factory.mktemp("small")
+    stats = write_synthetic_recording(base / "in", 2**20, connections=6, segment_bytes=400_000,
+                                      features=Features(chunked=True, replication=True))
+    analyze_in_process([str(stats.path)], str(base / "one"), split_bytes=150_000)
+    return stats.path, base / "one"
+
+
+def test_many_edge_rows_are_shuffled_by_connection_with_the_same_tables(small: tuple[Path, Path],
+                                                                        tmp_path: Path) -> None:
+    """Past DRIVER_EDGE_ROWS the second step runs as Spark tasks after a shuffle of the edge rows: same tables.
+
+    (Read by URL: local paths on a local master take the one-job plan, which has no shuffle.)
+    """
+    recording, one = small
+    _run_pipeline("local[2]", recording.as_uri(), tmp_path / "spark", "pipeline.DRIVER_EDGE_ROWS = 0")
     for name in TABLES:
-        assert as_rows(tmp_path / "spark", name) == as_rows(tmp_path / "one", name), name
+        assert as_rows(tmp_path / "spark", name) == as_rows(one, name), name
+
+
+def test_the_one_job_plan_and_the_plan_of_three_jobs_write_the_same_tables(small: tuple[Path, Path],
+                                                                           tmp_path: Path) -> None:
+    """local[3]: three barrier tasks share the splits and the connections, every staged row spilled to files
+    (HELD_BYTES 0); local[2,2] (a master that retries tasks): decoding, pairing and writing as jobs of their own."""
+    recording, one = small
+    _run_pipeline("local[3]", str(recording), tmp_path / "barrier", "pipeline.HELD_BYTES = 0")
+    _run_pipeline("local[2,2]", str(recording), tmp_path / "jobs")
+    for name in TABLES:
+        assert as_rows(tmp_path / "barrier", name) == as_rows(one, name), name
+        assert as_rows(tmp_path / "jobs", name) == as_rows(one, name), name
+
+
+def test_split_claims_give_every_split_to_exactly_one_task_largest_first(tmp_path: Path) -> None:
+    """Three tasks taking turns unevenly (one takes three splits while the others take one) share every split."""
+    from proxy.analytics.pipeline import SplitClaims
+
+    sizes = [5, 9, 9, 1, 7, 3, 8]
+    tasks = [iter(SplitClaims(str(tmp_path / "claims"), sizes)) for _ in range(3)]
+    taken: list[list[int]] = [[], [], []]
+    order: list[int] = []
+    live = [0, 1, 2]
+    while live:
+        for task in list(live):
+            for _ in range(3 if task == 0 else 1):
+                split = next(tasks[task], None)
+                if split is None:
+                    live.remove(task)
+                    break
+                taken[task].append(split)
+                order.append(split)
+    assert sorted(order) == list(range(len(sizes)))
+    assert order == sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)), "largest first, ties by index"
+    assert len(taken[0]) > len(taken[1]), "the task that asks more often gets more"
+
+
+@pytest.mark.parametrize("tasks", [1, 2, 3, 7])
+def test_each_connection_is_finished_by_exactly_one_task(tasks: int) -> None:
+    import pyarrow as pa
+
+    from proxy.analytics.pipeline import connection_share
+
+    edges = pa.table({"recording": ["a", "b", "a", "b", "a", "c"] * 50, "conn_id": list(range(6)) * 50,
+                      "seq": list(range(300))})
+    shares = [connection_share(edges, task, tasks) for task in range(tasks)]
+    assert sorted(seq for share in shares for seq in share["seq"].to_pylist()) == list(range(300))
+    owners: dict[tuple[str, int], set[int]] = {}
+    for task, share in enumerate(shares):
+        for recording, conn_id in zip(share["recording"].to_pylist(), share["conn_id"].to_pylist(), strict=True):
+            owners.setdefault((recording, conn_id), set()).add(task)
+    assert all(len(tasks_of) == 1 for tasks_of in owners.values())
 
 
 @pytest.mark.parametrize("tasks", [1, 2, 4, 64])
