@@ -6,11 +6,11 @@ a few objects per request; at saturation that is several microseconds a frame, s
 observer hub drops most runs and /metrics counts a few per cent of the requests.  Here a
 run is walked once, in place (no copy per frame):
 
-- a precompiled pattern matches the canonical encoding of a SEND's command
+- a precompiled pattern matches (``fullmatch`` over the command's bytes) the canonical encoding of a SEND's command
   (``08 06 32 LEN 08 <producer_id> 10 <sequence_id> [18 <num_messages>]``, PulsarApi.proto
   ``CommandSend``) or a receipt's (``CommandSendReceipt``: the same two ids, an optional
-  ``MessageIdData`` of varint fields, an optional ``highest_sequence_id``), checked to
-  span exactly the command;
+  ``MessageIdData`` of varint fields whose length is checked, an optional
+  ``highest_sequence_id``);
 - SEND and SEND_RECEIPT encode ``producer_id`` and ``sequence_id`` as the same bytes
   ``08 <pid> 10 <seq>`` when the varints are minimal (the pattern insists), so a SEND is
   filed in the connection's :class:`SendBook` under those raw bytes and its receipt
@@ -48,11 +48,12 @@ _COUNT: Final = rb"(?:[\x00-\x7f]|[\x80-\xff]{1,3}[\x01-\x7f])"
 SEND_COMMAND: Final = re.compile(rb"\x08\x06\x32[\x00-\x7f](\x08(" + _KEY + rb")\x10" + _KEY + rb")(?:\x18("
                                  + _COUNT + rb"))?")
 #: a SEND_RECEIPT's BaseCommand from offset 8: groups (key, message id length or None, message id or None);
-#: MessageIdData as the per-frame path takes it (ledgerId, entryId, then partition, batch_index, batch_size)
+#: MessageIdData as the per-frame path takes it (ledgerId, entryId, then partition, batch_index, batch_size;
+#: the last two tried last, so that a ``20`` after the message id is first read as highest_sequence_id)
 RECEIPT_COMMAND: Final = re.compile(
     rb"\x08\x07\x3a[\x00-\x7f](\x08" + _KEY + rb"\x10" + _KEY + rb")(?:\x1a([\x00-\x7f])(\x08" + _VARINT
-    + rb"\x10" + _VARINT + rb"(?:\x18" + _VARINT + rb")?(?:\x20" + _VARINT + rb")?(?:\x30" + _VARINT
-    + rb")?))?(?:\x20" + _VARINT + rb")?")
+    + rb"\x10" + _VARINT + rb"(?:\x18" + _VARINT + rb")?(?:\x20" + _VARINT + rb")??(?:\x30" + _VARINT
+    + rb")??))?(?:\x20" + _VARINT + rb")?")
 
 #: a frame's TOTAL_SIZE and CMD_SIZE
 FRAME_HEAD: Final = struct.Struct(">II")

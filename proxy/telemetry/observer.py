@@ -145,7 +145,7 @@ class Telemetry:
 
     def _sends(self, timeline: ConnectionTimeline, conn_id: int, data: bytes, pos: int, received_ns: int,
                forwarded_ns: int, origin: str, broker: str | None) -> int:
-        end_of_data, head, match = len(data), FRAME_HEAD.unpack_from, SEND_COMMAND.match
+        end_of_data, head, match = len(data), FRAME_HEAD.unpack_from, SEND_COMMAND.fullmatch
         book = timeline.book
         entries, other_keys, inspect = book.entries, book.other_keys, timeline.inspect_trace_context
         capacity = timeline.bulk_capacity() if timeline.connected else 0
@@ -157,8 +157,8 @@ class Telemetry:
             end = pos + total + 4
             if end > end_of_data:
                 break
-            found = match(data, pos + 8) if capacity > 0 else None
-            if found is not None and found.end() == pos + 12 + data[pos + 11] == pos + 8 + cmd_size:
+            found = match(data, pos + 8, pos + 8 + cmd_size) if capacity > 0 else None
+            if found is not None and data[pos + 11] == cmd_size - 4:
                 key, producer, count = found.group(1, 2, 3)
                 known = producers.get(producer)
                 if known is None:
@@ -200,7 +200,7 @@ class Telemetry:
 
     def _receipts(self, timeline: ConnectionTimeline, conn_id: int, data: bytes, pos: int, received_ns: int,
                   forwarded_ns: int, origin: str, broker: str | None) -> int:
-        end_of_data, head, match = len(data), FRAME_HEAD.unpack_from, RECEIPT_COMMAND.match
+        end_of_data, head, match = len(data), FRAME_HEAD.unpack_from, RECEIPT_COMMAND.fullmatch
         book, spans = timeline.book, self.spans
         entries, other_keys = book.entries, book.other_keys
         bulk = timeline.connected
@@ -211,8 +211,8 @@ class Telemetry:
             end = pos + total + 4
             if end > end_of_data:
                 break
-            found = match(data, pos + 8) if bulk else None
-            if found is not None and found.end() == pos + 12 + data[pos + 11] == pos + 8 + cmd_size:
+            found = match(data, pos + 8, pos + 8 + cmd_size) if bulk else None
+            if found is not None and data[pos + 11] == cmd_size - 4:
                 key, id_size, message_id = found.group(1, 2, 3)
                 if (id_size is None or id_size[0] == len(message_id)) and not (
                         other_keys and key in other_keys and key not in entries):

@@ -178,8 +178,8 @@ def odd_encodings(seed: int) -> list[Wire]:
 
     Non-minimal varints on either side (the raw ids then differ though the values agree),
     multi-byte and 9- and 10-byte ids, num_messages of 1 to 5 bytes, receipts with and
-    without a message id, with partition -1, batch fields, highest_sequence_id -1 or an
-    ack_set, a producer closed and its id reused for another topic while SENDs are
+    without a message id, with partition -1, batch fields, highest_sequence_id -1, an
+    ack_set or a repeated sequence_id, a producer closed and its id reused for another topic while SENDs are
     pending, a SEND repeating a pending id, long runs of SENDs answered out of order.
     """
     rng = random.Random(seed)
@@ -234,7 +234,9 @@ def odd_encodings(seed: int) -> list[Wire]:
                                          b"\x1a" + bytes([15]) + b"\x08\x07\x10\x05\x18" + _varint(2**64 - 1),
                                          b"\x1a\x08\x08\x07\x10\x05\x20\x02\x30\x09",
                                          b"\x1a\x06\x08\x07\x10\x05\x28\x01",  # an ack_set
-                                         b"\x1a\x04\x10\x05\x08\x07"))  # fields out of order
+                                         b"\x1a\x04\x10\x05\x08\x07",  # fields out of order
+                                         # a message id of 2 bytes, then sequence_id again (the last counts)
+                                         b"\x1a\x02\x08\x07\x10" + _varint(sequence_id + 1)))
                 highest = rng.choice((b"", b"\x20" + _varint(2**64 - 1), b"\x20\x05"))
                 put(TO_CLIENT, _reframed(_receipt(1, 1), ids + message_id + highest))
     ts += 1_000
