@@ -144,9 +144,19 @@ class ObserverHub:
                 # What else is waiting, without a trip through the scheduler per event (the relays
                 # publish many events per turn; one each would leave the queue to overflow), for
                 # a slice in proportion to the relays' last turn: then the relays go on (the queue
-                # absorbs the rest).
-                started, side = clock(), side_clock()
-                side_seconds, side_before = side - side_before, side  # observers' threads, over the last cycle
+                # absorbs the rest).  Only a backlog needs the slice (and the other threads' CPU
+                # time, a system call or two): a lone event (a client that does not saturate the
+                # proxy publishes one per frame) is delivered and done.
+                started = clock()
+                self._deliver(pieces.popleft())
+                if not pieces:
+                    try:
+                        self._take(receive.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        turn_ended = clock()
+                        continue
+                side = side_clock()
+                side_seconds, side_before = side - side_before, side  # observers' threads, since last measured
                 relay_seconds = max(started - turn_ended - side_seconds, 0.0)
                 slice_seconds = min(max(relay_seconds * self._weight - side_seconds, self.slice_seconds),
                                     self.max_slice_seconds)
