@@ -37,6 +37,8 @@ import re
 import struct
 from typing import Final
 
+from proxy.recording.segment import varint
+
 #: a varint telemetry keys on: minimal (so its bytes name one value), at most 9 bytes (< 2**63)
 _KEY: Final = rb"(?:[\x00-\x7f]|[\x80-\xff]{1,8}[\x01-\x7f])"
 #: any varint protobuf reads as a 64-bit value: at most 10 bytes, the tenth 0 or 1
@@ -91,18 +93,9 @@ def key_ids(key: bytes) -> tuple[int, int]:
     return varint_value(key[1:last + 1]), varint_value(key[last + 2:])
 
 
-def _varint_bytes(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def key_of(producer_id: int, sequence_id: int) -> bytes:
     """The key a SEND of these ids has in the book (minimal varints)."""
-    return b"\x08" + _varint_bytes(producer_id) + b"\x10" + _varint_bytes(sequence_id)
+    return b"\x08" + varint(producer_id) + b"\x10" + varint(sequence_id)
 
 
 __all__ = ["FRAME_HEAD", "RECEIPT_COMMAND", "SEND_COMMAND", "BookEntry", "SendBook", "key_ids", "key_of",
