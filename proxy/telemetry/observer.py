@@ -13,7 +13,9 @@ finished exchanges and delivery cycles to the :class:`~proxy.telemetry.tracer.Sp
 (:class:`proxy.core.hooks.Observer`): it is called from the observer task, behind
 the bounded queue, never on the relay's path.  It takes the frames the proxy passed
 through unchanged in bulk (``on_run``, see :mod:`proxy.core.run_cutter`), so the
-relay builds no Frame and no event per frame for telemetry.
+relay builds no Frame and no event per frame for telemetry, and
+:meth:`Telemetry.passed_run` accounts the SENDs and receipts among them a run at a
+time (:mod:`proxy.telemetry.bulk`); any other frame goes the per-frame way.
 """
 
 from __future__ import annotations
