@@ -161,7 +161,6 @@ class ObserverHub:
                 slice_seconds = min(max(relay_seconds * self._weight - side_seconds, self.slice_seconds),
                                     self.max_slice_seconds)
                 until = started + slice_seconds
-                self._deliver(pieces.popleft())
                 while clock() < until:
                     if not pieces:
                         try:
