@@ -150,7 +150,7 @@ class Telemetry:
         end_of_data, head, match = len(data), FRAME_HEAD.unpack_from, SEND_COMMAND.fullmatch
         book = timeline.book
         entries, other_keys, inspect = book.entries, book.other_keys, timeline.inspect_trace_context
-        capacity = timeline.bulk_capacity() if timeline.connected else 0
+        capacity, forgets = timeline.bulk_capacity() if timeline.connected else (0, False)
         producers: dict[bytes, tuple[bool, str | None]] = {}
         frames = size = 0
         messages: dict[str | None, int] = {}
@@ -172,7 +172,10 @@ class Telemetry:
                             or plain_metadata(data, pos + 8 + cmd_size, end) is not True)):
                     number = 1 if count is None else (count[0] if len(count) == 1 else varint_value(count))
                     entries[key] = (received_ns, forwarded_ns, end - pos, number, topic)
-                    capacity -= 1
+                    if not forgets:
+                        capacity -= 1
+                    elif len(entries) > capacity:
+                        timeline.bulk_forget_oldest()
                     frames += 1
                     size += end - pos
                     if number:
@@ -185,7 +188,8 @@ class Telemetry:
             messages = {}
             self._one_frame(conn_id, Direction.TO_BROKER, data[pos:end], received_ns, forwarded_ns, origin, broker)
             producers.clear()
-            capacity = timeline.bulk_capacity() if timeline.connected and conn_id in self._timelines else 0
+            capacity, forgets = timeline.bulk_capacity() if timeline.connected and conn_id in self._timelines \
+                else (0, False)
             pos = end
         self._count_sends(frames, size, messages, origin)
         return pos

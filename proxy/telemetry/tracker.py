@@ -321,13 +321,28 @@ class ConnectionTimeline:
         return out
 
     # -- the data path in bulk (see proxy.telemetry.bulk) ------------------------------------
-    def bulk_capacity(self) -> int:
-        """SENDs the book may take before the session or the timings would forget their oldest request."""
+    def bulk_capacity(self) -> tuple[int, bool]:
+        """(SENDs the book may take, whether it forgets its oldest SEND past the session's limit itself).
+
+        While the session and the timings hold nothing, the book is all the pending
+        requests there are: past MAX_PENDING_REQUESTS (= MAX_TIMED_REQUESTS) it forgets
+        its oldest, as both would (a SEND whose receipt a full queue dropped stays
+        pending until then).  Otherwise it takes what fits before they would forget theirs.
+        """
         book = self.book
         pending = self.session.pending_requests
         if book.other_keys and not pending:
             book.other_keys.clear()
-        return min(MAX_PENDING_REQUESTS - pending, MAX_TIMED_REQUESTS - len(self._timings)) - len(book.entries) - 1
+        if not pending and not self._timings:
+            return MAX_PENDING_REQUESTS, True
+        return min(MAX_PENDING_REQUESTS - pending, MAX_TIMED_REQUESTS - len(self._timings)) - len(book.entries) - 1, \
+            False
+
+    def bulk_forget_oldest(self) -> None:
+        """The book holds more SENDs than the session keeps: the oldest is forgotten (see :meth:`bulk_capacity`)."""
+        entries = self.book.entries
+        del entries[next(iter(entries))]
+        self.session.forgotten_requests += 1
 
     def bulk_producer(self, producer_id: bytes) -> tuple[bool, str | None]:
         """(whether its SENDs may go in the book, its topic) of the producer whose id varint is ``producer_id``.
