@@ -548,6 +548,28 @@ def _scrape_metrics(ready: Path) -> str:
     raise RuntimeError("no /metrics to scrape")
 
 
+TELEMETRY_ARMS = ("metrics", "traces 1%", "traces 100%")
+
+
+def _telemetry_seen(text: str) -> float:
+    """SENDs and SEND_RECEIPTs telemetry counted, from /metrics text."""
+    return _metric_sum(text, "pulsar_tap_frames_total", 'command="SEND"') + \
+        _metric_sum(text, "pulsar_tap_frames_total", 'command="SEND_RECEIPT"')
+
+
+def _telemetry_settled(ready: Path) -> float:
+    """:func:`_telemetry_seen` once it stops growing (the observer queue delivered its backlog)."""
+    seen = _telemetry_seen(_scrape_metrics(ready))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        now = _telemetry_seen(_scrape_metrics(ready))
+        if now == seen:
+            break
+        seen = now
+    return seen
+
+
 def _metric_sum(text: str, family: str, having: str) -> float:
     """The sum of a Prometheus family's samples whose labels contain ``having``."""
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
@@ -589,19 +611,24 @@ def measure_observers(target: int, reports: Any, workdir: Path, otlp_port: int,
                                             "--subprocesses", "--rate", "200", "-o", args.py_spy],
                                            stdout=subprocess.DEVNULL,
                                            stderr=subprocess.DEVNULL)
+            seen_before = 0.0
             for label, size in OBSERVER_SIZES:
+                sent_before = sum(SENT_FRAMES)
                 row[label] = throughput(port, reports, size, args.duration, receipts=True)[1]
+                if name in TELEMETRY_ARMS:  # what telemetry saw of this size's frames, once its queue drained
+                    seen = _telemetry_settled(workdir / "ready.json")
+                    row[f"coverage {label}"] = (seen - seen_before) / max(2 * (sum(SENT_FRAMES) - sent_before), 1)
+                    seen_before = seen
             if sampler is not None:
                 sampler.send_signal(signal.SIGINT)  # py-spy writes what it sampled and exits
                 sampler.wait(30)
-            if name in ("metrics", "traces 1%", "traces 100%"):
+            if name in TELEMETRY_ARMS:
                 started = time.perf_counter()
                 text = _scrape_metrics(workdir / "ready.json")
                 row["scrape s"] = time.perf_counter() - started
                 if "pulsar_tap_request_duration_seconds" not in text:
                     raise RuntimeError("/metrics has no request latency histogram")
-                row["observed"] = _metric_sum(text, "pulsar_tap_frames_total", 'command="SEND"') + \
-                    _metric_sum(text, "pulsar_tap_frames_total", 'command="SEND_RECEIPT"')
+                row["observed"] = _telemetry_seen(text)
                 row["sent"] = 2 * sum(SENT_FRAMES)
                 row["events dropped"] = _metric_sum(text, "pulsar_tap_dropped_events_total", 'source="observers"')
         if name == "recording":
@@ -632,8 +659,10 @@ def print_observers(results: dict[str, dict[str, float]]) -> None:
                      f"({row['recorded'] / row['sent']:.0%}; recorder dropped {row['dropped']:,.0f}, "
                      f"not accounted for {row['sent'] - row['recorded'] - row['dropped']:,.0f})")
         if "observed" in row:
-            line += (f"  coverage {row['observed'] / row['sent']:.1%}: telemetry saw {row['observed']:,.0f} of "
-                     f"{row['sent']:,.0f} SENDs + receipts ({row['events dropped']:,.0f} events dropped)")
+            by_size = ", ".join(f"{label} {row[f'coverage {label}']:.1%}" for label, _ in OBSERVER_SIZES)
+            line += (f"  coverage {row['observed'] / row['sent']:.1%} ({by_size}): telemetry saw "
+                     f"{row['observed']:,.0f} of {row['sent']:,.0f} SENDs + receipts ({row['events dropped']:,.0f} "
+                     "events dropped)")
         if "scrape s" in row:
             line += f"; /metrics scraped in {row['scrape s']:.2f}s"
         print(line)

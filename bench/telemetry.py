@@ -5,8 +5,10 @@ Two measurements:
 - ``proxy``: passthrough throughput through the real proxy.  An embedded broker
   runs as a ``pulsar-tap broker`` subprocess; the proxy (``ProxyServer``) runs in
   this process on its own Trio thread with the telemetry observer attached per
-  mode (``noop-observer``: an observer that does nothing, which separates the
-  relay's cost of decoding every frame for observers from telemetry's own); the
+  mode (``noop-observer``: an observer that takes runs, as telemetry does, and does
+  nothing, which separates the relay's and the observer hub's cost from telemetry's
+  own; ``noop-frames``: one that takes frames one by one, so the relay decodes every
+  frame for it); the
   official client produces ``--messages`` messages of ``--size`` bytes with
   batching off (one SEND and one SEND_RECEIPT per message, the worst case for
   per-frame telemetry) through it.  Modes are interleaved over ``--repeat``
@@ -56,11 +58,11 @@ from proxy.protocol.session import Direction
 from proxy.server.app import ProxyServer
 from proxy.telemetry import ExportSettings, TelemetryPipeline, build_telemetry
 
-MODES = ("off", "noop-observer", "metrics", "traces-100%", "traces-1%")
+MODES = ("off", "noop-observer", "noop-frames", "metrics", "traces-100%", "traces-1%")
 
 
-class NoopObserver:
-    """Receives every event and does nothing: the relay's own cost of having an observer."""
+class NoopFrameObserver:
+    """Receives every event frame by frame and does nothing: the relay's cost of decoding for observers."""
 
     needs_observation = False  # raw frames only, like the recorder
 
@@ -68,6 +70,13 @@ class NoopObserver:
         del event
 
     def on_connection(self, event: ConnectionEvent) -> None:
+        del event
+
+
+class NoopObserver(NoopFrameObserver):
+    """Takes passed-through bytes in runs, as telemetry does, and does nothing: the relay's and the hub's cost."""
+
+    def on_run(self, event: RunEvent) -> None:
         del event
 
 
@@ -83,7 +92,7 @@ class DiscardingExporter(SpanExporter):
 
 
 def pipeline_for(mode: str) -> TelemetryPipeline | None:
-    if mode in ("off", "noop-observer"):
+    if mode in ("off", "noop-observer", "noop-frames"):
         return None
     if mode == "metrics":
         return build_telemetry(ExportSettings(), metrics=True)
@@ -145,6 +154,8 @@ def produce_through(service_url: str, mode: str, messages: int, size: int, round
     observers: list[Observer] = [pipeline.observer] if pipeline is not None else []
     if mode == "noop-observer":
         observers = [NoopObserver()]
+    elif mode == "noop-frames":
+        observers = [NoopFrameObserver()]
     server = ProxyServer(config, observers=observers)
     payload = b"x" * size
     with ProxyThread(server) as url:

@@ -8,7 +8,10 @@ it lasts ``share / (1 - share)`` times as long as the relays ran since the hub's
 previous turn (at least ``slice_seconds``, at most ``max_slice_seconds``), so a
 saturated proxy spends that fraction of its time on observers rather than a fixed
 few milliseconds per turn (which, against relay turns of tens of milliseconds, left
-observers ~1 % of the requests).  A long
+observers ~1 % of the requests).  What observers do on threads of their own (OpenTelemetry's
+exporters encoding and posting spans) takes the GIL from the relays as well: the CPU time of
+the process's other threads since the hub's previous turn (``side_clock``) counts as the hub's, taken
+from its next slice and not counted as the relays'.  A long
 run (a relay reads up to 256 KiB at once) is handed over in pieces of about
 ``RUN_PIECE_BYTES``, cut between frames, when an observer works frame by frame on runs
 (``runs_in_pieces``: telemetry), so that it never holds the relays up for a whole run.  Overflow policy: when the
@@ -56,6 +59,11 @@ _SIZE = struct.Struct(">I")
 
 log = structlog.get_logger("pulsar_tap.observers")
 
+
+def _other_threads_cpu() -> float:
+    """CPU seconds of the process's threads but the calling one (the loop's)."""
+    return time.process_time() - time.thread_time()
+
 Event = FrameEvent | RunEvent | ConnectionEvent
 
 
@@ -66,7 +74,8 @@ class ObserverHub:
                  queue_bytes: int = DEFAULT_QUEUE_BYTES, slice_seconds: float = _DELIVER_SECONDS_PER_TURN,
                  run_piece_bytes: int = RUN_PIECE_BYTES, share: float = DEFAULT_SHARE,
                  max_slice_seconds: float = MAX_SLICE_SECONDS,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter,
+                 side_clock: Callable[[], float] = _other_threads_cpu) -> None:
         if not 0.0 <= share < 1.0:
             raise ValueError(f"share {share} is not in [0, 1)")
         self.observers: list[Observer] = list(observers or [])
@@ -82,6 +91,7 @@ class ObserverHub:
         #: the hub's time per second of the relays' (share / (1 - share))
         self._weight = share / (1.0 - share)
         self._clock = clock
+        self._side_clock = side_clock
         self.run_piece_bytes = run_piece_bytes
         #: taken from the queue, not yet delivered: the pieces of a long run
         self._pieces: deque[Event] = deque()
@@ -146,8 +156,8 @@ class ObserverHub:
     async def run(self) -> None:
         """Deliver events until :meth:`close` (the queue is drained first)."""
         receive, pieces = self._receive, self._pieces
-        clock = self._clock
-        turn_ended = clock()
+        clock, side_clock = self._clock, self._side_clock
+        turn_ended, side_before = clock(), side_clock()
         async with receive:
             while True:
                 if pieces:
@@ -160,12 +170,23 @@ class ObserverHub:
                 # What else is waiting, without a trip through the scheduler per event (the relays
                 # publish many events per turn; one each would leave the queue to overflow), for
                 # a slice in proportion to the relays' last turn: then the relays go on (the queue
-                # absorbs the rest).
+                # absorbs the rest).  Only a backlog needs the slice (and the other threads' CPU
+                # time, a system call or two): a lone event (a client that does not saturate the
+                # proxy publishes one per frame) is delivered and done.
                 started = clock()
-                slice_seconds = min(max((started - turn_ended) * self._weight, self.slice_seconds),
+                self._deliver(pieces.popleft())
+                if not pieces:
+                    try:
+                        self._take(receive.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        turn_ended = clock()
+                        continue
+                side = side_clock()
+                side_seconds, side_before = side - side_before, side  # observers' threads, since last measured
+                relay_seconds = max(started - turn_ended - side_seconds, 0.0)
+                slice_seconds = min(max(relay_seconds * self._weight - side_seconds, self.slice_seconds),
                                     self.max_slice_seconds)
                 until = started + slice_seconds
-                self._deliver(pieces.popleft())
                 while clock() < until:
                     if not pieces:
                         try:

@@ -139,14 +139,17 @@ def _plain_message_id(raw: bytes, pos: int, end: int) -> bool:
     return pos == end and seen >= _MESSAGE_ID_REQUIRED
 
 
-def plain_metadata(raw: bytes, cmd_end: int) -> bool | None:
+def plain_metadata(raw: bytes, cmd_end: int, frame_end: int = -1) -> bool | None:
     """Whether the payload after ``cmd_end`` says it is uncompressed: True, False, or None (could not tell).
 
     Reads MessageMetadata's ``compression`` (field 8, a varint; absent means NONE) by
-    walking its fields; anything this walk cannot follow answers None.
+    walking its fields; anything this walk cannot follow answers None.  The frame ends
+    at ``frame_end`` (-1: with ``raw``), so a frame is read where it lies in a run.
     """
+    if frame_end < 0:
+        frame_end = len(raw)
     try:
-        layout = check_payload(raw, cmd_end, len(raw), len(raw))
+        layout = check_payload(raw, cmd_end, frame_end, frame_end)
     except ProtocolError:
         return None
     if isinstance(layout, int):
@@ -154,18 +157,31 @@ def plain_metadata(raw: bytes, cmd_end: int) -> bool | None:
     pos, end = layout.metadata_start, layout.metadata_end
     compression = 0
     while pos < end:
-        tag, pos = _varint(raw, pos, end)
+        # (one-byte varints, the common case, read inline: this runs for every SEND while tracing)
+        tag = raw[pos]
+        if tag < 0x80:
+            pos += 1
+        else:
+            tag, pos = _varint(raw, pos, end)
         if tag < 0 or tag >> 3 == 0:
             return None
         wire = tag & 7
         if wire == 0:
-            value, pos = _varint(raw, pos, end)
-            if value < 0:
-                return None
+            if pos < end and raw[pos] < 0x80:
+                value = raw[pos]
+                pos += 1
+            else:
+                value, pos = _varint(raw, pos, end)
+                if value < 0:
+                    return None
             if tag >> 3 == 8:
                 compression = value
         elif wire == 2:
-            length, pos = _varint(raw, pos, end)
+            if pos < end and raw[pos] < 0x80:
+                length = raw[pos]
+                pos += 1
+            else:
+                length, pos = _varint(raw, pos, end)
             if length < 0 or pos + length > end:
                 return None
             pos += length

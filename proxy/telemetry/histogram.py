@@ -148,6 +148,28 @@ class PreAggregatedHistogram:
                 if value > cell.max:
                     cell.max = value
 
+    def record_many(self, key: object, attributes: Callable[[], Attributes], values: list[float]) -> None:
+        """:meth:`record` of each of ``values`` (finite, >= 0), in order: the same sums, bit for bit."""
+        boundaries = self.boundaries
+        indexes = [bisect_left(boundaries, value) for value in values]
+        low, high = min(values), max(values)
+        with self._lock:
+            for state in self._states:
+                cell = state.cells.get(key) or state.cell(key, attributes)
+                counts = cell.counts
+                if counts is None:
+                    counts = cell.counts = [0] * (len(boundaries) + 1)
+                for index in indexes:
+                    counts[index] += 1
+                total = cell.sum
+                for value in values:
+                    total += value
+                cell.sum = total
+                if low < cell.min:
+                    cell.min = low
+                if high > cell.max:
+                    cell.max = high
+
     # -- collection -----------------------------------------------------------------------
     def fold(self, reader: MetricReader, data: MetricsData) -> MetricsData:
         """``data`` (what ``reader`` collected) with this histogram's metric added, as the SDK would."""

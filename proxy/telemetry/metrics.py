@@ -144,11 +144,17 @@ class ProxyMetrics:
         key = (command, outcome, self.topics.label(topic) if self.topics.enabled else None)
         self.request_duration.record(key, lambda: _request_attributes(key), max(seconds, 0.0))
 
-    def frame(self, command: str, direction: str, origin: str, size: int) -> None:
+    def requests(self, command: str, topic: str | None, outcome: str, seconds: list[float]) -> None:
+        """:meth:`request` of several requests alike, in order."""
+        key = (command, outcome, self.topics.label(topic) if self.topics.enabled else None)
+        self.request_duration.record_many(key, lambda: _request_attributes(key), seconds)
+
+    def frame(self, command: str, direction: str, origin: str, size: int, count: int = 1) -> None:
+        """``count`` frames of ``size`` bytes in all."""
         counts = self._frames.get((command, direction, origin))
         if counts is None:
             counts = self._frames[(command, direction, origin)] = [0, 0]
-        counts[0] += 1
+        counts[0] += count
         counts[1] += size
 
     def message_count(self, command: str, topic: str | None, count: int) -> None:

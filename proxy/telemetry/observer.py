@@ -13,7 +13,9 @@ finished exchanges and delivery cycles to the :class:`~proxy.telemetry.tracer.Sp
 (:class:`proxy.core.hooks.Observer`): it is called from the observer task, behind
 the bounded queue, never on the relay's path.  It takes the frames the proxy passed
 through unchanged in bulk (``on_run``, see :mod:`proxy.core.run_cutter`), so the
-relay builds no Frame and no event per frame for telemetry.
+relay builds no Frame and no event per frame for telemetry, and
+:meth:`Telemetry.passed_run` accounts the SENDs and receipts among them a run at a
+time (:mod:`proxy.telemetry.bulk`); any other frame goes the per-frame way.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from __future__ import annotations
 from typing import Final
 
 from proxy.core.hooks import ConnectionEvent, ConnectionInfo, FrameEvent, RunEvent
-from proxy.core.run_cutter import RunCutter, whole_frames
+from proxy.core.run_cutter import RunCutter
 from proxy.errors import ProtocolError
 from proxy.protocol.commands import T, type_name
 from proxy.protocol.frame import Frame, peek_type
 from proxy.protocol.session import Direction
+from proxy.telemetry.bulk import FRAME_HEAD, RECEIPT_COMMAND, SEND_COMMAND, varint_value
 from proxy.telemetry.data_path import plain_metadata, receipt_fields, send_fields
 from proxy.telemetry.metrics import ProxyMetrics
 from proxy.telemetry.tracer import Peer, SpanWriter
@@ -127,6 +130,153 @@ class Telemetry:
             self._publish_exchange(exchange, self._peers[conn_id])
         return True
 
+    def passed_run(self, conn_id: int, direction: Direction, data: bytes, pos: int, received_ns: int,
+                   forwarded_ns: int, origin: str, broker: str | None) -> int:
+        """:meth:`passed` (else :meth:`frame`) of each whole frame of ``data`` from ``pos``: where they end.
+
+        SENDs and receipts in canonical encoding are accounted in bulk (see
+        :mod:`proxy.telemetry.bulk`); any other frame goes the per-frame way, in its turn.
+        """
+        timeline = self._timelines.get(conn_id)
+        if timeline is None or (broker is not None and self._peers[conn_id].broker != broker) or (
+                self.metrics is None and self.spans is None):
+            return self._frames_one_by_one(conn_id, direction, data, pos, received_ns, forwarded_ns, origin, broker)
+        if direction is Direction.TO_BROKER:
+            return self._sends(timeline, conn_id, data, pos, received_ns, forwarded_ns, origin, broker)
+        return self._receipts(timeline, conn_id, data, pos, received_ns, forwarded_ns, origin, broker)
+
+    def _sends(self, timeline: ConnectionTimeline, conn_id: int, data: bytes, pos: int, received_ns: int,
+               forwarded_ns: int, origin: str, broker: str | None) -> int:
+        end_of_data, head, match = len(data), FRAME_HEAD.unpack_from, SEND_COMMAND.fullmatch
+        book = timeline.book
+        entries, other_keys, inspect = book.entries, book.other_keys, timeline.inspect_trace_context
+        capacity, forgets = timeline.bulk_capacity() if timeline.connected else (0, False)
+        producers: dict[bytes, tuple[bool, str | None]] = {}
+        frames = size = 0
+        messages: dict[str | None, int] = {}
+        while end_of_data - pos >= 8:
+            total, cmd_size = head(data, pos)
+            end = pos + total + 4
+            if end > end_of_data:
+                break
+            found = match(data, pos + 8, pos + 8 + cmd_size) if capacity > 0 else None
+            if found is not None and data[pos + 11] == cmd_size - 4:
+                key, producer, count = found.group(1, 2, 3)
+                known = producers.get(producer)
+                if known is None:
+                    known = producers[producer] = timeline.bulk_producer(producer)
+                in_bulk, topic = known
+                if in_bulk and not (other_keys and key in other_keys) and not (
+                        inspect and end > pos + 8 + cmd_size and (
+                            data.find(TRACEPARENT_BYTES, pos, end) >= 0
+                            or plain_metadata(data, pos + 8 + cmd_size, end) is not True)):
+                    number = 1 if count is None else (count[0] if len(count) == 1 else varint_value(count))
+                    entries[key] = (received_ns, forwarded_ns, end - pos, number, topic)
+                    if not forgets:
+                        capacity -= 1
+                    elif len(entries) > capacity:
+                        timeline.bulk_forget_oldest()
+                    frames += 1
+                    size += end - pos
+                    if number:
+                        messages[topic] = messages.get(topic, 0) + number
+                    pos = end
+                    continue
+            # another path for this one: what the run added up so far goes first
+            self._count_sends(frames, size, messages, origin)
+            frames = size = 0
+            messages = {}
+            self._one_frame(conn_id, Direction.TO_BROKER, data[pos:end], received_ns, forwarded_ns, origin, broker)
+            producers.clear()
+            capacity, forgets = timeline.bulk_capacity() if timeline.connected and conn_id in self._timelines \
+                else (0, False)
+            pos = end
+        self._count_sends(frames, size, messages, origin)
+        return pos
+
+    def _count_sends(self, frames: int, size: int, messages: dict[str | None, int], origin: str) -> None:
+        if not frames:
+            return
+        self.frames_seen += frames
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.frame("SEND", Direction.TO_BROKER.value, origin, size, frames)
+            for topic, count in messages.items():
+                metrics.message_count("SEND", topic, count)
+
+    def _receipts(self, timeline: ConnectionTimeline, conn_id: int, data: bytes, pos: int, received_ns: int,
+                  forwarded_ns: int, origin: str, broker: str | None) -> int:
+        end_of_data, head, match = len(data), FRAME_HEAD.unpack_from, RECEIPT_COMMAND.fullmatch
+        book, spans = timeline.book, self.spans
+        entries, other_keys = book.entries, book.other_keys
+        bulk = timeline.connected
+        frames = size = 0
+        latencies: dict[str | None, list[float]] = {}
+        while end_of_data - pos >= 8:
+            total, cmd_size = head(data, pos)
+            end = pos + total + 4
+            if end > end_of_data:
+                break
+            found = match(data, pos + 8, pos + 8 + cmd_size) if bulk else None
+            if found is not None and data[pos + 11] == cmd_size - 4:
+                key, id_size, message_id = found.group(1, 2, 3)
+                if (id_size is None or id_size[0] == len(message_id)) and not (
+                        other_keys and key in other_keys and key not in entries):
+                    frames += 1
+                    size += end - pos
+                    entry = entries.pop(key, None)
+                    if entry is not None:
+                        topic = entry[4]
+                        seconds = max(forwarded_ns - entry[0], 0) / 1e9
+                        if topic in latencies:
+                            latencies[topic].append(seconds)
+                        else:
+                            latencies[topic] = [seconds]
+                        if spans is not None and spans.sampled():
+                            spans.sampled_exchange(timeline.bulk_exchange(key, entry, received_ns, forwarded_ns,
+                                                                          origin), self._peers[conn_id])
+                    pos = end
+                    continue
+            self._count_receipts(frames, size, latencies, origin)
+            frames = size = 0
+            latencies = {}
+            self._one_frame(conn_id, Direction.TO_CLIENT, data[pos:end], received_ns, forwarded_ns, origin, broker)
+            bulk = timeline.connected and conn_id in self._timelines
+            pos = end
+        self._count_receipts(frames, size, latencies, origin)
+        return pos
+
+    def _count_receipts(self, frames: int, size: int, latencies: dict[str | None, list[float]], origin: str) -> None:
+        if not frames:
+            return
+        self.frames_seen += frames
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.frame("SEND_RECEIPT", Direction.TO_CLIENT.value, origin, size, frames)
+            for topic, seconds in latencies.items():
+                metrics.requests("SEND", topic, "ok", seconds)
+
+    def _frames_one_by_one(self, conn_id: int, direction: Direction, data: bytes, pos: int, received_ns: int,
+                           forwarded_ns: int, origin: str, broker: str | None) -> int:
+        end_of_data, head = len(data), FRAME_HEAD.unpack_from
+        while end_of_data - pos >= 8:
+            end = pos + head(data, pos)[0] + 4
+            if end > end_of_data:
+                break
+            self._one_frame(conn_id, direction, data[pos:end], received_ns, forwarded_ns, origin, broker)
+            pos = end
+        return pos
+
+    def _one_frame(self, conn_id: int, direction: Direction, raw: bytes, received_ns: int, forwarded_ns: int,
+                   origin: str, broker: str | None) -> None:
+        """A passed-through frame the per-frame way: :meth:`passed`, else decoded for :meth:`frame`."""
+        if raw[9] in _DATA_PATH and self.passed(conn_id, direction, raw, received_ns, forwarded_ns, origin, broker):
+            return
+        frame = _passed_frame(raw)
+        if frame is not None:
+            self.frame(conn_id, direction, frame, received_ns, forwarded_ns=forwarded_ns, origin=origin,
+                       broker=broker)
+
     def permits(self, conn_id: int) -> dict[int, int]:
         """consumer id -> outstanding FLOW permits on one connection, as the permits gauge counts them."""
         timeline = self._timelines.get(conn_id)
@@ -217,22 +367,12 @@ class TelemetryObserver:
         if cutter is None:
             cutter = self._cutters[(conn_id, direction)] = RunCutter()
         completed, pos = cutter.begin(data, event.lead, event.stream_pos)
-        spans, end = whole_frames(data, pos)
-        cutter.end(data, end)
-        raws = [data[start:stop] for start, stop in spans]
-        if completed is not None:
-            raws.insert(0, completed)
         telemetry, broker = self.telemetry, _broker_of(event.connection)
         origin = "client" if direction is Direction.TO_BROKER else "broker"
-        passed = telemetry.passed
-        for raw in raws:
-            if raw[9] in _DATA_PATH and passed(conn_id, direction, raw, event.ts_ns, event.forwarded_ns, origin,
-                                               broker):
-                continue
-            frame = _passed_frame(raw)
-            if frame is not None:
-                telemetry.frame(conn_id, direction, frame, event.ts_ns, forwarded_ns=event.forwarded_ns,
-                                origin=origin, broker=broker)
+        if completed is not None:
+            telemetry.passed_run(conn_id, direction, completed, 0, event.ts_ns, event.forwarded_ns, origin, broker)
+        cutter.end(data, telemetry.passed_run(conn_id, direction, data, pos, event.ts_ns, event.forwarded_ns,
+                                              origin, broker))
 
 
 def _passed_frame(raw: bytes) -> Frame | None:

@@ -129,11 +129,25 @@ class SpanWriter:
 
     # -- requests -------------------------------------------------------------------------
     def exchange(self, exchange: Exchange, peer: Peer) -> None:
+        traces = exchange.request.traces if exchange.request is not None else ()
+        if not traces and not self.sampled():
+            return
+        self.sampled_exchange(exchange, peer)
+
+    def sampled(self) -> bool:
+        """Draw whether the next request without trace context gets a span (counted as skipped if not).
+
+        Drawn once per request, in the order requests end, before anything is built for it.
+        """
+        if self._sampled():
+            return True
+        self.spans_skipped += 1
+        return False
+
+    def sampled_exchange(self, exchange: Exchange, peer: Peer) -> None:
+        """The span of an exchange that :meth:`sampled` chose (or that joins a W3C trace)."""
         pair = exchange.pair
         traces = exchange.request.traces if exchange.request is not None else ()
-        if not traces and not self._sampled():
-            self.spans_skipped += 1
-            return
         parent, links = self._parent_and_links(exchange.conn_id, traces)
         hop = 1
         if pair.request_type == T.LOOKUP and pair.topic:

@@ -37,7 +37,8 @@ from proxy.protocol.commands import T, type_name
 from proxy.protocol.frame import Frame
 from proxy.protocol.markers import is_replicator, marker_name
 from proxy.protocol.message import decode_messages
-from proxy.protocol.session import ConnectionState, Direction, RequestPair, SessionTracker
+from proxy.protocol.session import MAX_PENDING_REQUESTS, ConnectionState, Direction, RequestPair, SessionTracker
+from proxy.telemetry.bulk import BookEntry, SendBook, key_ids, key_of, varint_value
 
 TRACEPARENT: Final = "traceparent"
 TRACESTATE: Final = "tracestate"
@@ -202,6 +203,8 @@ class ConnectionTimeline:
         self.producers = 0
         self.consumers = 0
         self.frames_not_understood = 0
+        #: SENDs read in bulk, not yet filed with the session (see proxy.telemetry.bulk)
+        self.book = SendBook()
 
     @property
     def outstanding_permits(self) -> int:
@@ -218,6 +221,8 @@ class ConnectionTimeline:
               forwarded_ns: int | None = None, fired: tuple[str, ...] = (),
               marks: tuple[str, ...] = ()) -> FrameOutcome:
         """Account for one frame; ``forwarded_ns`` is when it left the proxy (None: not forwarded/unknown)."""
+        if self.book.entries:
+            self.settle()
         out = FrameOutcome()
         kind = frame.type
         command = type_name(kind)
@@ -278,6 +283,9 @@ class ConnectionTimeline:
 
         The caller checked :meth:`fast_send_ready` and read ``traces`` (if it inspects them).
         """
+        if self.book.entries:
+            self.settle()
+        self.book.other_keys.add(key_of(producer_id, sequence_id))
         topic = self.session.observe_send(producer_id, sequence_id, num_messages, received_ns)
         self._timings[("send", producer_id, sequence_id)] = RequestTiming(
             "SEND", received_ns, forwarded_ns, size, traces=traces)
@@ -288,6 +296,8 @@ class ConnectionTimeline:
     def send_receipt(self, producer_id: int, sequence_id: int, received_ns: int, forwarded_ns: int | None,
                      origin: str) -> Exchange | None:
         """:meth:`frame` of a broker's SEND_RECEIPT that no rule fired on, while connected: the exchange it ends."""
+        if self.book.entries:
+            self.settle()
         pair = self.session.observe_send_receipt(producer_id, sequence_id, received_ns)
         if pair is None:
             return None
@@ -296,6 +306,8 @@ class ConnectionTimeline:
 
     def close(self, now_ns: int) -> FrameOutcome:
         """The connection closed: pending requests end unanswered, open cycles end."""
+        if self.book.entries:
+            self.settle()
         out = FrameOutcome()
         for pair in self.session.close(now_ns):
             timing = self._timings.pop(_key_of(pair), None)
@@ -308,6 +320,65 @@ class ConnectionTimeline:
         self.producers = self.consumers = 0
         return out
 
+    # -- the data path in bulk (see proxy.telemetry.bulk) ------------------------------------
+    def bulk_capacity(self) -> tuple[int, bool]:
+        """(SENDs the book may take, whether it forgets its oldest SEND past the session's limit itself).
+
+        While the session and the timings hold nothing, the book is all the pending
+        requests there are: past MAX_PENDING_REQUESTS (= MAX_TIMED_REQUESTS) it forgets
+        its oldest, as both would (a SEND whose receipt a full queue dropped stays
+        pending until then).  Otherwise it takes what fits before they would forget theirs.
+        """
+        book = self.book
+        pending = self.session.pending_requests
+        if book.other_keys and not pending:
+            book.other_keys.clear()
+        if not pending and not self._timings:
+            return MAX_PENDING_REQUESTS, True
+        return min(MAX_PENDING_REQUESTS - pending, MAX_TIMED_REQUESTS - len(self._timings)) - len(book.entries) - 1, \
+            False
+
+    def bulk_forget_oldest(self) -> None:
+        """The book holds more SENDs than the session keeps: the oldest is forgotten (see :meth:`bulk_capacity`)."""
+        entries = self.book.entries
+        del entries[next(iter(entries))]
+        self.session.forgotten_requests += 1
+
+    def bulk_producer(self, producer_id: bytes) -> tuple[bool, str | None]:
+        """(whether its SENDs may go in the book, its topic) of the producer whose id varint is ``producer_id``.
+
+        A geo-replicator's SENDs carry replication details read from the payload (see
+        :meth:`fast_send_ready`).
+        """
+        producer = self.session.producers.get(varint_value(producer_id))
+        if producer is None:
+            return True, None
+        return not is_replicator(producer.producer_name), producer.topic
+
+    def bulk_exchange(self, key: bytes, entry: BookEntry, received_ns: int, forwarded_ns: int,
+                      origin: str) -> Exchange:
+        """The exchange a receipt read in bulk ends, as :meth:`send_receipt` would build it (for a sampled span)."""
+        producer_id, sequence_id = key_ids(key)
+        send_received_ns, send_forwarded_ns, size, messages, topic = entry
+        pair = RequestPair(T.SEND, T.SEND_RECEIPT, send_received_ns, received_ns, topic, "ok",
+                           producer_id=producer_id, sequence_id=sequence_id, num_messages=messages)
+        timing = RequestTiming("SEND", send_received_ns, send_forwarded_ns, size)
+        return self._exchange(pair, timing, received_ns, forwarded_ns, origin, [])
+
+    def settle(self) -> None:
+        """File the book's SENDs with the session, in the order they came: another path goes on from here."""
+        book = self.book
+        entries = list(book.entries.items())
+        book.entries.clear()  # (in place: a run in bulk holds on to the dict)
+        for key, (received_ns, forwarded_ns, size, messages, _topic) in entries:
+            producer_id, sequence_id = key_ids(key)
+            self.session.observe_send(producer_id, sequence_id, messages, received_ns)
+            self._timings[("send", producer_id, sequence_id)] = RequestTiming(
+                "SEND", received_ns, forwarded_ns, size)
+            if len(self._timings) > MAX_TIMED_REQUESTS:
+                self._timings.popitem(last=False)
+        book.other_keys.update(key for key, _entry in entries)
+
     # -- requests -------------------------------------------------------------------------
     def _start_request(self, frame: Frame, kind: int, command: str, direction: Direction, received_ns: int,
                        forwarded_ns: int | None, rules: list[FiredRule], marks: tuple[str, ...]) -> bool:
@@ -319,6 +390,7 @@ class ConnectionTimeline:
             self._pings[direction].append(timing)
             return True
         if kind == T.SEND:
+            self.book.other_keys.add(key_of(frame.command.send.producer_id, frame.command.send.sequence_id))
             if self.inspect_trace_context:
                 timing.traces = _trace_contexts(frame)
             producer = self.session.producers.get(frame.command.send.producer_id)
