@@ -642,4 +642,6 @@ class ConnectionPipeline:
                     wanted.add(T.SEND)
             else:
                 wanted |= BROKER_NAMING_TYPES
-            scanner.set_wanted(wanted, want_all=want_all, sampler=interest.sampler, barrier=interest.barrier)
+            # (with nobody observing, a pick the hook's sampler settles alone need not be handed out)
+            scanner.set_wanted(wanted, want_all=want_all, sampler=interest.sampler, barrier=interest.barrier,
+                               settle=self.publish is None)
