@@ -266,7 +266,7 @@ class FrameScanner:
             pos += take
             if len(carry) < size:
                 return pos
-            frame = Frame(bytes(carry), head.type, head.cmd_size)
+            frame = Frame(bytes(carry), head.type, head.cmd_size, verified=True)
             frame.draw, self._carry_note = self._carry_note, None
             out.append(frame)
             if self._classes[head.type] & _BARRIER:
@@ -365,7 +365,7 @@ class FrameScanner:
                             break
                         if run_start < pos:
                             out.append(memoryview(data)[run_start:pos])
-                        frame = Frame(bytes(data[pos:frame_end]), type_, cmd_size)
+                        frame = Frame(bytes(data[pos:frame_end]), type_, cmd_size, verified=True)
                         frame.draw = note
                         out.append(frame)
                         scanned += 1

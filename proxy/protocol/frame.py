@@ -137,15 +137,19 @@ class Frame:
     ``checked`` says the command passed :func:`~proxy.protocol.validation.check_command`
     (every frame read from the wire); a frame read leniently from an old recording may
     hold strings that are not UTF-8, which :attr:`command` then shows escaped.
+    ``verified``: whoever made the Frame ran that check on these very bytes (the relay's
+    scanner, a strict decoder), so decoding need not look for required fields again.
     """
 
-    __slots__ = ("raw", "type", "cmd_size", "checked", "draw", "_command", "_payload")
+    __slots__ = ("raw", "type", "cmd_size", "checked", "verified", "draw", "_command", "_payload")
 
-    def __init__(self, raw: bytes, type_: int, cmd_size: int, checked: bool = True) -> None:
+    def __init__(self, raw: bytes, type_: int, cmd_size: int, checked: bool = True, *,
+                 verified: bool = False) -> None:
         self.raw = raw
         self.type = type_
         self.cmd_size = cmd_size
         self.checked = checked
+        self.verified = verified
         #: set by a scanner whose sampler counted this frame: the sampler's note (see
         #: ``proxy.core.scanner.Sampler``); None for every other frame
         self.draw: object = None
@@ -169,7 +173,7 @@ class Frame:
         """The decoded BaseCommand (decoded once, on first use)."""
         if self._command is None:
             self._command = decode_command(self.raw[_HEADER_SIZE:_HEADER_SIZE + self.cmd_size],
-                                           escape_bad_utf8=not self.checked, checked=self.checked)
+                                           escape_bad_utf8=not self.checked, checked=self.verified)
         return self._command
 
     @property
@@ -373,7 +377,7 @@ class FrameDecoder:
         self._pos = pos + frame_size
         self._head = None
         self._need = 4
-        return Frame(raw, head.type, head.cmd_size, self.strict)
+        return Frame(raw, head.type, head.cmd_size, self.strict, verified=self.strict)
 
     def frames(self) -> Iterator[Frame]:
         """Every whole frame buffered so far."""
