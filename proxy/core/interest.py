@@ -35,6 +35,15 @@ class Sampler(Protocol):
         """A frame was picked: its note, and how many frames to pass over before the next pick."""
         ...
 
+    def settle(self) -> tuple[object | None, int]:
+        """A frame was picked that nothing but the sampler asks to see, and nobody observes.
+
+        As :meth:`choose`, except that when what the pick means can be settled without
+        the frame (its rules only take note of a hit: counted here), the note is None
+        and the frame passes through like those passed over.
+        """
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class ConnectionInterest:
@@ -42,7 +51,9 @@ class ConnectionInterest:
 
     ``types``: the command types shown to ``on_frame`` (None: every frame).  Of the
     ``sampler``'s kinds (a subset of ``types``) the scanner hands out only the frames the
-    sampler picks, noting on each it hands out whether it was picked (``Frame.draw``).
+    sampler picks, noting on each it hands out whether it was picked (``Frame.draw``);
+    when nobody observes the connection, a pick the sampler settles itself is not handed
+    out at all (:meth:`Sampler.settle`).
     ``barrier``: frames after which the interest may grow (the rest of their read is looked
     at whole; the interest is asked again before the next).
     """

@@ -25,7 +25,8 @@ Two refinements let a hook (the rules) see fewer frames:
 - a *sampler* (:class:`Sampler`) picks, for some command types, which of their frames
   are handed out, before anything is decoded: the scanner passes the frames it says to
   pass over, and notes on each frame of those types that it hands out (:attr:`Frame.draw`)
-  whether the sampler chose it;
+  whether the sampler chose it.  With ``settle`` (nobody observes the frames), a pick the
+  sampler settles itself (:meth:`Sampler.settle`) is passed through like the others;
 - *barrier* types are frames after which what is wanted may grow (a producer registered
   on a topic a rule names): the rest of the bytes of that ``feed`` are handed out as
   Frames, and the wants the user sets after handling the barrier apply from the next
@@ -39,7 +40,7 @@ from __future__ import annotations
 
 import functools
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Final
 
 from proxy.core.interest import Sampler
@@ -129,6 +130,8 @@ class FrameScanner:
         self._wide_tables = self._chosen_tables
         self._widened = False
         self._sampler: Sampler | None = None
+        #: what the sampler is asked about a frame of its kinds nobody else wants: choose, or settle
+        self._pick: Callable[[], tuple[object | None, int]] | None = None
         #: frames of the sampler's kinds still to pass over before it picks one
         self._sample_skip = 0
         #: whether the carried frame is handed out as a Frame, and the note it carries
@@ -142,12 +145,13 @@ class FrameScanner:
 
     # -- configuration ---------------------------------------------------------------------
     def set_wanted(self, wanted: Iterable[int], *, want_all: bool = False, sampler: Sampler | None = None,
-                   barrier: Iterable[int] = ()) -> None:
+                   barrier: Iterable[int] = (), settle: bool = False) -> None:
         """Choose which command types come out as Frames (takes effect at the next frame).
 
         ``sampler`` picks among the frames of its kinds (a new sampler starts counting anew;
-        the same one goes on); after a frame of a ``barrier`` type, the rest of the feed is
-        handed out whole.
+        the same one goes on); with ``settle``, a frame it picks that is not wanted otherwise
+        is first offered to it to settle alone.  After a frame of a ``barrier`` type, the
+        rest of the feed is handed out whole.
         """
         self.wanted = frozenset(wanted)
         self.want_all = want_all
@@ -155,6 +159,7 @@ class FrameScanner:
         if sampler is not self._sampler:
             self._sampler = sampler
             self._sample_skip = sampler.start() if sampler is not None else 0
+        self._pick = None if sampler is None else sampler.settle if settle else sampler.choose
         sampled = sampler.kinds if sampler is not None else frozenset()
         self._chosen_tables = _fast_tables(self.wanted, want_all, sampled, self.barrier)
         self._wide_tables = _fast_tables(self.wanted, True, sampled, self.barrier) if self.barrier \
@@ -248,9 +253,12 @@ class FrameScanner:
                 if self._sample_skip:
                     self._sample_skip -= 1
                     self._carry_note = self._sampler.passed
-                else:
+                elif kind & _WANTED:
                     self._carry_note, self._sample_skip = self._sampler.choose()
-                    self._carry_wanted = True
+                else:
+                    assert self._pick is not None
+                    self._carry_note, self._sample_skip = self._pick()
+                    self._carry_wanted = self._carry_note is not None
         size = head.frame_size
         if self._carry_wanted:
             take = min(size - len(carry), end - pos)
@@ -258,7 +266,7 @@ class FrameScanner:
             pos += take
             if len(carry) < size:
                 return pos
-            frame = Frame(bytes(carry), head.type, head.cmd_size)
+            frame = Frame(bytes(carry), head.type, head.cmd_size, verified=True)
             frame.draw, self._carry_note = self._carry_note, None
             out.append(frame)
             if self._classes[head.type] & _BARRIER:
@@ -291,6 +299,7 @@ class FrameScanner:
         unpack_section = _SECTION.unpack_from
         put_aside = self._checks.pending.append
         sampler = self._sampler
+        pick = self._pick
         sample_skip = self._sample_skip
         scanned = 0
         while pos < end:
@@ -334,34 +343,37 @@ class FrameScanner:
                 if sample_skip and not kind & _WANTED:
                     sample_skip -= 1  # a frame of the sampler's kinds it passes over, like any nobody wants
                 else:
-                    # wanted, or picked by the sampler: handed out whole
+                    # wanted, or picked by the sampler: handed out whole (unless the sampler settled it)
                     note = None
                     if kind & _SAMPLED:  # (there is a sampler: its kinds are the only ones with this bit)
                         if sample_skip:
                             sample_skip -= 1
                             note = sampler.passed  # type: ignore[union-attr]
-                        else:
+                        elif kind & _WANTED:
                             note, sample_skip = sampler.choose()  # type: ignore[union-attr]
-                    if checked is None:
-                        type_ = (word >> 16) & 0x7F
-                    if frame_end > end:
-                        # checked, but not whole yet: carried until it is
-                        self._head = FrameHead(frame_end - pos, cmd_size, type_, None)
-                        self._carry_wanted = True
-                        self._carry_note = note
-                        self._carry += data[pos:]
-                        break
-                    if run_start < pos:
-                        out.append(memoryview(data)[run_start:pos])
-                    frame = Frame(bytes(data[pos:frame_end]), type_, cmd_size)
-                    frame.draw = note
-                    out.append(frame)
-                    scanned += 1
-                    pos = run_start = frame_end
-                    if kind & _BARRIER and not self._widened:
-                        self._widen()
-                        short_kind, long_kind, classes = self._short.get, self._long.get, self._classes
-                    continue
+                        else:
+                            note, sample_skip = pick()  # type: ignore[misc]
+                    if kind & _WANTED or note is not None:
+                        if checked is None:
+                            type_ = (word >> 16) & 0x7F
+                        if frame_end > end:
+                            # checked, but not whole yet: carried until it is
+                            self._head = FrameHead(frame_end - pos, cmd_size, type_, None)
+                            self._carry_wanted = True
+                            self._carry_note = note
+                            self._carry += data[pos:]
+                            break
+                        if run_start < pos:
+                            out.append(memoryview(data)[run_start:pos])
+                        frame = Frame(bytes(data[pos:frame_end]), type_, cmd_size, verified=True)
+                        frame.draw = note
+                        out.append(frame)
+                        scanned += 1
+                        pos = run_start = frame_end
+                        if kind & _BARRIER and not self._widened:
+                            self._widen()
+                            short_kind, long_kind, classes = self._short.get, self._long.get, self._classes
+                        continue
             scanned += 1
             if frame_end > end:
                 # Passed through as it arrives: the rest of this frame needs no look.

@@ -39,6 +39,7 @@ I/O and no trio here.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 import secrets
@@ -291,7 +292,10 @@ class RulesEngine:
         if sampled_states:
             sampler = self._samplers.get((conn_id, direction))
             if sampler is None or sampler.states != sampled_states or sampler.kinds != sampled_kinds:
-                sampler = self._samplers[(conn_id, direction)] = RuleSampler(sampled_kinds, sampled_states)
+                # rules that only take note of a hit can have it counted without the frame
+                settle = functools.partial(self._settle, conn_id) \
+                    if all(state.rule.action.COMPOSES for state in sampled_states) else None
+                sampler = self._samplers[(conn_id, direction)] = RuleSampler(sampled_kinds, sampled_states, settle)
         return ConnectionInterest(types, sampler, barrier)
 
     def _entity_facts(self, conn_id: int, session: SessionTracker | None) -> frozenset[EntityFacts] | None:
@@ -379,7 +383,9 @@ class RulesEngine:
             action = state.rule.action
             if winner is not None and not action.COMPOSES:
                 continue
-            if not self._hits(state, facts, draw):
+            if state.skips is not None and state.skips(facts):
+                continue
+            if not self._hits(state, draw):
                 continue
             if action.COMPOSES:
                 fired.append(state.rule.name)
@@ -406,15 +412,13 @@ class RulesEngine:
             return noted
         return replace(winner, record=record, fired=tuple(fired), marks=tuple(marks))
 
-    def _hits(self, state: RuleState, facts: FrameFacts, draw: SampleDraw | None) -> bool:
-        """Does a rule whose criteria are met hit this frame (after, times, probability)?
+    def _hits(self, state: RuleState, draw: SampleDraw | None) -> bool:
+        """Does a rule whose criteria are met (its action's exclusions too) hit this frame?
 
-        Where a sampler drew for the rule before the frame was decoded (``draw``), its draw
-        stands in for the per-frame one.
+        That is: after, times, probability.  Where a sampler drew for the rule before the
+        frame was decoded (``draw``), its draw stands in for the per-frame one.
         """
         match = state.rule.match
-        if state.skips is not None and state.skips(facts):
-            return False
         state.matches += 1
         if state.matches <= match.after:
             if state.matches == match.after:
@@ -430,6 +434,22 @@ class RulesEngine:
         state.hits += 1
         if match.times is not None and state.hits >= match.times:
             self.generation += 1  # it cannot fire again: the relay may look at fewer frames
+        return True
+
+    def _settle(self, conn_id: int, draw: SampleDraw) -> bool:
+        """A sampler's pick on ``conn_id`` that nobody observes, for rules that only take note (see
+        ``sampling``): count their hits as :meth:`evaluate` would, without the frame (True).
+
+        Such a pick's frame could fire no other rule (the sampler's are the only ones that can
+        fire on this connection's frames of its kinds), and its verdict would leave the frame
+        unchanged; but while the connection unloads a producer or consumer, its frames are
+        looked at (False).
+        """
+        unloads = self._connections.get(conn_id)
+        if unloads is not None and unloads.active:
+            return False
+        for state in draw.due:
+            self._hits(state, draw)
         return True
 
     # -- what actions ask of the engine -----------------------------------------------------------

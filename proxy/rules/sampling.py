@@ -16,6 +16,10 @@ direction: the scanner counts the frames of its kinds as they arrive and hands o
 only the frames on which one of its rules comes due, each with a :class:`SampleDraw`
 naming those rules; frames of its kinds handed out for another reason carry
 :attr:`RuleSampler.passed` (none due).  The engine then fires exactly the rules due.
+When nobody observes the connection and the rules due only take note of a hit (``mark``,
+``record``: the frame passes unchanged, and only their counters tell), the engine
+counts the hits at the pick (``settle``) and the frame passes through undecoded, in its
+run; the draws, and so the frames hit for a seed, are the same either way.
 No clock, no I/O here.
 """
 
@@ -24,6 +28,7 @@ from __future__ import annotations
 import math
 import random
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
@@ -55,9 +60,12 @@ class SampleDraw:
 class RuleSampler:
     """The draws of some probability rules over one connection's frames of ``kinds`` in one direction."""
 
-    def __init__(self, kinds: frozenset[int], states: tuple[RuleState, ...]) -> None:
+    def __init__(self, kinds: frozenset[int], states: tuple[RuleState, ...],
+                 settle: Callable[[SampleDraw], bool] | None = None) -> None:
         self.kinds = kinds
         self.states = states
+        #: counts the hits of a pick without its frame, if it can (True); None: it never can
+        self._settle = settle
         self.passed = SampleDraw(frozenset(states), frozenset())
         #: the common case, one rule: the note of every frame it picks
         self._alone = SampleDraw(self.passed.rules, self.passed.rules) if len(states) == 1 else None
@@ -85,3 +93,9 @@ class RuleSampler:
             else:
                 self._gaps[index] = gap - passed - 1
         return SampleDraw(self.passed.rules, frozenset(due)), min(self._gaps)
+
+    def settle(self) -> tuple[SampleDraw | None, int]:
+        draw, gap = self.choose()
+        if self._settle is not None and self._settle(draw):
+            return None, gap
+        return draw, gap

@@ -35,6 +35,8 @@ from proxy.telemetry.tracer import Peer, SpanWriter
 from proxy.telemetry.tracker import TRACEPARENT, ConnectionTimeline, Exchange, FrameOutcome
 
 TRACEPARENT_BYTES: Final = TRACEPARENT.encode()
+#: no topic at all (not even None): what the bulk path's last-topic caches hold before the first frame
+_NO_TOPIC: Final = object()
 #: frame types (the byte after a canonical command's ``08``) that :meth:`Telemetry.passed` may take
 _DATA_PATH: Final = frozenset((T.SEND, T.SEND_RECEIPT))
 
@@ -152,7 +154,7 @@ class Telemetry:
         entries, other_keys, inspect = book.entries, book.other_keys, timeline.inspect_trace_context
         capacity, forgets = timeline.bulk_capacity() if timeline.connected else (0, False)
         producers: dict[bytes, tuple[bool, str | None]] = {}
-        frames = size = 0
+        frames, stretch = 0, pos  # (the frames taken in bulk lie together from ``stretch`` to ``pos``)
         messages: dict[str | None, int] = {}
         while end_of_data - pos >= 8:
             total, cmd_size = head(data, pos)
@@ -177,21 +179,20 @@ class Telemetry:
                     elif len(entries) > capacity:
                         timeline.bulk_forget_oldest()
                     frames += 1
-                    size += end - pos
                     if number:
                         messages[topic] = messages.get(topic, 0) + number
                     pos = end
                     continue
             # another path for this one: what the run added up so far goes first
-            self._count_sends(frames, size, messages, origin)
-            frames = size = 0
+            self._count_sends(frames, pos - stretch, messages, origin)
+            frames = 0
             messages = {}
             self._one_frame(conn_id, Direction.TO_BROKER, data[pos:end], received_ns, forwarded_ns, origin, broker)
             producers.clear()
             capacity, forgets = timeline.bulk_capacity() if timeline.connected and conn_id in self._timelines \
                 else (0, False)
-            pos = end
-        self._count_sends(frames, size, messages, origin)
+            pos = stretch = end
+        self._count_sends(frames, pos - stretch, messages, origin)
         return pos
 
     def _count_sends(self, frames: int, size: int, messages: dict[str | None, int], origin: str) -> None:
@@ -210,8 +211,11 @@ class Telemetry:
         book, spans = timeline.book, self.spans
         entries, other_keys = book.entries, book.other_keys
         bulk = timeline.connected
-        frames = size = 0
+        frames, stretch = 0, pos  # (the frames taken in bulk lie together from ``stretch`` to ``pos``)
         latencies: dict[str | None, list[float]] = {}
+        # the latencies of the last topic seen (consecutive receipts are mostly of one topic)
+        last_topic: object = _NO_TOPIC
+        last_latencies: list[float] = []
         while end_of_data - pos >= 8:
             total, cmd_size = head(data, pos)
             end = pos + total + 4
@@ -223,27 +227,28 @@ class Telemetry:
                 if (id_size is None or id_size[0] == len(message_id)) and not (
                         other_keys and key in other_keys and key not in entries):
                     frames += 1
-                    size += end - pos
                     entry = entries.pop(key, None)
                     if entry is not None:
                         topic = entry[4]
-                        seconds = max(forwarded_ns - entry[0], 0) / 1e9
-                        if topic in latencies:
-                            latencies[topic].append(seconds)
-                        else:
-                            latencies[topic] = [seconds]
+                        waited = forwarded_ns - entry[0]
+                        seconds = (waited if waited > 0 else 0) / 1e9
+                        if topic is not last_topic:
+                            last_topic = topic
+                            last_latencies = latencies.setdefault(topic, [])
+                        last_latencies.append(seconds)
                         if spans is not None and spans.sampled():
                             spans.sampled_exchange(timeline.bulk_exchange(key, entry, received_ns, forwarded_ns,
                                                                           origin), self._peers[conn_id])
                     pos = end
                     continue
-            self._count_receipts(frames, size, latencies, origin)
-            frames = size = 0
+            self._count_receipts(frames, pos - stretch, latencies, origin)
+            frames = 0
             latencies = {}
+            last_topic = _NO_TOPIC
             self._one_frame(conn_id, Direction.TO_CLIENT, data[pos:end], received_ns, forwarded_ns, origin, broker)
             bulk = timeline.connected and conn_id in self._timelines
-            pos = end
-        self._count_receipts(frames, size, latencies, origin)
+            pos = stretch = end
+        self._count_receipts(frames, pos - stretch, latencies, origin)
         return pos
 
     def _count_receipts(self, frames: int, size: int, latencies: dict[str | None, list[float]], origin: str) -> None:

@@ -14,9 +14,10 @@ from __future__ import annotations
 import pytest
 from test_proxy_pipeline import connected, pipeline, rules_hook, sent
 
+from proxy.core.hooks import FrameEvent
 from proxy.core.pipeline import ConnectionPipeline, Send
 from proxy.pb import PulsarApi_pb2 as api
-from proxy.protocol.frame import FrameDecoder, encode_command, encode_payload_command
+from proxy.protocol.frame import Frame, FrameDecoder, encode_command, encode_payload_command
 from proxy.protocol.session import Direction
 from proxy.rules.hook import RulesHook
 from proxy.rules.loader import load_rules_text
@@ -212,3 +213,66 @@ def test_frames_a_rule_only_marks_leave_in_the_same_write_as_the_rest_of_their_r
     actions = p.receive(TO_BROKER, data, 0)
     assert len(actions) == 1 and isinstance(actions[0], Send) and sent(actions, TO_BROKER) == data
     assert hook.engine.hits()["every-third"] > 10
+
+
+#: the SENDs (of 2000) a 2 % rule with seed 7 fires on: pinned, so that a change of how draws are
+#: made (or counted) shows; the same before and after hits were settled without the frame
+SEED_7_AT_2_PERCENT = [16, 22, 60, 64, 116, 144, 257, 294, 296, 312, 390, 454, 499, 533, 682, 706, 731, 778, 814,
+                       839, 885, 1021, 1124, 1204, 1275, 1337, 1358, 1539, 1549, 1563, 1596, 1674, 1716, 1773, 1802,
+                       1851, 1929, 1932, 1946]
+
+
+def test_a_seed_fires_a_drawn_rule_on_the_same_frames_as_ever() -> None:
+    dropped, hook, _ = run_sends(SAMPLED.format(seed=7, extra="").replace("0.01", "0.02"), 2000)
+    assert dropped == SEED_7_AT_2_PERCENT
+    assert hook.shown == len(dropped)
+
+
+def marked_sequence_ids(observed: bool, count: int = 2000) -> tuple[list[int], CountingHook, list[Send]]:
+    """The SENDs a 2 % ``mark`` rule (seed 7) fired on, read one per ``receive``; with ``observed`` an
+    observer takes the frame events (their ``fired``), else only the rule's hit count tells."""
+    hook = CountingHook(SAMPLED.format(seed=7, extra="").replace("0.01", "0.02").replace("action: drop",
+                                                                                            "action: mark"))
+    events: list[object] = []
+    p = pipeline(hook=hook, events=events if observed else None)
+    connected(p)
+    p.receive(TO_BROKER, producer(1, OTHER), 0)
+    marked: list[int] = []
+    writes: list[Send] = []
+    for sequence_id in range(count):
+        data = send(1, sequence_id)
+        before = hook.engine.hits()["one-in-a-hundred"]
+        actions = p.receive(TO_BROKER, data, 0)
+        writes += [action for action in actions if isinstance(action, Send)]
+        assert sent(actions, TO_BROKER) == data
+        if hook.engine.hits()["one-in-a-hundred"] > before:
+            marked.append(sequence_id)
+    if observed:
+        fired = [event.frame.command.send.sequence_id for event in events
+                 if isinstance(event, FrameEvent) and event.fired]
+        assert fired == marked
+    return marked, hook, writes
+
+
+def test_a_mark_rule_nobody_observes_counts_its_hits_on_the_same_frames_without_decoding_them() -> None:
+    """Unobserved, a pick of a rule that only takes note is settled at the pick: same frames, nothing decoded."""
+    settled, hook, writes = marked_sequence_ids(observed=False)
+    assert settled == SEED_7_AT_2_PERCENT
+    assert hook.shown == 0
+    assert all(len(write.data) == 1 and not isinstance(write.data[0], Frame) for write in writes)  # the read, whole
+    observed, _, _ = marked_sequence_ids(observed=True)  # (the frame events carry the marks)
+    assert observed == SEED_7_AT_2_PERCENT
+
+
+def test_a_settled_mark_rule_still_stops_at_times_in_reads_split_anywhere() -> None:
+    text = SAMPLED.format(seed=7, extra=", times: 5").replace("0.01", "0.02").replace("action: drop", "action: mark")
+    data = sends(1, 0, 2000)
+    for chunk in (37, 4099):  # picks carried across reads too
+        hook = CountingHook(text)
+        p = pipeline(hook=hook)
+        connected(p)
+        p.receive(TO_BROKER, producer(1, OTHER), 0)
+        out = b"".join(sent(p.receive(TO_BROKER, data[start:start + chunk], 0), TO_BROKER)
+                       for start in range(0, len(data), chunk))
+        assert out == data
+        assert hook.engine.hits() == {"one-in-a-hundred": 5} and hook.shown == 0
