@@ -196,14 +196,21 @@ class Telemetry:
         return pos
 
     def _count_sends(self, frames: int, size: int, messages: dict[str | None, int], origin: str) -> None:
+        metrics = self._count_bulk(frames, size, "SEND", Direction.TO_BROKER, origin)
+        if metrics is not None:
+            for topic, count in messages.items():
+                metrics.message_count("SEND", topic, count)
+
+    def _count_bulk(self, frames: int, size: int, command: str, direction: Direction,
+                    origin: str) -> ProxyMetrics | None:
+        """Counts ``frames`` frames of ``size`` bytes taken in bulk; the metrics for their per-topic figures."""
         if not frames:
-            return
+            return None
         self.frames_seen += frames
         metrics = self.metrics
         if metrics is not None:
-            metrics.frame("SEND", Direction.TO_BROKER.value, origin, size, frames)
-            for topic, count in messages.items():
-                metrics.message_count("SEND", topic, count)
+            metrics.frame(command, direction.value, origin, size, frames)
+        return metrics
 
     def _receipts(self, timeline: ConnectionTimeline, conn_id: int, data: bytes, pos: int, received_ns: int,
                   forwarded_ns: int, origin: str, broker: str | None) -> int:
@@ -252,12 +259,8 @@ class Telemetry:
         return pos
 
     def _count_receipts(self, frames: int, size: int, latencies: dict[str | None, list[float]], origin: str) -> None:
-        if not frames:
-            return
-        self.frames_seen += frames
-        metrics = self.metrics
+        metrics = self._count_bulk(frames, size, "SEND_RECEIPT", Direction.TO_CLIENT, origin)
         if metrics is not None:
-            metrics.frame("SEND_RECEIPT", Direction.TO_CLIENT.value, origin, size, frames)
             for topic, seconds in latencies.items():
                 metrics.requests("SEND", topic, "ok", seconds)
 
