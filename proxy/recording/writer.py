@@ -487,8 +487,8 @@ _ROW_FROM: Final = 32
 def _encode_same_size(data: bytes | memoryview, pos: int, size: int, body_head: bytes, head_crc: int,
                       secret_types: Container[int]) -> tuple[int, memoryview] | None:
     """The records of the whole frames of ``size`` bytes that follow one another from ``pos``, as one
-    buffer (how many, the buffer); None when fewer than ``_ROW_FROM`` or one of them must go the
-    general way.
+    buffer (how many, the buffer); None when fewer than ``_ROW_FROM``, when one of them must go the
+    general way, or when they are not all of one command type (a producer's rows are).
 
     The records are the bytes ``_encode_run_frames`` writes frame by frame (size, CRC32C, ``body_head``,
     the frame), laid out as rows of an array: the only call per frame is the CRC32C's.
@@ -498,11 +498,13 @@ def _encode_same_size(data: bytes | memoryview, pos: int, size: int, body_head: 
     count = min(same_size_frames(data, pos, size), (len(data) - pos) // size)
     if count < _ROW_FROM:
         return None
-    rows = numpy.ndarray((count, size), dtype=numpy.uint8, buffer=data, offset=pos)
-    kinds = rows[:, 9]
-    if (rows[:, 8] != 0x08).any() or (kinds > 0x7F).any() or \
-            any(int(kind) in secret_types for kind in numpy.unique(kinds)):
+    # every frame opens its command 08 TYPE (canonical form), with one TYPE, not a secret's: their
+    # bytes 8-9 (as one number) all the same as the first frame's
+    opening = data[pos + 8] << 8 | data[pos + 9]
+    if opening >> 8 != 0x08 or opening & 0xFF > 0x7F or opening & 0xFF in secret_types or \
+            (numpy.ndarray((count,), dtype=">u2", buffer=data, offset=pos + 8, strides=(size,)) != opening).any():
         return None
+    rows = numpy.ndarray((count, size), dtype=numpy.uint8, buffer=data, offset=pos)
     head = len(body_head)
     records = numpy.empty((count, _RECORD_HEAD.size + head + size), dtype=numpy.uint8)
     records[:, :4] = numpy.frombuffer(_SIZE_PREFIX.pack(head + size), dtype=numpy.uint8)
