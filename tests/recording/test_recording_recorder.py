@@ -293,6 +293,35 @@ async def test_frames_arriving_one_by_one_are_handed_to_the_writer_in_few_batche
     assert len(list(open_recordings(tmp_path).frames())) == len(frames)
 
 
+async def test_a_backlog_of_runs_is_written_in_batches_of_bounded_bytes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs waiting in the ring go to the writer process a few MiB at a time (the writer's records
+    of a batch are held in memory until written, and the ring's space comes back per batch), and
+    every frame of them is recorded."""
+    from proxy.recording import writer_process
+    from proxy.recording.writer import RunItem
+    from proxy.server import recorder as recorder_module
+
+    monkeypatch.setattr(recorder_module, "_BATCH_BYTES", 1 << 20)
+    batch_bytes: list[int] = []
+    real_write = writer_process.WriterProcess.write
+
+    def measuring_write(self: writer_process.WriterProcess, batch: list[object]) -> object:
+        batch_bytes.append(sum(len(item.data) for item in batch if isinstance(item, RunItem)))
+        return real_write(self, batch)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(writer_process.WriterProcess, "write", measuring_write)
+    run = b"".join(_same_size_send(i % 100, 1000) for i in range(100))  # 100 000 bytes
+    with trio.fail_after(20):
+        async with Recorder(RecordConfig(dir=tmp_path)) as recorder:
+            recorder.open_connection(1, "127.0.0.1:5000", "127.0.0.1:6650", "rewrite", BASE_NS)
+            for index in range(60):  # queued at once: the writer task first runs after the last
+                assert recorder.record_run(1, "to_broker", BASE_NS, run, 0, index * len(run))
+    assert sum(batch_bytes) == 60 * len(run)
+    assert len(batch_bytes) >= 6 and max(batch_bytes) < (1 << 20) + len(run)
+    assert len(list(open_recordings(tmp_path).frames())) == 6000
+
+
 def _stream_of(frames: list, direction: str) -> bytes:  # type: ignore[type-arg]
     return b"".join(f.raw for f in frames if f.direction == direction and f.origin != "proxy")
 
