@@ -91,23 +91,6 @@ _STRIDE_FROM = 32
 _WALK_FOR = 64
 
 
-def same_size_frames(data: bytes | memoryview, pos: int, size: int) -> int:
-    """How many frames of ``size`` bytes (size prefix included) follow one another in ``data`` from ``pos``,
-    the first of them included and a last one cut short too (at least 1: call it where such a frame begins).
-
-    The size prefixes at that stride are read as one array and compared at once (numpy: a
-    producer's frames mostly come in rows of one size, and walking them one by one costs a
-    Python loop per frame).
-    """
-    import numpy  # (here: most users of this module never need it)
-
-    # the size prefixes at this stride that lie whole in data; the first that differs (never the
-    # first one: 0 means none does)
-    stride = (len(data) - pos - 4) // size + 1
-    prefixes = numpy.ndarray((stride,), dtype=">u4", buffer=data, offset=pos, strides=(size,))
-    return int((prefixes != prefixes[0]).argmax()) or stride
-
-
 def count_frame_starts(data: bytes | memoryview, lead: int) -> int:
     """How many frames begin in a run (what dropping it loses, as far as one can tell).
 
@@ -125,7 +108,13 @@ def count_frame_starts(data: bytes | memoryview, lead: int) -> int:
             return count + 1
         size = unpack(data, pos)[0] + 4
         if end - pos >= _STRIDE_FROM * size and unpack(data, pos + size)[0] + 4 == size:
-            same = same_size_frames(data, pos, size)
+            import numpy  # (here: most users of this module never drop a run)
+
+            # the size prefixes at this stride that lie whole in data; the first that differs (never
+            # the first one: 0 means none does)
+            stride = (end - pos - 4) // size + 1
+            prefixes = numpy.ndarray((stride,), dtype=">u4", buffer=data, offset=pos, strides=(size,))
+            same = int((prefixes != prefixes[0]).argmax()) or stride
             count += same
             pos += same * size
             if same >= _STRIDE_FROM:
@@ -143,4 +132,4 @@ def count_frame_starts(data: bytes | memoryview, lead: int) -> int:
     return count
 
 
-__all__ = ["RunCutter", "count_frame_starts", "same_size_frames", "whole_frames"]
+__all__ = ["RunCutter", "count_frame_starts", "whole_frames"]

@@ -28,12 +28,11 @@ files and ``index.pb`` (recordings/FORMAT.md).
 from __future__ import annotations
 
 import enum
-import itertools
 import os
 import pickle
 import struct
 import time
-from collections.abc import Callable, Container, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -41,7 +40,7 @@ from typing import Final, Protocol, TypeAlias
 
 import crc32c as _crc32c
 
-from proxy.core.run_cutter import RunCutter, count_frame_starts, same_size_frames
+from proxy.core.run_cutter import RunCutter, count_frame_starts
 from proxy.errors import ProtocolError, RecordingError
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.pb import recording_pb2 as rpb
@@ -199,25 +198,12 @@ class BatchResult:
 
 
 def _records_in(parts: Sequence[bytes | memoryview]) -> Iterator[list[bytes | memoryview]]:
-    """The parts of each framed record in turn: a record's first part opens with its size (and CRC32C).
-
-    A part may also hold several whole records (a row of a run's frames encoded at once): they are
-    cut apart.
-    """
+    """The parts of each framed record in turn: a record's first part opens with its size (and CRC32C)."""
     index = 0
     while index < len(parts):
-        part = parts[index]
+        record = [parts[index]]
+        missing = _RECORD_HEAD.size + _SIZE_PREFIX.unpack_from(parts[index])[0] - len(parts[index])
         index += 1
-        size = _RECORD_HEAD.size + _SIZE_PREFIX.unpack_from(part)[0]
-        if len(part) > size:
-            view = memoryview(part)
-            while len(view) > size:
-                yield [view[:size]]
-                view = view[size:]
-                size = _RECORD_HEAD.size + _SIZE_PREFIX.unpack_from(view)[0]
-            part = view
-        record = [part]
-        missing = size - len(part)
         while missing > 0:
             record.append(parts[index])
             missing -= len(parts[index])
@@ -410,8 +396,6 @@ def _encode_run_frames(item: RunItem, origin: int, data: bytes | memoryview, pos
 
     A record goes out as three parts (its size and CRC32C, the head of its body, and the frame
     as a view of ``data``) that the kernel gathers: the frame's bytes are copied once, to the file.
-    Where frames of one size follow one another (a producer's mostly do), a row of them is
-    encoded at once instead (:func:`_encode_same_size`: one part holding their records).
     """
     # FrameRecord fields 1-4 and the tag of field 5, in field order as protobuf writes them: the
     # same for every frame of the run, so each record is written with no message object
@@ -429,8 +413,6 @@ def _encode_run_frames(item: RunItem, origin: int, data: bytes | memoryview, pos
     append = out.append
     frames = wire_bytes = 0
     end = len(data)
-    #: frames to walk one by one before looking for a row of one size again (sizes vary there)
-    walk = 0
     while end - pos >= 10:
         size = unpack(data, pos)[0] + 4
         stop = pos + size
@@ -442,77 +424,25 @@ def _encode_run_frames(item: RunItem, origin: int, data: bytes | memoryview, pos
         if general or size < 10 or data[pos + 8] != 0x08 or kind > 0x7F or kind in secret_types:
             append(_frame_record(item.conn_id, item.direction, origin, item.ts_ns, bytes(data[pos:stop]), (),
                                  config))
-            pos = stop
-            frames += 1
-            wire_bytes += size
-            continue
-        if size != last_size:
-            head = heads.get(size)
-            if head is None:
-                fields_and_size = fields + varint(size)
-                body = b"\x12" + varint(len(fields_and_size) + size) + fields_and_size
-                head = heads[size] = (body, crc(body), len(body) + size)
-            body_head, head_crc, body_size = head
-            last_size = size
-        if walk:
-            walk -= 1
-        elif end - pos >= _ROW_FROM * size and unpack(data, stop)[0] + 4 == size:
-            row = _encode_same_size(data, pos, size, body_head, head_crc, secret_types)
-            if row is not None:
-                count, records = row
-                append(records)
-                pos += count * size
-                frames += count
-                wire_bytes += count * size
-                continue
-            walk = _ROW_FROM
         else:
-            walk = _ROW_FROM
-        frame = view[pos:stop]
-        append(pack(body_size, crc(frame, head_crc)))
-        append(body_head)
-        append(frame)
+            if size != last_size:
+                head = heads.get(size)
+                if head is None:
+                    fields_and_size = fields + varint(size)
+                    body = b"\x12" + varint(len(fields_and_size) + size) + fields_and_size
+                    head = heads[size] = (body, crc(body), len(body) + size)
+                body_head, head_crc, body_size = head
+                last_size = size
+            frame = view[pos:stop]
+            append(pack(body_size, crc(frame, head_crc)))
+            append(body_head)
+            append(frame)
         pos = stop
         frames += 1
         wire_bytes += size
     if frames:
         result.count(item.conn_id, wire_bytes, frames)
     return pos
-
-
-#: frames of one size in a row worth encoding at once (fewer cost less one by one)
-_ROW_FROM: Final = 32
-
-
-def _encode_same_size(data: bytes | memoryview, pos: int, size: int, body_head: bytes, head_crc: int,
-                      secret_types: Container[int]) -> tuple[int, memoryview] | None:
-    """The records of the whole frames of ``size`` bytes that follow one another from ``pos``, as one
-    buffer (how many, the buffer); None when fewer than ``_ROW_FROM``, when one of them must go the
-    general way, or when they are not all of one command type (a producer's rows are).
-
-    The records are the bytes ``_encode_run_frames`` writes frame by frame (size, CRC32C, ``body_head``,
-    the frame), laid out as rows of an array: the only call per frame is the CRC32C's.
-    """
-    import numpy
-
-    count = min(same_size_frames(data, pos, size), (len(data) - pos) // size)
-    if count < _ROW_FROM:
-        return None
-    # every frame opens its command 08 TYPE (canonical form), with one TYPE, not a secret's: their
-    # bytes 8-9 (as one number) all the same as the first frame's
-    opening = data[pos + 8] << 8 | data[pos + 9]
-    if opening >> 8 != 0x08 or opening & 0xFF > 0x7F or opening & 0xFF in secret_types or \
-            (numpy.ndarray((count,), dtype=">u2", buffer=data, offset=pos + 8, strides=(size,)) != opening).any():
-        return None
-    rows = numpy.ndarray((count, size), dtype=numpy.uint8, buffer=data, offset=pos)
-    head = len(body_head)
-    records = numpy.empty((count, _RECORD_HEAD.size + head + size), dtype=numpy.uint8)
-    records[:, :4] = numpy.frombuffer(_SIZE_PREFIX.pack(head + size), dtype=numpy.uint8)
-    crcs = numpy.fromiter(map(_crc32c.crc32c, rows, itertools.repeat(head_crc, count)), dtype=">u4", count=count)
-    records[:, 4:8] = crcs.view(numpy.uint8).reshape(count, 4)
-    records[:, 8:8 + head] = numpy.frombuffer(body_head, dtype=numpy.uint8)
-    records[:, 8 + head:] = rows
-    return count, records.reshape(-1).data
 
 
 def _protocol_version(raw: bytes, frame_type: int | None) -> int | None:

@@ -32,7 +32,6 @@ import contextlib
 import copyreg
 import ctypes
 import fcntl
-import importlib
 import os
 import pickle
 import signal
@@ -57,9 +56,6 @@ _PIPE_BYTES: Final = 1 << 20
 #: buffers per writev (the kernel's IOV_MAX on Linux)
 _IOV_MAX: Final = 1024
 _PR_SET_PDEATHSIG: Final = 1
-#: mallopt's parameters (glibc's malloc.h), and the size below which freed memory is kept
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-_KEEP_BYTES: Final = 32 * 1024 * 1024
 #: the child's niceness: when cores are short, the proxy's traffic goes first and the recorder
 #: drops (and counts) what it cannot write, as it does when its queue is full
 _NICENESS: Final = 10
@@ -212,21 +208,6 @@ def _die_with_parent(parent: int) -> None:
         os._exit(0)
 
 
-def _keep_freed_memory() -> None:
-    """Have the C allocator (glibc) keep the memory a batch's records took for the next batch.
-
-    Rows of records are arrays of up to a few MiB, allocated and freed per batch; by default
-    glibc maps blocks that large afresh and gives them back when freed, so every batch faulted
-    in its pages again (at 1 KiB frames that took the writer more system time than writing
-    them).  A batch holds at most the recorder's ``_BATCH_BYTES`` of runs: what is kept stays
-    below that, about.
-    """
-    with contextlib.suppress(OSError, AttributeError):  # (another C library: the default)
-        mallopt = ctypes.CDLL(None).mallopt
-        mallopt(_M_MMAP_THRESHOLD, _KEEP_BYTES)
-        mallopt(_M_TRIM_THRESHOLD, _KEEP_BYTES)
-
-
 def main(argv: list[str]) -> int:
     """The child: serve requests from stdin until a close or the end of input."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -236,10 +217,6 @@ def main(argv: list[str]) -> int:
         run_ring.attach(int(argv[1]))
     with contextlib.suppress(OSError):
         os.nice(_NICENESS)
-    _keep_freed_memory()
-    # rows of frames of one size are encoded with numpy: imported before the proxy's START is
-    # answered, not at the first row (py-spy: 0.4 s of the writer mid-traffic, while runs piled up)
-    importlib.import_module("numpy")
     requests, replies = sys.stdin.fileno(), os.dup(sys.stdout.fileno())
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print must not garble the replies
     writer: SegmentWriter | None = None

@@ -57,10 +57,6 @@ from proxy.recording.writer_process import WriterProcess
 
 #: records taken off the queue per write (bounds the memory of one batch)
 _BATCH_LIMIT: Final = 2_000
-#: bytes of runs per write: the writer process encodes a batch's rows of frames into memory it
-#: allocates and frees per batch (the more at once, the more it faults in anew each time), and the
-#: ring's space comes back a batch at a time (the smaller, the sooner)
-_BATCH_BYTES: Final = 16 * 1024 * 1024
 #: how long the writer keeps gathering after a batch's first record before handing it to the
 #: writer process: each hand-off costs wake-ups of a thread, the child and the Trio loop, which
 #: cost the proxy far more than encoding the frames did when every frame went on its own
@@ -69,39 +65,28 @@ _GATHER_SECONDS: Final = 0.02
 log = structlog.get_logger("pulsar_tap.recording")
 
 
-def _run_bytes(item: QueueItem) -> int:
-    """The bytes of a run in the ring (what a batch is limited by besides its records)."""
-    return len(item.data) if type(item) is RunItem else 0
-
-
 async def _gather(receive: trio.MemoryReceiveChannel[QueueItem], batch: list[QueueItem], deadline: float) -> bool:
     """Move records from the queue into ``batch`` until it is full or ``deadline``; True at end of channel.
 
     Records are taken off the queue as they come (the queue keeps its room, so the
-    drop policy sees no difference), but written together.  A batch is full at
-    ``_BATCH_LIMIT`` records or ``_BATCH_BYTES`` of runs.
+    drop policy sees no difference), but written together.
     """
-    size = sum(map(_run_bytes, batch))
     with trio.move_on_at(deadline):
-        while len(batch) < _BATCH_LIMIT and size < _BATCH_BYTES:
+        while len(batch) < _BATCH_LIMIT:
             # what is already waiting, without a checkpoint per record
-            while len(batch) < _BATCH_LIMIT and size < _BATCH_BYTES:
+            while len(batch) < _BATCH_LIMIT:
                 try:
-                    item = receive.receive_nowait()
+                    batch.append(receive.receive_nowait())
                 except trio.WouldBlock:
                     break
                 except trio.EndOfChannel:
                     return True
-                batch.append(item)
-                size += _run_bytes(item)
-            if len(batch) >= _BATCH_LIMIT or size >= _BATCH_BYTES:
+            if len(batch) >= _BATCH_LIMIT:
                 break
             try:
-                item = await receive.receive()
+                batch.append(await receive.receive())
             except trio.EndOfChannel:
                 return True
-            batch.append(item)
-            size += _run_bytes(item)
     return False
 
 

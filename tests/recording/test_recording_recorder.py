@@ -293,35 +293,6 @@ async def test_frames_arriving_one_by_one_are_handed_to_the_writer_in_few_batche
     assert len(list(open_recordings(tmp_path).frames())) == len(frames)
 
 
-async def test_a_backlog_of_runs_is_written_in_batches_of_bounded_bytes(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Runs waiting in the ring go to the writer process a few MiB at a time (the writer's records
-    of a batch are held in memory until written, and the ring's space comes back per batch), and
-    every frame of them is recorded."""
-    from proxy.recording import writer_process
-    from proxy.recording.writer import RunItem
-    from proxy.server import recorder as recorder_module
-
-    monkeypatch.setattr(recorder_module, "_BATCH_BYTES", 1 << 20)
-    batch_bytes: list[int] = []
-    real_write = writer_process.WriterProcess.write
-
-    def measuring_write(self: writer_process.WriterProcess, batch: list[object]) -> object:
-        batch_bytes.append(sum(len(item.data) for item in batch if isinstance(item, RunItem)))
-        return real_write(self, batch)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(writer_process.WriterProcess, "write", measuring_write)
-    run = b"".join(_same_size_send(i % 100, 1000) for i in range(100))  # 100 000 bytes
-    with trio.fail_after(20):
-        async with Recorder(RecordConfig(dir=tmp_path)) as recorder:
-            recorder.open_connection(1, "127.0.0.1:5000", "127.0.0.1:6650", "rewrite", BASE_NS)
-            for index in range(60):  # queued at once: the writer task first runs after the last
-                assert recorder.record_run(1, "to_broker", BASE_NS, run, 0, index * len(run))
-    assert sum(batch_bytes) == 60 * len(run)
-    assert len(batch_bytes) >= 6 and max(batch_bytes) < (1 << 20) + len(run)
-    assert len(list(open_recordings(tmp_path).frames())) == 6000
-
-
 def _stream_of(frames: list, direction: str) -> bytes:  # type: ignore[type-arg]
     return b"".join(f.raw for f in frames if f.direction == direction and f.origin != "proxy")
 
@@ -472,87 +443,12 @@ def test_runs_cut_anywhere_encode_to_the_records_of_the_frames_one_by_one() -> N
                 assert (result.frames, result.per_connection[3]) == (len(frames), [len(frames), len(data)])
 
 
-def _same_size_send(sequence_id: int, size: int) -> bytes:
-    """A SEND of ``size`` bytes on the wire (the payload pads it), sequence ids below 128."""
-    from proxy.pb import PulsarApi_pb2 as api
-    from proxy.protocol.frame import encode_payload_command
-
-    def send(payload: int) -> bytes:
-        return encode_payload_command(api.CommandSend(producer_id=1, sequence_id=sequence_id),
-                                      api.MessageMetadata(producer_name="p", sequence_id=sequence_id, publish_time=1),
-                                      b"x" * payload)
-
-    return send(size - len(send(0)))
-
-
-def _connect_of_size(size: int) -> bytes:
-    """A CONNECT (auth data: a secret to redact) of ``size`` bytes on the wire."""
-    from proxy.pb import PulsarApi_pb2 as api
-    from proxy.protocol.frame import encode_command
-
-    def connect(secret: int) -> bytes:
-        return encode_command(api.CommandConnect(client_version="c", auth_method_name="token",
-                                                 auth_data=b"s" * secret, protocol_version=21))
-
-    return connect(size - len(connect(0)))
-
-
-def _reordered(frame: bytes) -> bytes:
-    """``frame`` with its BaseCommand's fields written sub-command first (valid protobuf, not canonical:
-    it does not open 08 TYPE), the same size."""
-    command_size = int.from_bytes(frame[4:8], "big")
-    command = frame[8:8 + command_size]
-    assert command[0] == 0x08 and command[1] < 0x80 and command[2] != 0x08  # type first, one byte
-    return frame[:8] + command[2:] + command[:2] + frame[8 + command_size:]
-
-
-def _rows_stream_frames() -> list[bytes]:
-    """A client's frames in rows of one size (as a producer's mostly come), broken by frames that
-    must go the general way: CONNECTs of the rows' size (redacted), one of them not in canonical
-    form, and rows too short to encode at once."""
-    row = [_same_size_send(i % 100, 120) for i in range(40)]
-    big_row = [_same_size_send(i % 100, 1500) for i in range(70)]
-    frames = [f.raw for f in session(sends=2) if f.direction == "to_broker" and f.origin == "client"]
-    frames += row + big_row[:31] + row[:5] + big_row
-    connect = _connect_of_size(120)
-    frames += row[:20] + [_reordered(connect)] + row + big_row[:1] + row + [connect] + row * 2 + big_row[:33]
-    return frames
-
-
-def test_rows_of_frames_of_one_size_encode_to_the_records_of_the_frames_one_by_one() -> None:
-    """Rows of same-size frames are encoded at once (one part for the row): the very bytes the general
-    encoder writes frame by frame, with a secret or a frame not in canonical form inside a row (they
-    go the general way) and the runs cut anywhere, rows included."""
-    import random
-
-    from proxy.recording import writer as rec
-
-    frames = _rows_stream_frames()
-    assert len(_connect_of_size(120)) == 120
-    data = b"".join(frames)
-    rng = random.Random(5)
-    for redact in (True, False):
-        config = RecordConfig(dir=Path("unused"), redact=redact)
-        general, _ = rec.encode_batch([rec.FrameItem(3, rpb.TO_BROKER, rpb.CLIENT, BASE_NS, raw, ())
-                                       for raw in frames], config)
-        whole, _ = rec.encode_batch([rec.RunItem(3, rpb.TO_BROKER, BASE_NS, data, 0, 0)], config)
-        # (rows went out as one part each: far fewer parts than the three per frame one by one)
-        assert b"".join(whole) == b"".join(general) and len(whole) < 2 * len(frames)
-        for _attempt in range(6):
-            pieces = _cut(data, [rng.randint(1, 40_000) for _ in range(5)])
-            items = [rec.RunItem(3, rpb.TO_BROKER, BASE_NS, memoryview(bytearray(piece)), lead, offset)
-                     for (offset, piece), lead in zip(pieces, _leads(data, pieces), strict=True)]
-            parts, result = rec.encode_batch(items, config)
-            assert b"".join(parts) == b"".join(general)
-            assert (result.frames, result.per_connection[3]) == (len(frames), [len(frames), len(data)])
-
-
 def test_a_batch_of_record_parts_rotates_segments_exactly_where_whole_records_do(tmp_path: Path) -> None:
     """Segments end between records, at the same records whether a batch comes as parts (a run's
-    frames, rows of them in one part) or as whole records; a batch that fits is written as it is."""
+    frames) or as whole records; a batch that fits is written as it is."""
     from proxy.recording import writer as rec
 
-    frames = _mixed_stream_frames() * 3 + _rows_stream_frames()
+    frames = _mixed_stream_frames() * 3
     config = RecordConfig(dir=tmp_path, max_segment_bytes=20_000)
     whole, _ = rec.encode_batch([rec.FrameItem(3, rpb.TO_BROKER, rpb.CLIENT, BASE_NS, raw, ()) for raw in frames],
                                 config)
