@@ -147,7 +147,8 @@ def main() -> int:
                       f"CPU s: {on_cpu[0]:.2f} this process, {on_cpu[1]:.2f} writer process")
                 print(f"round {round_number}: ratio on/off: {on_rate / off_rate:.2f}", flush=True)
             assert path is not None
-            # best of the rounds per arm: a helper on another core slows a run, never speeds one up
+            # best of the rounds per arm: other load on the machine, and the slow runs both arms have now and
+            # then (more CPU seconds in this process for the same messages), slow a run down, never speed one up
             print(f"ratio on/off (best of {args.rounds} rounds each): {max(on_rates) / max(off_rates):.2f}")
             book = AnswerBook.from_conversations(build_conversations(open_recordings(path).frames()).values())
             with ThreadedReplayServer(book) as server:
