@@ -124,8 +124,8 @@ class ObserverHub:
 
     @property
     def queued(self) -> int:
-        """Events published and not yet delivered."""
-        return self._send.statistics().current_buffer_used
+        """Events published and not yet delivered (pieces of a run taken off the queue included)."""
+        return self._send.statistics().current_buffer_used + len(self._pieces)
 
     def _split(self) -> None:
         self._immediate = [observer for observer in self.observers if getattr(observer, "immediate", False)]

@@ -326,3 +326,32 @@ def test_with_only_immediate_observers_the_hub_queues_nothing() -> None:
     for run in runs:
         hub.publish(run)
     assert log == runs and (hub.queued, hub.dropped) == (0, 0)
+
+
+def test_pieces_of_a_long_run_still_to_deliver_count_as_queued() -> None:
+    # (the test API's capture windows wait until ``queued`` is 0: the pieces of a run the hub
+    # took off its queue but has not yet handed out are still on their way)
+    import trio
+
+    hub = ObserverHub(run_piece_bytes=1000)
+    seen: list[int] = []
+
+    class FrameByFrame(_Collect):
+        runs_in_pieces = True
+
+        def on_run(self, event: RunEvent) -> None:
+            seen.append(hub.queued)
+
+    hub.observers.append(FrameByFrame([]))
+    data = sends(20, 600)  # 12 000 bytes: pieces of at most 1 000 bytes, one frame each
+    hub.publish(RunEvent(ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None), TO_BROKER, 0, data, 0, 0, 0))
+    assert hub.queued == 1
+
+    async def deliver() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(hub.run)
+            hub.close()
+
+    trio.run(deliver)
+    assert seen == list(range(19, -1, -1))
+    assert hub.queued == 0
