@@ -187,8 +187,9 @@ def message_values(metadata: api.MessageMetadata, payload: bytes, values: list[t
         except (DecodeError, RuntimeError, ValueError) as exc:
             raise BatchError(f"message {index} of the batch: undecodable SingleMessageMetadata: {exc}") from None
         size = single.payload_size
-        # Properties (field 1) are tagged 0x0a: bytes without one have none, and the look is a memchr.
-        property_total = 0 if b"\n" not in meta else len(single.properties)
+        # Properties (field 1) are tagged 0x0a (or, over-long, 0x8a 0x80.. 0x00): bytes without either have none,
+        # and the look is a memchr.
+        property_total = 0 if b"\n" not in meta and b"\x8a" not in meta else len(single.properties)
         if (not size and not single.HasField("payload_size")) or (property_total and not single.IsInitialized()):
             missing = ", ".join(single.FindInitializationErrors())
             raise BatchError(f"message {index} of the batch: SingleMessageMetadata lacks required fields: {missing}")

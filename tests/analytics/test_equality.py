@@ -337,6 +337,9 @@ def test_messages_of_a_batch_get_each_column_as_the_reference_reads_it(tmp_path:
     lacking.properties.add(key="only-key")
     send(raw_batch((single(payload_size=1), b"a"), (lacking, b"b")), 2)  # a property without its value
     send(raw_batch((single(payload_size=1), b"a")) + b"zz", 1)  # stray bytes
+    # a property without its key, tagged over-long (0x8a 0x00): no 0x0a byte anywhere, yet a property
+    over_long = b"\x8a\x00\x03\x12\x01v\x18\x01"
+    send(len(over_long).to_bytes(4, "big") + over_long + b"a", 1)
     send(raw_batch((single(payload_size=9), b"a")), 1)  # the payload runs past the end
     send(raw_batch((single(payload_size=1), b"a")), 2)  # fewer messages than announced
     send(b"plain message", None, event_time=12, partition_key="solo")
@@ -350,7 +353,7 @@ def test_messages_of_a_batch_get_each_column_as_the_reference_reads_it(tmp_path:
         assert len(messages) == len(varied) + 1 + 1 + 2
         assert {(m["sequence_id"], m["key"], m["properties_count"], m["event_time_ms"]) for m in messages} >= {
             (100, None, 0, None), (0, "", 0, None), (7, "k", 0, None), (103, None, 1, 99), (104, None, 2, None),
-            (105, "\u00e9", 2, None), (110, None, 0, None), (10, None, 0, None), (180, "solo", 0, 12),
-            (190, None, 0, None)}
+            (105, "\u00e9", 2, None), (110, None, 0, None), (10, None, 0, None), (190, "solo", 0, 12),
+            (200, None, 0, None)}
         undecodable = [e for e in pq.read_table(out / "errors").to_pylist() if e["outcome"] == "undecodable"]
-        assert len(undecodable) == 5
+        assert len(undecodable) == 6
