@@ -275,7 +275,7 @@ def test_a_damaged_frame_gets_the_same_verdict_and_problem_text_as_the_one_proce
                 data += bytes(rng.randrange(1, 5))
         raw, limit = bytes(data), max(len(data), 8)
         spark = verdict(lambda: parse_frame(raw, limit))  # noqa: B023 (called at once)
-        reader = verdict(lambda: (lambda f: (f.type, f.cmd_size, f.payload))(  # noqa: B023
+        reader = verdict(lambda: (lambda f: (f.type, f.cmd_size, f.payload))(
             frame_from_bytes(raw, limit, strict=False)))  # noqa: B023
         if spark[0] == "ok" and reader[0] == "ok":
             spark, reader = ("ok", head(*spark[1])), ("ok", head(*reader[1]))
