@@ -20,13 +20,20 @@ Before the first run each pass runs once on a small recording of its own (shown 
 not counted): a process's first pass pays for lazy imports and first calls, which the
 runs after it do not.
 
+In each run the passes compared with each other alternate (today's decoder and the new
+one, then one process and Spark), each ``--repeat`` times (default 2) in the order
+A B B A ...; a pass's figures are its best attempt (fewest seconds), and every attempt's
+seconds are printed too.  One attempt each let a load spike from elsewhere on the
+machine decide a run's ratio; alternating and taking the best of each arm treats both
+arms alike and does not lighten the baseline's work.
+
 Prints seconds, frames/s and MiB/s of each, the CPU seconds each used (for Spark: the
 driver, its JVM and the Python workers; on a machine others are using too, the CPU
 seconds say more about the work than the wall-clock seconds), and the ratios the goals are stated in:
 Spark against one process (both write every table), and per-core decoding (the
 one-process pass without writing) against today's decoder.  Run it when the machine is quiet.
 
-    .venv/bin/python bench/analyze.py [--mib 100] [--master local[2]] [--runs 1]
+    .venv/bin/python bench/analyze.py [--mib 100] [--master local[2]] [--runs 1] [--repeat 2]
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +59,8 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=100)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--runs", type=int, default=1, help="repeat the three passes (the figures of each run)")
+    parser.add_argument("--repeat", type=int, default=2,
+                        help="attempts per pass in each run, alternating with the pass it is compared with")
     parser.add_argument("--skip-reference", action="store_true", help="leave out today's decoder (slow)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="pulsar-tap-bench-"))
@@ -139,41 +148,71 @@ def _first_use(spark: Any, path: Path, work: Path) -> float:
     return time.perf_counter() - start
 
 
+def _measured(work: Callable[[], object], jvm: int | None = None) -> tuple[float, float]:
+    """Wall-clock and CPU seconds of ``work()`` (with ``jvm``: that process's tree's CPU seconds too)."""
+    start, cpu, jvm_cpu = time.perf_counter(), time.process_time(), _tree_cpu(jvm) if jvm is not None else 0.0
+    work()
+    used = time.process_time() - cpu + (_tree_cpu(jvm) - jvm_cpu if jvm is not None else 0.0)
+    return time.perf_counter() - start, used
+
+
+def _best_of(arms: dict[str, Callable[[], tuple[float, float]]], repeat: int) -> dict[str, list[tuple[float, float]]]:
+    """Each arm ``repeat`` times, interleaved A B B A ... so that drift in the machine's load hits both alike."""
+    attempts: dict[str, list[tuple[float, float]]] = {name: [] for name in arms}
+    names = list(arms)
+    for attempt in range(repeat):
+        for name in names if attempt % 2 == 0 else reversed(names):
+            attempts[name].append(arms[name]())
+    return attempts
+
+
 def _one_run(run: int, args: argparse.Namespace, spark: object, path: Path, frames: int, mib: float, work: Path,
              startup: float) -> None:
-    reference = reference_cpu = None
-    if not args.skip_reference:
-        start, cpu = time.perf_counter(), time.process_time()
-        reference_tables([path])
-        reference, reference_cpu = time.perf_counter() - start, time.process_time() - cpu
-    for name in ("one", "spark"):
-        shutil.rmtree(work / name, ignore_errors=True)
-    start, cpu = time.perf_counter(), time.process_time()
-    analyze_in_process([str(path.parent)], None)  # every step, every row, nothing written: today's pass's work
-    decode, decode_cpu = time.perf_counter() - start, time.process_time() - cpu
-    start, cpu = time.perf_counter(), time.process_time()
-    analyze_in_process([str(path.parent)], str(work / "one"))
-    single_time, single_cpu = time.perf_counter() - start, time.process_time() - cpu
+    """One run: the per-core pair (today's decoder, the new one) and then the scaling pair (one process, Spark).
+
+    Each pair's arms alternate ``--repeat`` times; a pass's figures are its best attempt
+    (least wall-clock seconds, and its CPU seconds), every attempt's seconds are shown too.
+    """
+
+    def one_process() -> None:
+        shutil.rmtree(work / "one", ignore_errors=True)
+        analyze_in_process([str(path.parent)], str(work / "one"))
+
+    def on_spark() -> None:
+        shutil.rmtree(work / "spark", ignore_errors=True)
+        run_pipeline(spark, [str(path.parent)], str(work / "spark"))  # type: ignore[arg-type]
+
     jvm = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()  # type: ignore[attr-defined]
-    start, cpu, jvm_cpu = time.perf_counter(), time.process_time(), _tree_cpu(jvm)
-    run_pipeline(spark, [str(path.parent)], str(work / "spark"))  # type: ignore[arg-type]
-    spark_time = time.perf_counter() - start
-    spark_cpu = time.process_time() - cpu + _tree_cpu(jvm) - jvm_cpu
-    print(f"\nrun {run} (load average {os.getloadavg()[0]:.2f})")
+    per_core: dict[str, Callable[[], tuple[float, float]]] = {
+        # every step, every row, nothing written: today's pass's work
+        "new": lambda: _measured(lambda: analyze_in_process([str(path.parent)], None))}
+    if not args.skip_reference:
+        per_core = {"today": lambda: _measured(lambda: reference_tables([path])), **per_core}
+    attempts = _best_of(per_core, args.repeat)
+    attempts.update(_best_of({"one": lambda: _measured(one_process),
+                              "spark": lambda: _measured(on_spark, jvm)}, args.repeat))
+    best = {name: min(values) for name, values in attempts.items()}
+    print(f"\nrun {run} (load average {os.getloadavg()[0]:.2f}; best of {args.repeat}, alternating; attempts: "
+          + "; ".join(f"{name} " + " ".join(f"{wall:.2f}" for wall, _ in values) for name, values in attempts.items())
+          + " s)")
     print(f"{'pass':<40}{'seconds':>9}{'frames/s':>12}{'MiB/s':>9}{'ratio':>8}")
-    if reference is not None and reference_cpu is not None:
+    decode, decode_cpu = best["new"]
+    if "today" in best:
+        reference, reference_cpu = best["today"]
         print(f"{'today decoder, 1 process (baseline)':<40}{reference:>9.1f}{frames / reference:>12,.0f}"
               f"{mib / reference:>9.1f}{1.0:>8.2f}   cpu {reference_cpu:.1f} s")
         print(f"{'new decoder, 1 process, no writing':<40}{decode:>9.1f}{frames / decode:>12,.0f}"
               f"{mib / decode:>9.1f}{reference / decode:>8.2f}   cpu {decode_cpu:.1f} s "
               f"({reference_cpu / decode_cpu:.2f}x less than today's)")
+    single_time, single_cpu = best["one"]
+    spark_time, spark_cpu = best["spark"]
     print(f"{'one process, all tables (baseline)':<40}{single_time:>9.1f}{frames / single_time:>12,.0f}"
           f"{mib / single_time:>9.1f}{1.0:>8.2f}   cpu {single_cpu:.1f} s")
     print(f"{'spark ' + args.master + ', all tables':<40}{spark_time:>9.1f}{frames / spark_time:>12,.0f}"
           f"{mib / spark_time:>9.1f}{single_time / spark_time:>8.2f}   cpu {spark_cpu:.1f} s (driver, JVM, "
           f"Python workers: {spark_cpu / single_cpu:.2f}x one process)")
     print(f"(spark start-up {startup:.1f} s, not included; per-core decoding "
-          + (f"{reference / decode:.2f}x today's" if reference is not None else "not compared") + ")")
+          + (f"{best['today'][0] / decode:.2f}x today's" if "today" in best else "not compared") + ")")
 
 
 if __name__ == "__main__":

@@ -45,8 +45,8 @@ from proxy.pb import recording_pb2 as rpb
 from proxy.protocol import chunks, compression, markers
 from proxy.protocol.batch import MAX_BATCH_MESSAGES
 from proxy.protocol.commands import SUB_FIELDS, TYPE_NAMES
-from proxy.protocol.frame import decode_command, escape_text, section_at
-from proxy.protocol.validation import check_frame, peek_command
+from proxy.protocol.frame import PayloadSection, decode_command, escape_text, section_at
+from proxy.protocol.validation import MAGIC_CHECKSUM, MIN_COMMAND_SIZE, check_frame, peek_command
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -55,6 +55,10 @@ if TYPE_CHECKING:
 BATCH_ROWS: Final = 32_768
 
 _U32 = struct.Struct(">I")
+_U16 = struct.Struct(">H")
+_HEADER = struct.Struct(">II")
+#: command types that fit in the type field's one byte (``peek_command``'s quick case)
+_KNOWN_TYPES: Final = frozenset(kind for kind in TYPE_NAMES if kind < 0x80)
 _T = api.BaseCommand
 SEND, SEND_RECEIPT, SEND_ERROR = int(_T.SEND), int(_T.SEND_RECEIPT), int(_T.SEND_ERROR)
 MESSAGE, FLOW, ACK = int(_T.MESSAGE), int(_T.FLOW), int(_T.ACK)
@@ -90,6 +94,16 @@ def _command(data: bytes) -> api.BaseCommand:
 
 
 _BASE_COMMAND: Final = api.BaseCommand.FromString
+_METADATA: Final = api.MessageMetadata.FromString
+
+
+def _metadata(section: PayloadSection) -> api.MessageMetadata:
+    """``section.metadata``, one parse and no more when it decodes (it runs once per SEND and MESSAGE)."""
+    try:
+        metadata = _METADATA(section.metadata_raw)
+    except (DecodeError, RuntimeError, ValueError):
+        return section.metadata  # raises the MetadataDecodeError
+    return metadata if metadata.IsInitialized() else section.metadata
 
 
 def parse_frame(raw: bytes, max_frame_bytes: int) -> tuple[int, int, Any]:
@@ -100,6 +114,22 @@ def parse_frame(raw: bytes, max_frame_bytes: int) -> tuple[int, int, Any]:
     so a damaged frame gets the problem text :func:`proxy.protocol.frame.frame_from_bytes`
     gives the one-process reader.
     """
+    size = len(raw)
+    if 10 <= size <= max_frame_bytes and raw[8] == 0x08:
+        # The common case, checked here in a few steps: a whole frame, its type in one byte, no broker entry
+        # metadata.  Anything else (and every failure) goes the long way, for check_frame's own answer.
+        total, cmd_size = _HEADER.unpack_from(raw)
+        frame_type = raw[9]
+        cmd_end = 8 + cmd_size
+        if total + 4 == size and MIN_COMMAND_SIZE <= cmd_size <= total - 4 and frame_type in _KNOWN_TYPES:
+            if frame_type != SEND and frame_type != MESSAGE:
+                if cmd_end == size:
+                    return frame_type, cmd_size, None
+            elif size - cmd_end >= 10 and _U16.unpack_from(raw, cmd_end)[0] == MAGIC_CHECKSUM:
+                checksum, metadata_size = _HEADER.unpack_from(raw, cmd_end + 2)
+                if metadata_size <= size - cmd_end - 10:
+                    return frame_type, cmd_size, PayloadSection(raw, None, checksum, cmd_end + 6, cmd_end + 10,
+                                                                cmd_end + 10 + metadata_size)
     head = check_frame(raw, 0, len(raw), max_frame_bytes, peek_command)
     if isinstance(head, int) or head.frame_size != len(raw):
         raise MalformedFrame("data is not exactly one frame")
@@ -151,13 +181,15 @@ def message_values(metadata: api.MessageMetadata, payload: bytes, values: list[t
         pos += 4
         if meta_size > end - pos:
             raise BatchError(f"metadata of message {index} runs past the end of the batch")
+        meta = data[pos:pos + meta_size]
         try:
-            single = parse(data[pos:pos + meta_size])
+            single = parse(meta)
         except (DecodeError, RuntimeError, ValueError) as exc:
             raise BatchError(f"message {index} of the batch: undecodable SingleMessageMetadata: {exc}") from None
         size = single.payload_size
-        properties = single.properties
-        property_total = len(properties)
+        # Properties (field 1) are tagged 0x0a (or, over-long, 0x8a 0x80.. 0x00): bytes without either have none,
+        # and the look is a memchr.
+        property_total = 0 if b"\n" not in meta and b"\x8a" not in meta else len(single.properties)
         if (not size and not single.HasField("payload_size")) or (property_total and not single.IsInitialized()):
             missing = ", ".join(single.FindInitializationErrors())
             raise BatchError(f"message {index} of the batch: SingleMessageMetadata lacks required fields: {missing}")
@@ -170,7 +202,8 @@ def message_values(metadata: api.MessageMetadata, payload: bytes, values: list[t
         key = single.partition_key
         if not key and not single.HasField("partition_key"):
             key = None
-        append((sequence_id, size, key, property_total if property_total < 2 else property_count(properties), index,
+        append((sequence_id, size, key, property_total if property_total < 2 else property_count(single.properties),
+                index,
                 single.event_time or None))
         pos += size
     if pos != end:
@@ -417,11 +450,11 @@ class SplitDecoder:
         else:
             ref_kind, ref_id = tb.REF_PRODUCER, sub.producer_id
         connection.refs.add((epoch, ref_kind, ref_id))
-        num_messages = None
+        num_messages = metadata = None
         if frame_type == SEND:
             num_messages = sub.num_messages if sub.HasField("num_messages") else 1
         elif frame_type == MESSAGE:
-            metadata = section.metadata  # a MESSAGE whose metadata does not decode gets no frames row
+            metadata = _metadata(section)  # a MESSAGE whose metadata does not decode gets no frames row
             num_messages = metadata.num_messages_in_batch if metadata.HasField("num_messages_in_batch") else 1
         has_request, has_producer, has_consumer, has_sequence = has_ids
         self.frames.rows.append((
@@ -446,7 +479,8 @@ class SplitDecoder:
             return
         messages_mark, replication_mark = self.messages.mark(), len(self.replication.rows)
         try:
-            metadata = section.metadata
+            if metadata is None:
+                metadata = _metadata(section)
             if frame_type == SEND:
                 self._messages(connection, conn_id, seq, ts_ns, direction, metadata, section, stripped, epoch,
                                ref_id, frame_size)

@@ -236,7 +236,8 @@ def test_sends_pair_with_receipts_as_the_session_machine_pairs_them_across_split
 
 def test_a_damaged_frame_gets_the_same_verdict_and_problem_text_as_the_one_process_reader() -> None:
     """Spark's frame parser runs the protocol's own checks: bytes flipped, cut or added anywhere in a frame get
-    the error (class and text) the recording reader gives, or the same type and command size."""
+    the error (class and text) the recording reader gives, or the same type and command size, and the same
+    payload section (its quick path for common frames included)."""
     from proxy.analytics.decode import parse_frame
     from proxy.errors import ProtocolError
     from proxy.protocol.frame import frame_from_bytes
@@ -247,8 +248,18 @@ def test_a_damaged_frame_gets_the_same_verdict_and_problem_text_as_the_one_proce
         except (ProtocolError, ValueError) as exc:
             return type(exc).__name__, str(exc)
 
-    frames = [encode_payload_command(api.CommandSend(producer_id=1, sequence_id=2),
-                                     api.MessageMetadata(producer_name="p", sequence_id=2, publish_time=1), b"x" * 50),
+    def head(frame_type: int, cmd_size: int, section: Any) -> tuple[Any, ...]:
+        return (frame_type, cmd_size, None if section is None else (
+            section.broker_entry_metadata_raw, section.checksum, section.checksum_start, section.metadata_start,
+            section.metadata_end, section.payload))
+
+    metadata = api.MessageMetadata(producer_name="p", sequence_id=2, publish_time=1)
+    frames = [encode_payload_command(api.CommandSend(producer_id=1, sequence_id=2), metadata, b"x" * 50),
+              encode_payload_command(api.CommandMessage(consumer_id=1, message_id=api.MessageIdData(
+                  ledgerId=1, entryId=2)), metadata, b"y" * 20,
+                  broker_entry_metadata=api.BrokerEntryMetadata(broker_timestamp=3)),
+              encode_payload_command(api.CommandMessage(consumer_id=1, message_id=api.MessageIdData(
+                  ledgerId=1, entryId=2)), metadata, b"z" * 9),
               encode_command(api.CommandPing()), encode_command(api.CommandFlow(consumer_id=1, messagePermits=10))]
     rng = random.Random(7)
     outcomes: Counter[str] = Counter()
@@ -263,8 +274,11 @@ def test_a_damaged_frame_gets_the_same_verdict_and_problem_text_as_the_one_proce
             else:
                 data += bytes(rng.randrange(1, 5))
         raw, limit = bytes(data), max(len(data), 8)
-        spark = verdict(lambda: parse_frame(raw, limit)[:2])  # noqa: B023 (called at once)
-        reader = verdict(lambda: (lambda f: (f.type, f.cmd_size))(frame_from_bytes(raw, limit, strict=False)))  # noqa: B023
+        spark = verdict(lambda: parse_frame(raw, limit))  # noqa: B023 (called at once)
+        reader = verdict(lambda: (lambda f: (f.type, f.cmd_size, f.payload))(
+            frame_from_bytes(raw, limit, strict=False)))  # noqa: B023
+        if spark[0] == "ok" and reader[0] == "ok":
+            spark, reader = ("ok", head(*spark[1])), ("ok", head(*reader[1]))
         assert spark == reader, raw.hex()
         outcomes[spark[0]] += 1
     assert outcomes["ok"] > 100 and outcomes["MalformedFrame"] > 1000, outcomes
@@ -308,6 +322,8 @@ def test_messages_of_a_batch_get_each_column_as_the_reference_reads_it(tmp_path:
               single(payload_size=3, properties=[("a", "1"), ("b", "2")], partition_key="\u00e9")]
     send(build_batch((meta, b"xyz"[:meta.payload_size]) for meta in varied), len(varied))
     send(build_batch([(single(payload_size=3), b"abc")]), 1, partition_key="outer", event_time=4)
+    # no properties, but a 0x0a byte (the properties' tag) in the metadata: sequence id 10, payload size 10
+    send(build_batch([(single(payload_size=10, sequence_id=10), b"0123456789")]), 1)
 
     def raw_batch(*parts: tuple[api.SingleMessageMetadata, bytes]) -> bytes:
         out = b""
@@ -321,6 +337,9 @@ def test_messages_of_a_batch_get_each_column_as_the_reference_reads_it(tmp_path:
     lacking.properties.add(key="only-key")
     send(raw_batch((single(payload_size=1), b"a"), (lacking, b"b")), 2)  # a property without its value
     send(raw_batch((single(payload_size=1), b"a")) + b"zz", 1)  # stray bytes
+    # a property without its key, tagged over-long (0x8a 0x00): no 0x0a byte anywhere, yet a property
+    over_long = b"\x8a\x00\x03\x12\x01v\x18\x01"
+    send(len(over_long).to_bytes(4, "big") + over_long + b"a", 1)
     send(raw_batch((single(payload_size=9), b"a")), 1)  # the payload runs past the end
     send(raw_batch((single(payload_size=1), b"a")), 2)  # fewer messages than announced
     send(b"plain message", None, event_time=12, partition_key="solo")
@@ -331,9 +350,10 @@ def test_messages_of_a_batch_get_each_column_as_the_reference_reads_it(tmp_path:
         analyze_in_process([str(recording)], str(out), split_bytes=split_bytes)
         assert_same_as_reference([recording], out)
         messages = pq.read_table(out / "messages").to_pylist()
-        assert len(messages) == len(varied) + 1 + 2
+        assert len(messages) == len(varied) + 1 + 1 + 2
         assert {(m["sequence_id"], m["key"], m["properties_count"], m["event_time_ms"]) for m in messages} >= {
             (100, None, 0, None), (0, "", 0, None), (7, "k", 0, None), (103, None, 1, 99), (104, None, 2, None),
-            (105, "\u00e9", 2, None), (110, None, 0, None), (170, "solo", 0, 12), (180, None, 0, None)}
+            (105, "\u00e9", 2, None), (110, None, 0, None), (10, None, 0, None), (190, "solo", 0, 12),
+            (200, None, 0, None)}
         undecodable = [e for e in pq.read_table(out / "errors").to_pylist() if e["outcome"] == "undecodable"]
-        assert len(undecodable) == 5
+        assert len(undecodable) == 6
