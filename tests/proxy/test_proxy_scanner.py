@@ -251,14 +251,6 @@ def mutated_streams(draw: st.DrawFn) -> tuple[bytes, list[int], int]:
     return bytes(data), cuts, draw(st.integers(0, 7))
 
 
-@given(mutated_streams())
-@settings(max_examples=400, deadline=None)
-def test_mutated_official_client_streams_get_the_decoders_verdict(stream: tuple[bytes, list[int], int]) -> None:
-    data, cuts, flags = stream
-    with fuzz.deadline(10):
-        fuzz.check_frames(data, cuts, flags)
-
-
 def _rss() -> int:
     from pathlib import Path
 
@@ -360,9 +352,10 @@ def mutated_rows(draw: st.DrawFn) -> tuple[bytes, list[int], int]:
     return bytes(data), cuts, draw(st.integers(0, 7))
 
 
-@given(mutated_rows())
-@settings(max_examples=400, deadline=None)
-def test_mutated_rows_of_one_size_get_the_decoders_verdict(stream: tuple[bytes, list[int], int]) -> None:
+@given(st.one_of(mutated_streams(), mutated_rows()))
+@settings(max_examples=800, deadline=None)
+def test_mutated_client_streams_and_rows_of_one_size_get_the_decoders_verdict(
+        stream: tuple[bytes, list[int], int]) -> None:
     data, cuts, flags = stream
     with fuzz.deadline(10):
         fuzz.check_frames(data, cuts, flags)
