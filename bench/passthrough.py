@@ -454,8 +454,11 @@ def pulsar_tap(target: int, workdir: Path, profile: str | None,
     command += ["--listen", "127.0.0.1:0", "--upstream", f"pulsar://127.0.0.1:{target}",
                 "--ready-file", str(ready), "--log-level", "warning", "--keepalive-seconds", "3600",
                 "--drain-seconds", "0"]
-    env = {**os.environ, "PYTHONPATH": str(tree or Path(__file__).resolve().parents[1])}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    tree = tree or Path(__file__).resolve().parents[1]
+    # (run in the tree: ``-m`` puts the working directory before PYTHONPATH, so a baseline started
+    # from inside another checkout would import that checkout's proxy)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                               env={**os.environ, "PYTHONPATH": str(tree)}, cwd=tree)
     try:
         assert process.stdout is not None
         line = process.stdout.readline()

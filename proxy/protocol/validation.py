@@ -277,10 +277,11 @@ CommandCheck = Callable[[bytes | bytearray | memoryview, int, int], int]
 class CommandBatch:
     """Sub-command fields of canonical commands, put aside and checked in one parse.
 
-    The relay's scanner adds the field of every frame it passes (``pending.append``)
-    and calls :meth:`verify` before it hands anything out; when the batch fails, the
-    fields are checked one by one so the error is the first bad frame's, word for
-    word what :func:`check_command` says about it.
+    The relay's scanner adds the field of every frame it passes (``pending.append``;
+    a row of frames of one size adds their fields joined, as one entry) and calls
+    :meth:`verify` before it hands anything out; when the batch fails, the fields are
+    checked one by one so the error is the first bad frame's, word for word what
+    :func:`check_command` says about it.
     """
 
     __slots__ = ("pending",)
@@ -302,12 +303,15 @@ class CommandBatch:
                 return
         except DecodeError:
             pass
-        for field in pending:  # each a canonical field: its tag and length were checked
-            tag = _read_varint(field, 0, len(field))
-            length = _read_varint(field, tag[1], len(field)) if tag is not None else None
-            if tag is None or length is None:
-                raise CommandDecodeError("undecodable command")
-            check_sub_body(field[length[1]:], tag[0] >> 3)
+        for fields in pending:  # canonical fields, one or a row of them: their tags and lengths were checked
+            pos = 0
+            while pos < len(fields):
+                tag = _read_varint(fields, pos, len(fields))
+                length = _read_varint(fields, tag[1], len(fields)) if tag is not None else None
+                if tag is None or length is None:
+                    raise CommandDecodeError("undecodable command")
+                pos = length[1] + length[0]
+                check_sub_body(fields[length[1]:pos], tag[0] >> 3)
         raise CommandDecodeError("undecodable command")  # the batch failed, so one field above did
 
     def clear(self) -> None:

@@ -251,14 +251,6 @@ def mutated_streams(draw: st.DrawFn) -> tuple[bytes, list[int], int]:
     return bytes(data), cuts, draw(st.integers(0, 7))
 
 
-@given(mutated_streams())
-@settings(max_examples=400, deadline=None)
-def test_mutated_official_client_streams_get_the_decoders_verdict(stream: tuple[bytes, list[int], int]) -> None:
-    data, cuts, flags = stream
-    with fuzz.deadline(10):
-        fuzz.check_frames(data, cuts, flags)
-
-
 def _rss() -> int:
     from pathlib import Path
 
@@ -281,3 +273,103 @@ def test_checking_commands_holds_no_memory_from_one_read_to_the_next() -> None:
     for _ in range(1500):
         scanner.feed(data)
     assert _rss() - before < 24 * 1024 * 1024, "RSS grew with every read"
+
+
+# -- rows of frames of one size (checked as one array) ---------------------------------------------
+def row_of_sends(count: int, body: int = 300, first_seq: int = 0) -> list[bytes]:
+    """SENDs of one size, each its own (sequence ids of one varint byte)."""
+    frames = [send_frame(body, first_seq + index) for index in range(count)]
+    assert len({len(frame) for frame in frames}) == 1 and len(set(frames)) == count
+    return frames
+
+
+def test_a_row_of_frames_of_one_size_passes_through_whole_and_in_order() -> None:
+    """Rows long enough to be checked at once, between other frames, split anywhere: the same bytes."""
+    data = b"".join(row_of_sends(60)) + FLOW + lookup_response() + b"".join(row_of_sends(30, 20, 60)) + PING
+    for cuts in ([], [5], [len(data) // 3], [1000, 1001, 4000], list(range(0, len(data), 4096))):
+        scanner = FrameScanner(wanted={T.LOOKUP_RESPONSE})
+        chunks = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+        passed, frames = collect(scanner, chunks)
+        assert passed == data, cuts
+        assert [frame.type for frame in frames] == [T.LOOKUP_RESPONSE]
+        assert scanner.frames_scanned == 60 + 2 + 30 + 1
+
+
+def _spoil(frame: bytes, fault: str) -> bytes:
+    """One frame of a row made bad, its size kept (so the row's size prefixes still match)."""
+    spoilt = bytearray(frame)
+    cmd_end = 8 + int.from_bytes(frame[4:8], "big")
+    # sequence_id's tag (after size, cmd size, 08 06 32 LEN, producer_id's 08 01): past the 13 bytes a
+    # row's frames are compared by, so the frame stays in its row
+    sequence_tag = 14
+    assert frame[sequence_tag] == 0x10
+    if fault == "type":
+        spoilt[9] = T.FLOW  # FLOW's tag is not SEND's: not canonical, and FLOW lacks its sub-command
+    elif fault == "magic":
+        spoilt[cmd_end + 1] = 0x03
+    elif fault == "metadata-size":
+        spoilt[cmd_end + 6:cmd_end + 10] = (len(frame) - cmd_end).to_bytes(4, "big")
+    elif fault == "undecodable-field":
+        spoilt[sequence_tag] = 0x17  # field 2, wire type 7: no such wire type
+    elif fault == "missing-required":
+        spoilt[sequence_tag] = 0x78  # made field 15's: sequence_id missing
+    elif fault == "command-length":
+        spoilt[11] -= 1  # the sub-command's length no longer fills the command
+    return bytes(spoilt)
+
+
+@pytest.mark.parametrize("fault", ["type", "magic", "metadata-size", "undecodable-field", "missing-required",
+                                   "command-length"])
+@pytest.mark.parametrize("at", [1, 2, 9, 25, 39])
+def test_a_bad_frame_inside_a_row_of_one_size_is_caught_as_frame_by_frame(fault: str, at: int) -> None:
+    """Nothing of the bad frame passes, the error is the decoder's, and it is the same fed frame by frame."""
+    frames = row_of_sends(40)
+    frames[at] = _spoil(frames[at], fault)
+    data = b"".join(frames)
+    with pytest.raises(ProtocolError) as whole:
+        FrameScanner().feed(data)
+    one_by_one = FrameScanner()
+    for frame in frames[:at]:
+        one_by_one.feed(frame)
+    with pytest.raises(ProtocolError) as single:
+        one_by_one.feed(frames[at])
+    assert str(whole.value) == str(single.value)
+    for flags in (0, 4):
+        fuzz.check_frames(data, [], flags)
+
+
+@st.composite
+def mutated_rows(draw: st.DrawFn) -> tuple[bytes, list[int], int]:
+    count = draw(st.integers(2, 50))
+    body = draw(st.sampled_from([0, 1, 60, 300, 1000]))
+    frames = row_of_sends(count, body, draw(st.integers(0, 127 - count)))
+    before = draw(st.sampled_from([b"", PING, FLOW + lookup_response()]))
+    data = bytearray(before + b"".join(frames) + draw(st.sampled_from([b"", PING, send_frame(body + 1)])))
+    for _ in range(draw(st.integers(0, 3))):
+        at = draw(st.integers(0, len(data) - 1))
+        data[at] = draw(st.integers(0, 255))
+    cuts = draw(st.lists(st.integers(0, len(data)), max_size=4))
+    return bytes(data), cuts, draw(st.integers(0, 7))
+
+
+@given(st.one_of(mutated_streams(), mutated_rows()))
+@settings(max_examples=800, deadline=None)
+def test_mutated_client_streams_and_rows_of_one_size_get_the_decoders_verdict(
+        stream: tuple[bytes, list[int], int]) -> None:
+    data, cuts, flags = stream
+    with fuzz.deadline(10):
+        fuzz.check_frames(data, cuts, flags)
+
+
+def test_of_two_bad_frames_in_a_row_of_one_size_the_first_is_reported() -> None:
+    """The row's commands are checked in frame order, as frame by frame."""
+    frames = row_of_sends(40)
+    frames[12] = _spoil(frames[12], "missing-required")
+    frames[30] = _spoil(frames[30], "undecodable-field")
+    with pytest.raises(ProtocolError, match="SEND lacks required fields"):
+        FrameScanner().feed(b"".join(frames))
+    frames = row_of_sends(40)
+    frames[12] = _spoil(frames[12], "undecodable-field")
+    frames[30] = _spoil(frames[30], "missing-required")
+    with pytest.raises(ProtocolError, match="undecodable SEND"):
+        FrameScanner().feed(b"".join(frames))
