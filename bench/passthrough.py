@@ -606,16 +606,20 @@ def _metric_sum(text: str, family: str, having: str) -> float:
                if line.startswith(family + "{") and having in line)
 
 
-def _recorded(recordings: Path) -> tuple[int, int]:
-    """(frames recorded, frames dropped) of every recording under ``recordings``."""
+def _recorded(recordings: Path) -> tuple[int, int, list[int]]:
+    """(frames recorded, frames dropped) of every recording under ``recordings``, and recorded + dropped
+    per connection (in the order they were opened: one per phase)."""
     from proxy.pb import recording_pb2 as rpb
 
     recorded = dropped = 0
+    per_connection: list[int] = []
     for index_file in recordings.glob("*/index.pb"):
         index = rpb.RecordingIndex.FromString(index_file.read_bytes())
         recorded += index.frames_recorded
         dropped += index.frames_dropped
-    return recorded, dropped
+        per_connection += [info.frames + info.frames_dropped
+                           for info in sorted(index.connections, key=lambda info: info.conn_id)]
+    return recorded, dropped, per_connection
 
 
 def measure_observers(target: int, reports: Any, workdir: Path, otlp_port: int,
@@ -663,9 +667,11 @@ def measure_observers(target: int, reports: Any, workdir: Path, otlp_port: int,
                 row["sent"] = 2 * sum(SENT_FRAMES)
                 row["events dropped"] = _metric_sum(text, "pulsar_tap_dropped_events_total", 'source="observers"')
         if name == "recording":
-            row["recorded"], row["dropped"] = _recorded(workdir / "recordings")
+            row["recorded"], row["dropped"], per_connection = _recorded(workdir / "recordings")
             row["passed"] = sum(PASSED_FRAMES)
-            print(f"recording round: {_accounting(row)}", flush=True)
+            by_phase = ", ".join(f"{passed - accounted:,}" for passed, accounted in
+                                 zip(PASSED_FRAMES, per_connection, strict=False))
+            print(f"recording round: {_accounting(row)}; not accounted for by phase: {by_phase}", flush=True)
         best = results.setdefault(name, row)
         for label, _size in OBSERVER_SIZES:
             if row[label] > best[label]:
