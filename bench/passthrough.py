@@ -34,7 +34,11 @@ set, /metrics scraped once at the end), traces sampled at 1 % and 100 % (``traci
 each as frames/s of 100 B and 1 KiB SEND frames and as a fraction of plain in the same
 run.  Here every SEND carries its own sequence id and the stand-in broker answers each
 with a SEND_RECEIPT (read and discarded by the load client), so telemetry has requests
-to pair.  The recording arm also prints the frames the recorder wrote and dropped.
+to pair.  The recording arm also prints the frames the recorder wrote and dropped, and
+what is left of the frames that passed the proxy (as its two ends counted them: the SENDs
+the sink received, the receipts the load client received — it waits for all of them
+before it closes — and CONNECT, CONNECTED and the closing PING): 0 unless frames were
+lost without being counted.
 """
 
 from __future__ import annotations
@@ -271,15 +275,35 @@ def open_session(port: int, mode: str) -> socket.socket:
     return sock
 
 
-def _drain(sock: socket.socket) -> None:
-    """Read and discard (the receipts) until the socket is shut down."""
-    with contextlib.suppress(OSError):
-        while sock.recv(1 << 20):
-            pass
+class _ReceiptDrain:
+    """Reads and discards the receipts on a thread of its own, counting their bytes, until the socket is shut down."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.received_bytes = 0
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        with contextlib.suppress(OSError):
+            while chunk := len(self.sock.recv(1 << 20)):
+                self.received_bytes += chunk
+
+    def wait_for(self, receipts: int, timeout: float) -> int:
+        """Wait until ``receipts`` receipts came (all of one length), or ``timeout``; how many came."""
+        deadline = time.monotonic() + timeout
+        while self.received_bytes < receipts * RECEIPT_BYTES and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return self.received_bytes // RECEIPT_BYTES
 
 
+#: the length of every receipt of the observer arms (see FIRST_SEQUENCE_ID)
+RECEIPT_BYTES = len(numbered_receipts(1))
 #: SEND frames the load client wrote, per throughput phase (the recording arm compares what was recorded)
 SENT_FRAMES: list[int] = []
+#: per throughput phase with receipts: the frames that passed the proxy, as its two ends counted them (the SENDs
+#: the sink received, the receipts the load client received, CONNECT, CONNECTED and the closing PING)
+PASSED_FRAMES: list[int] = []
 
 
 def throughput(port: int, reports: Any, frame_size: int, duration: float,
@@ -294,8 +318,7 @@ def throughput(port: int, reports: Any, frame_size: int, duration: float,
         block = numbered_sends(frame_size, per_write)
         sock = open_session(port, f"sinkr-{frame_size}-{per_write}")
         sock.settimeout(None)
-        drain = threading.Thread(target=_drain, args=(sock,), daemon=True)
-        drain.start()
+        drain = _ReceiptDrain(sock)
     else:
         block = send_frame(frame_size) * per_write
         sock = open_session(port, "sink")
@@ -308,8 +331,12 @@ def throughput(port: int, reports: Any, frame_size: int, duration: float,
     sock.sendall(END_OF_STREAM)
     received, _, last_ns = reports.get(timeout=60)
     if receipts:
+        # The sink has answered every SEND, but its last receipts may still be on their way (in the socket
+        # buffers on both sides of the proxy: megabytes of them): shut down now and they never pass the proxy.
+        answered = drain.wait_for(sent_frames, 30.0)
+        PASSED_FRAMES.append(received // frame_size + answered + 3)
         sock.shutdown(socket.SHUT_RDWR)
-        drain.join(10)
+        drain.thread.join(10)
     sock.close()
     SENT_FRAMES.append(sent_frames)
     expected = sent_frames * frame_size
@@ -579,16 +606,20 @@ def _metric_sum(text: str, family: str, having: str) -> float:
                if line.startswith(family + "{") and having in line)
 
 
-def _recorded(recordings: Path) -> tuple[int, int]:
-    """(frames recorded, frames dropped) of every recording under ``recordings``."""
+def _recorded(recordings: Path) -> tuple[int, int, list[int]]:
+    """(frames recorded, frames dropped) of every recording under ``recordings``, and recorded + dropped
+    per connection (in the order they were opened: one per phase)."""
     from proxy.pb import recording_pb2 as rpb
 
     recorded = dropped = 0
+    per_connection: list[int] = []
     for index_file in recordings.glob("*/index.pb"):
         index = rpb.RecordingIndex.FromString(index_file.read_bytes())
         recorded += index.frames_recorded
         dropped += index.frames_dropped
-    return recorded, dropped
+        per_connection += [info.frames + info.frames_dropped
+                           for info in sorted(index.connections, key=lambda info: info.conn_id)]
+    return recorded, dropped, per_connection
 
 
 def measure_observers(target: int, reports: Any, workdir: Path, otlp_port: int,
@@ -604,6 +635,7 @@ def measure_observers(target: int, reports: Any, workdir: Path, otlp_port: int,
         row: dict[str, float] = {}
         shutil.rmtree(workdir / "recordings", ignore_errors=True)
         SENT_FRAMES.clear()
+        PASSED_FRAMES.clear()
         with pulsar_tap(target, workdir, args.profile if args.profile_arm == name else None,
                         config=config) as (port, pid):
             sampler = None
@@ -635,8 +667,11 @@ def measure_observers(target: int, reports: Any, workdir: Path, otlp_port: int,
                 row["sent"] = 2 * sum(SENT_FRAMES)
                 row["events dropped"] = _metric_sum(text, "pulsar_tap_dropped_events_total", 'source="observers"')
         if name == "recording":
-            row["recorded"], row["dropped"] = _recorded(workdir / "recordings")
-            row["sent"] = 2 * sum(SENT_FRAMES)  # each SEND and its receipt
+            row["recorded"], row["dropped"], per_connection = _recorded(workdir / "recordings")
+            row["passed"] = sum(PASSED_FRAMES)
+            by_phase = ", ".join(f"{passed - accounted:,}" for passed, accounted in
+                                 zip(PASSED_FRAMES, per_connection, strict=False))
+            print(f"recording round: {_accounting(row)}; not accounted for by phase: {by_phase}", flush=True)
         best = results.setdefault(name, row)
         for label, _size in OBSERVER_SIZES:
             if row[label] > best[label]:
@@ -644,6 +679,17 @@ def measure_observers(target: int, reports: Any, workdir: Path, otlp_port: int,
                 best.update({key: value for key, value in row.items() if key not in dict(OBSERVER_SIZES)})
         print(f"observer arm {name} done", flush=True)
     return results
+
+
+def _accounting(row: dict[str, float]) -> str:
+    """What the recording arm's recorder wrote and dropped, of the frames that passed the proxy.
+
+    Every frame that passed is either recorded or counted as dropped: "not accounted for" is 0
+    unless the recorder lost frames without counting them (above 0) or counted some twice (below).
+    """
+    passed, recorded, dropped = row["passed"], row["recorded"], row["dropped"]
+    return (f"recorded {recorded:,.0f} of {passed:,.0f} frames that passed ({recorded / passed:.0%}; "
+            f"dropped {dropped:,.0f}, not accounted for {passed - recorded - dropped:,.0f})")
 
 
 def print_observers(results: dict[str, dict[str, float]]) -> None:
@@ -655,12 +701,7 @@ def print_observers(results: dict[str, dict[str, float]]) -> None:
         line = f"{name:<24}" + "".join(f"{row[label]:>16,.0f}{row[label] / plain[label]:>8.2f}x"
                                        for label, _ in OBSERVER_SIZES)
         if "recorded" in row:
-            # (not accounted for: frames cut by a dropped run at the end of a connection, less the
-            # CONNECT/CONNECTED frames recorded but not counted as sent; with the recorder behind the
-            # observer hub's queue, also what that queue dropped)
-            line += (f"  recorded {row['recorded']:,.0f} of {row['sent']:,.0f} frames "
-                     f"({row['recorded'] / row['sent']:.0%}; recorder dropped {row['dropped']:,.0f}, "
-                     f"not accounted for {row['sent'] - row['recorded'] - row['dropped']:,.0f})")
+            line += f"  {_accounting(row)}"
         if "observed" in row:
             by_size = ", ".join(f"{label} {row[f'coverage {label}']:.1%}" for label, _ in OBSERVER_SIZES)
             line += (f"  coverage {row['observed'] / row['sent']:.1%} ({by_size}): telemetry saw "

@@ -234,9 +234,9 @@ class ConnectionPipeline:
             if type(piece) is not Frame:
                 run.append(piece)
                 if self._runs:
-                    self._publish_run(direction, piece, lead, now_ns)
-                    lead = 0
+                    lead = self._publish_run(direction, piece, lead, now_ns)
                 continue
+            lead = 0  # (a Frame ends where the next one begins)
             if self._runs:
                 self._stream_pos[direction] += len(piece.raw)
             forwarded = self._on_frame(piece, direction, now_ns, actions, run)
@@ -586,16 +586,29 @@ class ConnectionPipeline:
             self._emit(direction, list(run), actions)
             run.clear()
 
-    def _publish_run(self, direction: Direction, piece: Piece, lead: int, now_ns: int) -> None:
+    def _publish_run(self, direction: Direction, piece: Piece, lead: int, now_ns: int) -> int:
         """Hand passed-through bytes to the observers that take runs (a copy unless ``run_views``: the
-        buffer is reused)."""
+        buffer is reused); ``lead`` of them finish a frame begun before.  Returns the lead of a run
+        that follows this one in the same receive.
+
+        Runs follow one another in a receive only where the scanner completed a frame head it
+        carried over from the receive before: that head (one frame start, at its start), then the
+        rest of its frame, then the frames after it.  So only the first frame begun in a run needs
+        a look to tell where the next run's first frame begins.
+        """
         assert self.publish is not None
         # (never a Frame here; typed bytes as the hub's queued observers get it, see RunEvent)
         data = cast(bytes, piece) if self._run_views else bytes(piece)  # type: ignore[arg-type]
+        size = len(data)
         position = self._stream_pos[direction]
-        self._stream_pos[direction] = position + len(data)
-        self.publish(RunEvent(self.info, direction, now_ns, data, min(lead, len(data)), position,
+        self._stream_pos[direction] = position + size
+        self.publish(RunEvent(self.info, direction, now_ns, data, min(lead, size), position,
                               self._forward_time(direction, now_ns)))
+        if lead >= size:
+            return lead - size
+        if size - lead < 4:
+            return 0
+        return max(lead + int.from_bytes(data[lead:lead + 4], "big") + 4 - size, 0)
 
     def _publish_proxy_frame(self, direction: Direction, data: bytes, now_ns: int) -> None:
         if self.publish is None:

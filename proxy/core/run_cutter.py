@@ -8,6 +8,13 @@ dropped in between (a full queue): the frames the gap cut are lost (counted in
 ``lost``), never mis-cut, and the frames after the gap are found again from the
 next run's ``lead``.  Frames follow Pulsar framing (``[TOTAL_SIZE u32]...``); the
 relay checked every one before passing it, so only sizes are read here.
+
+Who counts a frame the gap cut depends on who counted the dropped run.  An observer
+whose runs were dropped uncounted (the observer hub's queue) reads ``lost``: every
+frame the gap touched.  The recorder counts the frames that begin in each run it
+drops (:func:`count_frame_starts`), so it reads ``cut_short`` instead: the frames
+whose start this cutter saw and whose end it never did (a gap, or the end of the
+stream, :meth:`RunCutter.finish`) — the only ones nobody else counted.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ _SIZE = struct.Struct(">I")
 class RunCutter:
     """One direction of one connection, cut into whole frames; see the module docstring."""
 
-    __slots__ = ("_carry", "_next_pos", "lost")
+    __slots__ = ("_carry", "_next_pos", "cut_short", "lost")
 
     def __init__(self) -> None:
         #: the start of a frame that continues in the next run
@@ -29,6 +36,8 @@ class RunCutter:
         self._next_pos = -1
         #: frames cut by a gap (a dropped run): neither whole nor recorded
         self.lost = 0
+        #: frames begun in a run seen here whose end was not (in a dropped run, or the stream ended)
+        self.cut_short = 0
 
     def begin(self, data: bytes | memoryview, lead: int, stream_pos: int) -> tuple[bytes | None, int]:
         """Start on a run: the carried frame if this run completes it, and where whole frames begin in ``data``.
@@ -43,6 +52,7 @@ class RunCutter:
             frame_end = carried_until - len(carry) + _SIZE.unpack_from(carry)[0] + 4 if len(carry) >= 4 else -1
             carry.clear()
             self.lost += 1
+            self.cut_short += 1
             if lead and frame_end > stream_pos:
                 pos = lead  # the same frame: counted once
         if carry:
@@ -69,6 +79,14 @@ class RunCutter:
         """The whole frames of ``data`` ended at ``pos``: carry the rest into the next run."""
         if pos < len(data):
             self._carry += data[pos:]
+
+    def finish(self) -> int:
+        """The stream ended: a frame begun and not finished is given up (in ``cut_short``); 1 if there was one."""
+        if not self._carry:
+            return 0
+        self._carry.clear()
+        self.cut_short += 1
+        return 1
 
 
 def whole_frames(data: bytes, pos: int) -> tuple[list[tuple[int, int]], int]:

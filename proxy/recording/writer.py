@@ -11,7 +11,10 @@ and never waits (its file writes are blocking, and are made in the writer proces
 
 :func:`encode_batch` cuts runs into frames (per connection and direction, carrying a
 frame that continues in the next run; a run that does not follow on from the one
-before — one was dropped — loses the frame cut across the gap, counted as dropped),
+before — one was dropped — loses the frame begun before the gap, and a connection's
+end loses a frame begun and not finished: both counted as dropped here, while the
+frames that begin in a dropped run were counted where it was dropped, so that every
+frame the proxy passed is recorded or counted once),
 redacts auth data, strips payloads when asked and frames the records
 (:mod:`proxy.recording.segment`); :class:`SegmentFiles` appends them to the current
 segment, rotating to a new one past ``max_segment_bytes``.  Every write goes straight
@@ -185,8 +188,11 @@ class BatchResult:
     per_connection: dict[int, list[int]] = field(default_factory=dict)
     #: conn id -> protocol version seen in CONNECT (client) or CONNECTED (broker)
     versions: dict[int, tuple[bool, int]] = field(default_factory=dict)
-    #: frames cut across a gap in a stream (a dropped run): neither start nor end was recorded
+    #: frames begun in a run written here whose end was not (it was in a dropped run, or the connection
+    #: ended first): given up, counted as dropped
     frames_lost: int = 0
+    #: conn id -> those frames of the connection
+    lost_per_connection: dict[int, int] = field(default_factory=dict)
     #: segments of the recording so far (the current one included)
     segments: int = 0
 
@@ -195,6 +201,11 @@ class BatchResult:
         counts[0] += frames
         counts[1] += wire_bytes
         self.frames += frames
+
+    def lose(self, conn_id: int, frames: int) -> None:
+        if frames:
+            self.lost_per_connection[conn_id] = self.lost_per_connection.get(conn_id, 0) + frames
+            self.frames_lost += frames
 
 
 def _records_in(parts: Sequence[bytes | memoryview]) -> Iterator[list[bytes | memoryview]]:
@@ -339,7 +350,9 @@ def encode_batch(items: Sequence[QueueItem], config: RecordConfig,
             if item.HasField("closed"):
                 conn_id = item.closed.conn_id
                 for direction in (rpb.TO_BROKER, rpb.TO_CLIENT):
-                    streams.pop((conn_id, direction), None)
+                    ended = streams.pop((conn_id, direction), None)
+                    if ended is not None:
+                        result.lose(conn_id, ended.finish())
             out.append(encode_record(item))
             continue
         assert isinstance(item, FrameItem)
@@ -352,6 +365,15 @@ def encode_batch(items: Sequence[QueueItem], config: RecordConfig,
         out.append(_frame_record(item.conn_id, item.direction, item.origin, item.ts_ns, raw, item.rules, config))
         result.count(item.conn_id, len(raw))
     return out, result
+
+
+def end_streams(streams: dict[tuple[int, int], RunCutter]) -> BatchResult:
+    """Give up the frames begun and not finished in ``streams`` (``encode_batch``'s state), and forget them."""
+    result = BatchResult()
+    for (conn_id, _direction), cutter in streams.items():
+        result.lose(conn_id, cutter.finish())
+    streams.clear()
+    return result
 
 
 def _frame_record(conn_id: int, direction: int, origin: int, ts_ns: int, raw: bytes, rules: Sequence[str],
@@ -381,13 +403,14 @@ def _encode_run(item: RunItem, streams: dict[tuple[int, int], RunCutter], config
     cutter = streams.get(key)
     if cutter is None:
         cutter = streams[key] = RunCutter()
-    lost = cutter.lost
+    cut_short = cutter.cut_short
     origin = _RUN_ORIGIN[item.direction]
     completed, pos = cutter.begin(item.data, item.lead, item.stream_pos)
     if completed is not None:
         _encode_run_frames(item, origin, completed, 0, config, out, result)
     cutter.end(item.data, _encode_run_frames(item, origin, item.data, pos, config, out, result))
-    result.frames_lost += cutter.lost - lost
+    # (not cutter.lost: the frames that begin in a dropped run were counted when it was dropped)
+    result.lose(item.conn_id, cutter.cut_short - cut_short)
 
 
 def _encode_run_frames(item: RunItem, origin: int, data: bytes | memoryview, pos: int, config: RecordConfig,
@@ -519,6 +542,13 @@ class SegmentWriter:
         result.segments = len(self.files.segments)
         return result
 
+    def end_streams(self) -> BatchResult:
+        """Give up the frames begun and not finished in every stream still open (the recording ends; a
+        connection whose close did not reach the queue): what to account for."""
+        result = end_streams(self._streams)
+        result.segments = len(self.files.segments)
+        return result
+
     def sync(self, index: bytes | None) -> None:
         """fsync the current segment and replace the index when given."""
         self.files.sync(index)
@@ -558,7 +588,8 @@ class RecordingBook:
         write_index(self.path, self.index_bytes())
 
     def dropped(self, conn_id: int, frames: int) -> None:
-        """``frames`` of ``conn_id`` were not queued (queue full or closed): counted, never written."""
+        """``frames`` of ``conn_id`` were not queued (queue full or closed), or were given up by the writer
+        (begun and not finished): counted, never written."""
         self.stats.frames_dropped += frames
         info = self.connections.get(conn_id)
         if info is not None:
@@ -605,7 +636,6 @@ class RecordingBook:
     def account(self, result: BatchResult) -> None:
         """Count what a ``SegmentWriter.write`` wrote (on the thread that counts drops, so the counters never race)."""
         self.stats.frames_recorded += result.frames
-        self.stats.frames_dropped += result.frames_lost
         self.stats.bytes_written += result.bytes_written
         self.segments = max(self.segments, result.segments)
         self.stats.segments = self.segments
@@ -615,6 +645,8 @@ class RecordingBook:
                 info = self.connections[conn_id] = rpb.ConnectionInfo(conn_id=conn_id)
             info.frames += frames
             info.bytes += wire_bytes
+        for conn_id, frames in result.lost_per_connection.items():
+            self.dropped(conn_id, frames)
         for conn_id, (from_broker, version) in result.versions.items():
             seen = self._versions.setdefault(conn_id, {})
             seen[from_broker] = version
@@ -650,5 +682,5 @@ class RecordingBook:
 
 __all__ = ["DEFAULT_MAX_SEGMENT_BYTES", "DEFAULT_QUEUE_BYTES", "DEFAULT_QUEUE_SIZE", "INDEX_NAME", "SEGMENT_SUFFIX",
            "Address", "BatchResult", "FrameItem", "FrameRecorder", "QueueItem", "RecordConfig", "RecorderStats",
-           "RecordingBook", "RunItem", "SegmentFiles", "SegmentWriter", "encode_batch", "frame_item",
+           "RecordingBook", "RunItem", "SegmentFiles", "SegmentWriter", "encode_batch", "end_streams", "frame_item",
            "recording_dir_name", "run_item", "segment_name", "write_index"]

@@ -10,8 +10,9 @@ The Trio recorder (:class:`proxy.server.recorder.Recorder`) starts one
 :class:`WriterProcess` per recording (from its Trio thread) and calls its blocking
 methods from a worker thread, one at a time: :meth:`~WriterProcess.write` sends a batch
 of queue items and waits for its :class:`~proxy.recording.writer.BatchResult`;
-:meth:`~WriterProcess.sync` and :meth:`~WriterProcess.close` carry the recorder's fsyncs
-and index writes.  The child runs a :class:`~proxy.recording.writer.SegmentWriter`.
+:meth:`~WriterProcess.end_streams` has the frames still unfinished at the end given up
+(and says how many); :meth:`~WriterProcess.sync` and :meth:`~WriterProcess.close` carry
+the recorder's fsyncs and index writes.  The child runs a :class:`~proxy.recording.writer.SegmentWriter`.
 
 Requests go down the child's stdin, replies come up its stdout.  A request is a header
 (kind, size of the pickled part, number of buffers), each buffer's size, the pickled part,
@@ -50,7 +51,7 @@ from proxy.recording.writer import BatchResult, QueueItem, RecordConfig, Segment
 
 _REQUEST_HEAD: Final = struct.Struct(">BII")
 _SIZE: Final = struct.Struct(">I")
-_START, _WRITE, _SYNC, _CLOSE = 1, 2, 3, 4
+_START, _WRITE, _SYNC, _CLOSE, _END_STREAMS = 1, 2, 3, 4, 5
 #: the pipes' capacity: a batch crosses in few wake-ups of either side
 _PIPE_BYTES: Final = 1 << 20
 #: buffers per writev (the kernel's IOV_MAX on Linux)
@@ -163,6 +164,12 @@ class WriterProcess:
         assert isinstance(result, BatchResult)
         return result
 
+    def end_streams(self) -> BatchResult:
+        """Give up the frames still unfinished in the child's streams (blocking); how many, per connection."""
+        result = self._call(_END_STREAMS, None)
+        assert isinstance(result, BatchResult)
+        return result
+
     def sync(self, index: bytes | None) -> None:
         """fsync the current segment and replace the index when given (blocking)."""
         self._call(_SYNC, index)
@@ -236,6 +243,8 @@ def main(argv: list[str]) -> int:
                 answer = writer.write(cast(list[QueueItem], value))
             elif kind == _SYNC:
                 writer.sync(cast(bytes | None, value))
+            elif kind == _END_STREAMS:
+                answer = writer.end_streams()
             elif kind == _CLOSE:
                 writer.close(cast(bytes | None, value))
                 writer = None

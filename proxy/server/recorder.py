@@ -23,6 +23,11 @@ that none of it holds the interpreter lock the relays need; the ring's space is
 released once it has.  Once a second the segment is fsynced and the index rewritten
 (and an idle ring trimmed).  On exit the queue is drained and the index is
 finished with ``end_ns``.
+
+Accounting: every frame the proxy passed is either recorded or counted as dropped,
+once.  A dropped run counts the frames that begin in it; the writer counts a frame
+begun in a run it wrote and never finished (cut by a dropped run, or by the end of
+its connection or of the recording).
 """
 
 from __future__ import annotations
@@ -247,6 +252,8 @@ class Recorder:
             with trio.CancelScope(shield=True):
                 if batch:
                     await self._write_batch(batch)
+                if self.failure is None:
+                    await self._end_streams()
                 if self.failure is not None:
                     await trio.to_thread.run_sync(writer.stop)
                 await self._sync(writer.close, book.finished_index())
@@ -264,6 +271,15 @@ class Recorder:
         finally:
             # written or given up: the ring's space goes back (its runs are the oldest in it, in order)
             self._ring.release(sum(1 for item in batch if type(item) is RunItem and item.ring_offset >= 0))
+
+    async def _end_streams(self) -> None:
+        """Count the frames the writer still holds begun and unfinished (a connection's close that the full
+        queue refused leaves them there): every frame is recorded or counted by the time the index is final."""
+        assert self._writer is not None
+        try:
+            self.book.account(await trio.to_thread.run_sync(self._writer.end_streams))
+        except RecordingError as exc:
+            self._failed(exc)
 
     async def _sync(self, call: Callable[[bytes | None], None], index: bytes | None) -> None:
         """Have the writer fsync and write ``index``; once it has failed, write the index here."""

@@ -92,6 +92,37 @@ def test_a_run_says_how_many_of_its_first_bytes_finish_a_frame_begun_before() ->
     assert [(len(r.data), r.lead) for r in runs] == [(50_000, 0), (20_000, 20_000), (rest, rest), (len(small), 0)]
 
 
+def test_every_run_says_how_many_of_its_first_bytes_finish_a_frame_begun_before_even_after_a_carried_head() -> None:
+    """A receive that completes a frame head the scanner carried over from the one before hands out
+    that head, then the rest of its frame, then the frames after it: each run's ``lead`` is what of
+    it belongs to a frame begun before it (the recorder counts the frames a dropped run begins, and
+    cuts a written one, from there)."""
+    events: list[Event] = []
+    p = pipeline(events)
+    p.receive(TO_BROKER, CONNECT, 0)
+    p.receive(TO_CLIENT, CONNECTED, 0)
+    stream = sends(30, 1000) + sends(5, 70_000) + sends(60, 10)
+    starts, pos = set(), 0
+    while pos < len(stream):
+        starts.add(pos)
+        pos += int.from_bytes(stream[pos:pos + 4], "big") + 4
+    rng = random.Random(3)
+    pos = 0
+    while pos < len(stream):
+        take = rng.choice([1, 3, 5, 9, 20, 700, 1500, 40_000])
+        p.receive(TO_BROKER, stream[pos:pos + take], 1)
+        pos += take
+    runs = [e for e in events if isinstance(e, RunEvent) and e.direction is TO_BROKER]
+    assert b"".join(bytes(r.data) for r in runs) == stream
+    offset = len(CONNECT)
+    for run in runs:
+        start = run.stream_pos - offset
+        lead = 0
+        while start + lead < start + len(run.data) and start + lead not in starts:
+            lead += 1
+        assert run.lead == lead, (start, len(run.data))
+
+
 def test_the_hub_hands_runs_only_when_every_observer_takes_them() -> None:
     class Frames:
         def on_frame(self, event: FrameEvent) -> None: ...

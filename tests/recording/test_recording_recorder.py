@@ -14,8 +14,11 @@ from pathlib import Path
 import pytest
 import trio
 import trio.lowlevel
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from recording_sessions import BASE_NS, record_sessions, session
 
+from proxy.core.run_cutter import RunCutter, count_frame_starts
 from proxy.errors import RecordingError
 from proxy.pb import recording_pb2 as rpb
 from proxy.recording.reader import Recording, open_recordings
@@ -372,8 +375,10 @@ def test_a_run_is_written_as_protobuf_would_write_its_frame_records() -> None:
 
 
 def test_a_dropped_run_loses_only_the_frames_it_touched() -> None:
-    """A run the queue dropped leaves a gap in its stream: the frames the gap cuts are left out
-    (counted as lost), every other frame is recorded whole, and nothing is mis-cut after it."""
+    """A run the queue dropped leaves a gap in its stream: the frames the gap cuts are left out,
+    every other frame is recorded whole, and nothing is mis-cut after it.  Each frame left out is
+    counted once: where the run was dropped (the frames that begin in it) or by the writer (the
+    frame begun before the gap)."""
     from proxy.recording import writer as rec
 
     config = RecordConfig(dir=Path("unused"), redact=False)
@@ -402,8 +407,46 @@ def _check_gap(frames: list[bytes], pieces: list[tuple[int, bytes]], items: list
         elif pos < gap_start or pos + len(raw) > gap_end:
             touched += 1  # cut by the gap: neither start nor end was recorded
         pos += len(raw)
-    assert kept == untouched
-    assert result.frames == len(kept) and result.frames_lost == touched >= 1
+    assert kept == untouched and touched >= 1
+    counted_where_dropped = count_frame_starts(items[dropped].data, items[dropped].lead)
+    assert result.frames == len(kept)
+    assert result.frames + result.frames_lost + counted_where_dropped == len(frames)
+    assert result.lost_per_connection == ({1: result.frames_lost} if result.frames_lost else {})
+
+
+@settings(max_examples=150, deadline=None)
+@given(sizes=st.lists(st.integers(1, 3000), min_size=1, max_size=6), dropped=st.sets(st.integers(0, 40)),
+       truncate=st.integers(0, 2000), ends=st.sampled_from(["closed", "recording ends"]))
+def test_every_frame_of_a_stream_is_recorded_or_counted_once_whatever_runs_were_dropped(
+        sizes: list[int], dropped: set[int], truncate: int, ends: str) -> None:
+    """Whatever runs are dropped (each counting the frames that begin in it, as the recorder does), and
+    whether the stream ends on a whole frame or inside one (the peer went away mid-frame), the frames
+    written, the frames counted where runs were dropped and those the writer gave up add up to the
+    frames that began in the stream: none is left out, none counted twice.  That holds when the
+    connection's close reaches the writer, and when the recording ends without it (a full queue
+    refused the close)."""
+    from proxy.recording import writer as rec
+    from proxy.recording.segment import SEGMENT_MAGIC, scan_segment
+
+    config = RecordConfig(dir=Path("unused"), redact=False)
+    data = b"".join(_mixed_stream_frames())
+    data = data[:len(data) - truncate]
+    pieces = _cut(data, sizes)
+    items = [rec.RunItem(1, rpb.TO_BROKER, BASE_NS, piece, lead, offset)
+             for (offset, piece), lead in zip(pieces, _leads(data, pieces), strict=True)]
+    counted_where_dropped = sum(count_frame_starts(item.data, item.lead)
+                                for index, item in enumerate(items) if index in dropped)
+    kept_items: list[rec.QueueItem] = [item for index, item in enumerate(items) if index not in dropped]
+    if ends == "closed":
+        kept_items.append(rpb.Record(closed=rpb.ConnectionClosed(conn_id=1, ts_ns=BASE_NS)))
+    streams: dict[tuple[int, int], RunCutter] = {}
+    records, result = rec.encode_batch(kept_items, config, streams)
+    ended = rec.end_streams(streams) if ends != "closed" else None
+    recorded = [r.frame.data for r in scan_segment(SEGMENT_MAGIC + b"".join(records)).records if r.HasField("frame")]
+    given_up = result.frames_lost + (ended.frames_lost if ended is not None else 0)
+    assert len(recorded) == result.frames
+    assert result.frames + counted_where_dropped + given_up == count_frame_starts(data, 0)
+    assert set(recorded) <= set(_mixed_stream_frames())  # whole frames only, never mis-cut
 
 
 def _mixed_stream_frames() -> list[bytes]:
