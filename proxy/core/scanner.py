@@ -404,14 +404,18 @@ class FrameScanner:
             pos = frame_end
             if walk:
                 walk -= 1
-            elif checked is None and not kind & _LOOK and end - pos >= _STRIDE_FROM * size \
-                    and unpack_size(data, pos)[0] == total:
-                # A producer's frames mostly come in rows of one size: check the row at once
-                rows, fields = _same_frames(data, pos, size, cmd_size, kind & _PAYLOAD)
+            elif checked is None and (not kind & _LOOK or (kind & _LOOK == _SAMPLED and sample_skip >= _STRIDE_FROM)) \
+                    and end - pos >= _STRIDE_FROM * size and unpack_size(data, pos)[0] == total:
+                # A producer's frames mostly come in rows of one size: check the row at once (of
+                # the sampler's kinds, as many as it passes over before its next pick)
+                rows, fields = _same_frames(data, pos, size, cmd_size, kind & _PAYLOAD,
+                                            sample_skip if kind & _SAMPLED else -1)
                 if rows:
                     put_aside(fields)
                     scanned += rows
                     pos += rows * size
+                    if kind & _SAMPLED:
+                        sample_skip -= rows
                 if rows < _STRIDE_FROM:
                     walk = _WALK_FOR
         self._walk = walk
@@ -422,8 +426,9 @@ class FrameScanner:
 
 
 def _same_frames(data: bytes | memoryview, pos: int, size: int, cmd_size: int,
-                 payload: int) -> tuple[int, bytes]:
-    """How many whole frames from ``pos`` pass the fast path's checks as the frame before them did.
+                 payload: int, most: int) -> tuple[int, bytes]:
+    """How many whole frames from ``pos`` (``most`` at the most, unless negative) pass the fast path's checks
+    as the frame before them did.
 
     The frame before ``pos`` (``size`` bytes, a canonical command of ``cmd_size``) passed
     them alone.  A frame after it passes them too when its first 13 bytes (sizes, the
@@ -433,6 +438,8 @@ def _same_frames(data: bytes | memoryview, pos: int, size: int, cmd_size: int,
     first frame that differs (checked one by one after) and its sub-command fields, joined.
     """
     count = (len(data) - pos) // size
+    if 0 <= most < count:
+        count = most
     # (the frames' fields as rows of one array, the frame before them first: numpy compares
     # a byte string field of each row at once)
     heads = numpy.ndarray((count + 1,), _HEAD_FIELD, data, pos - size, (size,))
