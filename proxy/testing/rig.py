@@ -19,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from proxy.config.proxy_config import HostPort, LimitsConfig, ProxyConfig, ServiceUrl
-from proxy.core.hooks import ConnectionEvent, FrameEvent, FrameHook
+from proxy.core.hooks import ConnectionEvent, FrameEvent, FrameHook, Origin, RunEvent, origin_of
 from proxy.errors import PulsarTapError
+from proxy.protocol.commands import type_name
+from proxy.protocol.session import Direction
 from proxy.recording.observer import RecordingObserver
 from proxy.recording.writer import RecordConfig
 from proxy.replay.matcher import AnswerBook
@@ -40,19 +42,67 @@ def rules_hook(rules_text: str, seed: int = 1) -> FrameHook:
 
 
 class FrameCounter:
-    """A proxy observer counting the frames it hears of, by (direction, origin, command)."""
+    """A proxy observer counting the frames it hears of, by (direction, origin, command).
+
+    It takes passed-through bytes in runs (``on_run``) as the recorder does, so a proxy with
+    it and a recorder relays the way ``pulsar-tap run --record`` does, and it frames those
+    bytes itself (size prefixes and each command's type), independently of the proxy's own
+    framing: a frame is counted where its first byte is, a frame cut across runs once.
+    ``mismatches`` counts runs whose ``lead`` (the rest of a frame begun earlier) disagreed
+    with what this counter expected; ``gaps`` counts runs whose ``stream_pos`` says bytes
+    before them never reached it (the hub drops events when its queue is full).
+    """
 
     #: it reads only the frame header's command type: the relay need not track the session for it
     needs_observation = False
+    #: the size prefix, the command's size, and the command's type field: a tag and a varint
+    _HEAD = 4 + 4 + 1 + 2
 
     def __init__(self) -> None:
         self.counts: Counter[tuple[str, str, str]] = Counter()
+        self.mismatches = 0
+        self.gaps = 0
+        #: per (connection, direction): the next stream position expected, the bytes still to
+        #: skip of the current frame, and the start of a frame whose head is not complete yet
+        self._streams: dict[tuple[int, str], tuple[int, int, bytes]] = {}
 
     def on_frame(self, event: FrameEvent) -> None:
         self.counts[(str(event.direction), str(event.origin), event.frame.type_name)] += 1
+        if event.origin is not Origin.PROXY:  # a received frame, whole: the next run says where it goes on
+            self._streams.pop((event.connection.conn_id, str(event.direction)), None)
+
+    def on_run(self, event: RunEvent) -> None:
+        key = (event.connection.conn_id, str(event.direction))
+        position, skip, head = self._streams.get(key, (event.stream_pos, event.lead, b""))
+        if position != event.stream_pos:
+            self.gaps += 1
+            skip, head = event.lead, b""
+        elif min(skip, len(event.data)) != event.lead and not head:
+            self.mismatches += 1
+        data = head + bytes(event.data)
+        at, head = (0, b"") if head else (skip, b"")
+        while at < len(data):
+            remaining = len(data) - at
+            length = 4 + int.from_bytes(data[at:at + 4], "big") if remaining >= 4 else self._HEAD
+            if remaining < min(self._HEAD, length):
+                head = data[at:]
+                break
+            self._count(event.direction, data[at + 8:at + min(self._HEAD, length)])
+            at += length
+        self._streams[key] = (event.stream_pos + len(event.data), 0 if head else at - len(data), head)
+
+    def _count(self, direction: Direction, command: bytes) -> None:
+        type_value = -1
+        if command[:1] == b"\x08":  # field 1 (type), a varint
+            type_value = command[1] & 0x7F
+            if command[1] & 0x80 and len(command) > 2:
+                type_value |= (command[2] & 0x7F) << 7
+        self.counts[(str(direction), str(origin_of(direction)), type_name(type_value))] += 1
 
     def on_connection(self, event: ConnectionEvent) -> None:
-        pass
+        if event.closed:
+            self._streams = {key: state for key, state in self._streams.items()
+                             if key[0] != event.connection.conn_id}
 
 
 class RecordingProxy(LoopThread):

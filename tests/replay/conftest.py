@@ -29,6 +29,7 @@ def official_recording(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Off
             payloads = official_session(proxy.service_url, TOPIC, SUBSCRIPTION, MESSAGES, batching=True,
                                         compression="LZ4")
         assert proxy.recorder is not None
+        assert (proxy.frames.mismatches, proxy.frames.gaps) == (0, 0)  # its runs said where frames begin
         yield OfficialRecording(proxy.recording_path, payloads, TOPIC, SUBSCRIPTION, proxy.recorder.stats,
                                 dict(proxy.frames.counts))
     finally:
