@@ -99,3 +99,27 @@ class RuleSampler:
         if self._settle is not None and self._settle(draw):
             return None, gap
         return draw, gap
+
+    def settle_row(self, skip: int, count: int) -> tuple[int, SampleDraw | None, int]:
+        at = skip
+        alone, settle = self._alone, self._settle
+        probability = self.states[0].rule.match.probability
+        if alone is not None and settle is not None and 0.0 < probability < 1.0:
+            # the common case, one rule, as settle() would (draw the gap as geometric_gap does, then
+            # settle), without its calls
+            random, log, gaps = self.states[0].rng.random, math.log, self._gaps
+            per_frame = math.log1p(-probability)
+            while True:
+                gap = gaps[0] = min(NEVER, int(log(1.0 - random()) / per_frame))
+                if not settle(alone):
+                    return at, alone, gap
+                at += gap + 1
+                if at >= count:
+                    return count, None, at - count
+        while True:
+            draw, gap = self.settle()
+            if draw is not None:
+                return at, draw, gap
+            at += gap + 1
+            if at >= count:
+                return count, None, at - count

@@ -16,11 +16,15 @@ from test_proxy_pipeline import connected, pipeline, rules_hook, sent
 
 from proxy.core.hooks import FrameEvent
 from proxy.core.pipeline import ConnectionPipeline, Send
+from proxy.core.scanner import FrameScanner
+from proxy.errors import ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.frame import Frame, FrameDecoder, encode_command, encode_payload_command
 from proxy.protocol.session import Direction
+from proxy.rules.engine import RuleState
 from proxy.rules.hook import RulesHook
 from proxy.rules.loader import load_rules_text
+from proxy.rules.sampling import RuleSampler, SampleDraw
 
 T = api.BaseCommand.Type
 TO_BROKER, TO_CLIENT = Direction.TO_BROKER, Direction.TO_CLIENT
@@ -276,3 +280,88 @@ def test_a_settled_mark_rule_still_stops_at_times_in_reads_split_anywhere() -> N
                        for start in range(0, len(data), chunk))
         assert out == data
         assert hook.engine.hits() == {"one-in-a-hundred": 5} and hook.shown == 0
+
+
+def test_a_settled_mark_rule_counts_its_hits_on_the_same_frames_in_rows_of_one_size() -> None:
+    """Many SENDs of one size per read (checked as rows): after every read the hits are those of the
+    pinned frames read so far, as when the SENDs came one per read, however the rows are cut."""
+    text = SAMPLED.format(seed=7, extra="").replace("0.01", "0.02").replace("action: drop", "action: mark")
+    frames = [send(1, sequence_id) for sequence_id in range(2000)]  # two sizes: sequence ids of 1 and 2 bytes
+    for batch in (7, 37, 128, 129, 500, 2000):
+        hook = CountingHook(text)
+        p = pipeline(hook=hook)
+        connected(p)
+        p.receive(TO_BROKER, producer(1, OTHER), 0)
+        for first in range(0, len(frames), batch):
+            data = b"".join(frames[first:first + batch])
+            actions = p.receive(TO_BROKER, data, 0)
+            assert len(actions) == 1 and sent(actions, TO_BROKER) == data  # the read, whole
+            read = first + len(frames[first:first + batch])
+            assert hook.engine.hits()["one-in-a-hundred"] == sum(1 for i in SEED_7_AT_2_PERCENT if i < read), batch
+        assert hook.shown == 0
+
+
+def sampler_refusing(every: int) -> tuple[RuleSampler, list[bool]]:
+    """A 2 % sampler (seed 7) whose picks are settled but for every ``every``-th, which is handed out;
+    the outcome of each pick, in order."""
+    rule = load_rules_text(SAMPLED.format(seed=7, extra="").replace("0.01", "0.02")).rules[0]
+    outcomes: list[bool] = []
+
+    def settle(draw: SampleDraw) -> bool:
+        outcomes.append(len(outcomes) % every != every - 1)
+        return outcomes[-1]
+
+    return RuleSampler(frozenset({T.SEND}), (RuleState(rule, 7),), settle), outcomes
+
+
+def scanned_by(reads: list[bytes], every: int) -> tuple[bytes, list[tuple[int, object]], list[bool], int]:
+    """What a scanner with :func:`sampler_refusing` makes of ``reads``: the bytes it let through, the
+    frames it handed out (sequence id, note), the picks' outcomes and the frames it scanned."""
+    sampler, outcomes = sampler_refusing(every)
+    scanner = FrameScanner()
+    scanner.set_wanted((), sampler=sampler, settle=True)
+    passed = bytearray()
+    handed: list[tuple[int, object]] = []
+    for data in reads:
+        for piece in scanner.feed(data):
+            if isinstance(piece, Frame):
+                handed.append((piece.command.send.sequence_id, piece.draw))
+                passed += piece.raw
+            else:
+                passed += piece
+    return bytes(passed), handed, outcomes, scanner.frames_scanned
+
+
+@pytest.mark.parametrize("every", [1, 2, 3, 1000])
+def test_a_pick_that_cannot_be_settled_ends_its_row_with_its_frame_as_frame_by_frame(every: int) -> None:
+    """Rows cut at any pick the sampler does not settle: the same frames handed out, with the same
+    notes, the same draws, and every byte passed in order, as when each frame is read alone."""
+    frames = [send(1, sequence_id) for sequence_id in range(3000)]
+    data = b"".join(frames)
+    one_by_one = scanned_by(frames, every)
+    assert one_by_one[0] == data and one_by_one[3] == 3000
+    handed, outcomes = one_by_one[1], one_by_one[2]
+    assert len(outcomes) > 30 and len(handed) == outcomes.count(False)
+    assert all(isinstance(note, SampleDraw) and note.due for _, note in handed)
+    for reads in ([data], [data[:len(data) // 2], data[len(data) // 2:]],
+                  [data[start:start + 4099] for start in range(0, len(data), 4099)]):
+        rows = scanned_by(reads, every)
+        assert rows[0] == data
+        assert [seq for seq, _ in rows[1]] == [seq for seq, _ in handed]
+        assert rows[2] == outcomes and rows[3] == 3000
+
+
+@pytest.mark.parametrize("at", [5, 60, 130, 900, "a pick handed out"])
+def test_a_bad_frame_in_a_row_with_settled_picks_reports_the_decoders_error(at: int | str) -> None:
+    """Also when the bad frame is a pick that ends its row (its command is checked with the row's)."""
+    frames = [send(1, sequence_id) for sequence_id in range(1000)]
+    if not isinstance(at, int):
+        at = next(seq for seq, _ in scanned_by(frames, 3)[1] if seq > 140)
+    spoilt = bytearray(frames[at])
+    spoilt[spoilt.index(0x10, 12)] = 0x17  # sequence_id's tag made an undecodable wire type: still in its row
+    frames[at] = bytes(spoilt)
+    with pytest.raises(ProtocolError) as whole:
+        scanned_by([b"".join(frames)], 3)
+    with pytest.raises(ProtocolError) as single:
+        scanned_by(frames, 3)
+    assert str(whole.value) == str(single.value) and "undecodable SEND" in str(whole.value)
