@@ -268,10 +268,13 @@ def test_a_mark_rule_nobody_observes_counts_its_hits_on_the_same_frames_without_
     assert observed == SEED_7_AT_2_PERCENT
 
 
-def test_a_settled_mark_rule_still_stops_at_times_in_reads_split_anywhere() -> None:
-    text = SAMPLED.format(seed=7, extra=", times: 5").replace("0.01", "0.02").replace("action: drop", "action: mark")
+@pytest.mark.parametrize("times", [3, 5])
+def test_a_settled_mark_rule_still_stops_at_times_in_reads_split_anywhere(times: int) -> None:
+    """(Seed 7 picks 5 SENDs of the first row of one size, 4 of them settled at once.)"""
+    text = SAMPLED.format(seed=7, extra=f", times: {times}").replace("0.01", "0.02").replace("action: drop",
+                                                                                              "action: mark")
     data = sends(1, 0, 2000)
-    for chunk in (37, 4099):  # picks carried across reads too
+    for chunk in (37, 4099, len(data)):  # picks carried across reads too, and many in one row
         hook = CountingHook(text)
         p = pipeline(hook=hook)
         connected(p)
@@ -279,7 +282,7 @@ def test_a_settled_mark_rule_still_stops_at_times_in_reads_split_anywhere() -> N
         out = b"".join(sent(p.receive(TO_BROKER, data[start:start + chunk], 0), TO_BROKER)
                        for start in range(0, len(data), chunk))
         assert out == data
-        assert hook.engine.hits() == {"one-in-a-hundred": 5} and hook.shown == 0
+        assert hook.engine.hits() == {"one-in-a-hundred": times} and hook.shown == 0
 
 
 def test_a_settled_mark_rule_counts_its_hits_on_the_same_frames_in_rows_of_one_size() -> None:
@@ -299,56 +302,67 @@ def test_a_settled_mark_rule_counts_its_hits_on_the_same_frames_in_rows_of_one_s
             read = first + len(frames[first:first + batch])
             assert hook.engine.hits()["one-in-a-hundred"] == sum(1 for i in SEED_7_AT_2_PERCENT if i < read), batch
         assert hook.shown == 0
+        state = next(hook.engine.states())
+        assert state.matches == state.hits  # each pick a match, as when evaluated
 
 
-def sampler_refusing(every: int) -> tuple[RuleSampler, list[bool]]:
-    """A 2 % sampler (seed 7) whose picks are settled but for every ``every``-th, which is handed out;
-    the outcome of each pick, in order."""
+def scanned_by(reads: list[tuple[bytes, bool]]) -> tuple[bytes, list[int], int, int]:
+    """What a scanner with a 2 % sampler (seed 7) makes of ``reads``, each with whether the picks in it
+    can be settled (as the engine's cannot while the connection unloads): the bytes it let through, the
+    frames it handed out (sequence ids, each with the sampler's note), the picks it counted and the
+    frames it scanned."""
     rule = load_rules_text(SAMPLED.format(seed=7, extra="").replace("0.01", "0.02")).rules[0]
-    outcomes: list[bool] = []
+    counted = [0]
+    settling = [True]
 
-    def settle(draw: SampleDraw) -> bool:
-        outcomes.append(len(outcomes) % every != every - 1)
-        return outcomes[-1]
+    def settle(draw: SampleDraw, picks: int) -> bool:
+        assert draw.due and picks >= 1
+        if settling[0]:
+            counted[0] += picks
+        return settling[0]
 
-    return RuleSampler(frozenset({T.SEND}), (RuleState(rule, 7),), settle), outcomes
-
-
-def scanned_by(reads: list[bytes], every: int) -> tuple[bytes, list[tuple[int, object]], list[bool], int]:
-    """What a scanner with :func:`sampler_refusing` makes of ``reads``: the bytes it let through, the
-    frames it handed out (sequence id, note), the picks' outcomes and the frames it scanned."""
-    sampler, outcomes = sampler_refusing(every)
     scanner = FrameScanner()
-    scanner.set_wanted((), sampler=sampler, settle=True)
+    scanner.set_wanted((), sampler=RuleSampler(frozenset({T.SEND}), (RuleState(rule, 7),), settle), settle=True)
     passed = bytearray()
-    handed: list[tuple[int, object]] = []
-    for data in reads:
+    handed: list[int] = []
+    for data, settling[0] in reads:
         for piece in scanner.feed(data):
             if isinstance(piece, Frame):
-                handed.append((piece.command.send.sequence_id, piece.draw))
+                assert isinstance(piece.draw, SampleDraw) and piece.draw.due
+                handed.append(piece.command.send.sequence_id)
                 passed += piece.raw
             else:
                 passed += piece
-    return bytes(passed), handed, outcomes, scanner.frames_scanned
+    return bytes(passed), handed, counted[0], scanner.frames_scanned
+
+
+def reads_of(frames: list[bytes], per_read: int, every: int, split: int | None = None) -> list[tuple[bytes, bool]]:
+    """``frames`` in reads of ``per_read`` frames (cut again every ``split`` bytes, or each frame its own
+    read with ``split`` 0); the picks of every ``every``-th read cannot be settled."""
+    reads: list[tuple[bytes, bool]] = []
+    for index, first in enumerate(range(0, len(frames), per_read)):
+        settles = index % every != every - 1
+        group = frames[first:first + per_read]
+        if split == 0:
+            reads += [(frame, settles) for frame in group]
+            continue
+        data = b"".join(group)
+        step = split or len(data)
+        reads += [(data[start:start + step], settles) for start in range(0, len(data), step)]
+    return reads
 
 
 @pytest.mark.parametrize("every", [1, 2, 3, 1000])
-def test_a_pick_that_cannot_be_settled_ends_its_row_with_its_frame_as_frame_by_frame(every: int) -> None:
-    """Rows cut at any pick the sampler does not settle: the same frames handed out, with the same
-    notes, the same draws, and every byte passed in order, as when each frame is read alone."""
+def test_picks_that_cannot_be_settled_end_their_rows_with_their_frames_as_frame_by_frame(every: int) -> None:
+    """Rows cut at any pick the sampler does not settle: the same frames handed out, the same picks
+    counted, every byte passed in order, as when each frame is read alone."""
     frames = [send(1, sequence_id) for sequence_id in range(3000)]
     data = b"".join(frames)
-    one_by_one = scanned_by(frames, every)
-    assert one_by_one[0] == data and one_by_one[3] == 3000
-    handed, outcomes = one_by_one[1], one_by_one[2]
-    assert len(outcomes) > 30 and len(handed) == outcomes.count(False)
-    assert all(isinstance(note, SampleDraw) and note.due for _, note in handed)
-    for reads in ([data], [data[:len(data) // 2], data[len(data) // 2:]],
-                  [data[start:start + 4099] for start in range(0, len(data), 4099)]):
-        rows = scanned_by(reads, every)
-        assert rows[0] == data
-        assert [seq for seq, _ in rows[1]] == [seq for seq, _ in handed]
-        assert rows[2] == outcomes and rows[3] == 3000
+    passed, handed, counted, scanned = scanned_by(reads_of(frames, 250, every, split=0))
+    assert passed == data and scanned == 3000
+    assert 30 < counted + len(handed) < 100 and (handed == []) == (every == 1000) and (counted == 0) == (every == 1)
+    for split in (None, 4099, 37):
+        assert scanned_by(reads_of(frames, 250, every, split)) == (data, handed, counted, 3000), split
 
 
 @pytest.mark.parametrize("at", [5, 60, 130, 900, "a pick handed out"])
@@ -356,12 +370,13 @@ def test_a_bad_frame_in_a_row_with_settled_picks_reports_the_decoders_error(at: 
     """Also when the bad frame is a pick that ends its row (its command is checked with the row's)."""
     frames = [send(1, sequence_id) for sequence_id in range(1000)]
     if not isinstance(at, int):
-        at = next(seq for seq, _ in scanned_by(frames, 3)[1] if seq > 140)
+        at = next(seq for seq in scanned_by(reads_of(frames, 1000, 1))[1] if seq > 140)
     spoilt = bytearray(frames[at])
     spoilt[spoilt.index(0x10, 12)] = 0x17  # sequence_id's tag made an undecodable wire type: still in its row
     frames[at] = bytes(spoilt)
-    with pytest.raises(ProtocolError) as whole:
-        scanned_by([b"".join(frames)], 3)
-    with pytest.raises(ProtocolError) as single:
-        scanned_by(frames, 3)
-    assert str(whole.value) == str(single.value) and "undecodable SEND" in str(whole.value)
+    for every in (1, 1000):
+        with pytest.raises(ProtocolError) as whole:
+            scanned_by(reads_of(frames, 1000, every))
+        with pytest.raises(ProtocolError) as single:
+            scanned_by(reads_of(frames, 1000, every, split=0))
+        assert str(whole.value) == str(single.value) and "undecodable SEND" in str(whole.value)
