@@ -30,7 +30,9 @@ Two refinements let a hook (the rules) see fewer frames:
   are handed out, before anything is decoded: the scanner passes the frames it says to
   pass over, and notes on each frame of those types that it hands out (:attr:`Frame.draw`)
   whether the sampler chose it.  With ``settle`` (nobody observes the frames), a pick the
-  sampler settles itself (:meth:`Sampler.settle`) is passed through like the others;
+  sampler settles itself (:meth:`Sampler.settle`) is passed through like the others, and a
+  row of one size is not cut at such picks (:meth:`Sampler.settle_row`): only a pick it does
+  not settle ends the row, with that frame handed out;
 - *barrier* types are frames after which what is wanted may grow (a producer registered
   on a topic a rule names): the rest of the bytes of that ``feed`` are handed out as
   Frames, and the wants the user sets after handling the barrier apply from the next

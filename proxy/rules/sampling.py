@@ -19,7 +19,11 @@ naming those rules; frames of its kinds handed out for another reason carry
 When nobody observes the connection and the rules due only take note of a hit (``mark``,
 ``record``: the frame passes unchanged, and only their counters tell), the engine
 counts the hits at the pick (``settle``) and the frame passes through undecoded, in its
-run; the draws, and so the frames hit for a seed, are the same either way.
+run; the draws, and so the frames hit for a seed, are the same either way.  In a row of
+frames of one size the scanner checks at once, the picks are settled in one call
+(``settle_row``): with one rule, the first as ``settle`` would, then the others drawn in
+one loop and counted together — a settle that succeeded goes on succeeding until a
+frame is handed out.
 No clock, no I/O here.
 """
 
