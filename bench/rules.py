@@ -14,10 +14,11 @@ Two tables, each as throughput and as a ratio to 0 rules:
    per-connection interest), and of the 1 % rule's SENDs decodes only those it fires on;
 2. **relay pipeline alone**: the CPU time per frame of
    :class:`~proxy.core.pipeline.ConnectionPipeline` (scanner, session tracker, rules
-   hook; no sockets) reading 64 KiB of pre-encoded 100 B SENDs from the client and
+   hook; no sockets) reading pre-encoded SENDs from the client and
    their receipts from the broker, with no hook (the plain proxy), the non-matching
-   rules and ``10+1%``; process CPU time, best of interleaved rounds, so a busy
-   machine disturbs it less than the throughput tables;
+   rules and ``10+1%``; at 100 B and 1 KiB SENDs, in reads of ``--read-kib``; process
+   CPU time, best of interleaved rounds, so a busy machine disturbs it less than the
+   throughput tables;
 3. **engine alone**: each frame of a producer/consumer mix (SEND, SEND_RECEIPT,
    MESSAGE, FLOW, ACK) decoded, attributed by the real SessionTracker and evaluated
    by :class:`~proxy.rules.engine.RulesEngine`, in a loop.
@@ -133,13 +134,15 @@ def measure(count: int, seconds: float) -> float:
     return done / (time.perf_counter() - start)
 
 
-def pipeline_cost(arms: tuple[int | str, ...], rounds: int = 15) -> dict[int | str, float]:
-    """CPU ns per frame of the relay's pipeline per arm (``None``: no hook), best of ``rounds``."""
+def pipeline_cost(arms: tuple[int | str, ...], size: int = 100, read_bytes: int = 65536,
+                  rounds: int = 15) -> dict[int | str, float]:
+    """CPU ns per frame of the relay's pipeline per arm (``"none"``: no hook), best of ``rounds``:
+    SENDs of ``size`` bytes and their receipts, ``read_bytes`` of SENDs per read."""
     # the frames of passthrough.py's observer arms
     from passthrough import CONNECTED, connect_frame, numbered_receipts, numbered_sends
 
-    count = 65536 // 100
-    sends, receipts = numbered_sends(100, count), numbered_receipts(count)
+    count = read_bytes // size
+    sends, receipts = numbered_sends(size, count), numbered_receipts(count)
     pipelines = {}
     for arm in arms:
         text = None if arm == "none" else one_matching(10) if arm == "10+1%" else rules_text(int(arm))
@@ -152,13 +155,14 @@ def pipeline_cost(arms: tuple[int | str, ...], rounds: int = 15) -> dict[int | s
         pipeline.receive(Direction.TO_CLIENT, CONNECTED, 0)
         pipelines[arm] = pipeline
     best = dict.fromkeys(arms, float("inf"))
+    reads = max(2, 1_300_000 // read_bytes)  # about 1.3 MB of SENDs per arm and round, whatever the sizes
     for _ in range(rounds):
         for arm, pipeline in pipelines.items():
             start = time.process_time()
-            for _ in range(20):
+            for _ in range(reads):
                 pipeline.receive(Direction.TO_BROKER, sends, 0)
                 pipeline.receive(Direction.TO_CLIENT, receipts, 0)
-            best[arm] = min(best[arm], (time.process_time() - start) / (40 * count) * 1e9)
+            best[arm] = min(best[arm], (time.process_time() - start) / (2 * reads * count) * 1e9)
     return best
 
 
@@ -239,6 +243,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=1.0, help="time per engine measurement (default 1.0)")
     parser.add_argument("--messages", type=int, default=20_000, help="messages per proxy measurement")
     parser.add_argument("--engine-only", action="store_true", help="skip the measurement through the proxy")
+    parser.add_argument("--read-kib", type=int, default=64,
+                        help="KiB of SENDs per read in the pipeline table (default 64; the relay reads up to 256)")
     args = parser.parse_args()
     if not args.engine_only:
         rates = measure_through_proxy((0, 10, 100, "10+1%"), args.messages)
@@ -248,12 +254,13 @@ def main() -> None:
         for count, rate in rates.items():
             print(f"{count:>6} {rate:>12,.0f} {rate / rates[0]:>7.2f}")
         print()
-    costs = pipeline_cost(("none", 0, 10, 100, "10+1%"))
-    print("relay pipeline alone (CPU per frame: 100 B SENDs and their receipts in 64 KiB reads); ratio: "
-          "the plain proxy's cost over the arm's")
-    print(f"{'rules':>6} {'ns/frame':>12} {'ratio':>7}")
-    for arm, cost in costs.items():
-        print(f"{arm:>6} {cost:>12,.0f} {costs['none'] / cost:>7.2f}")
+    print(f"relay pipeline alone (CPU per frame: SENDs and their receipts in {args.read_kib} KiB reads; load "
+          f"average {os.getloadavg()[0]:.2f}); ratio: the plain proxy's cost over the arm's")
+    arms: tuple[int | str, ...] = ("none", 0, 10, 100, "10+1%")
+    costs = {size: pipeline_cost(arms, size, args.read_kib * 1024) for size in (100, 1024)}
+    print(f"{'rules':>6}" + "".join(f"{f'{size} B ns/frame':>18} {'ratio':>6}" for size in costs))
+    for arm in arms:
+        print(f"{arm:>6}" + "".join(f"{cost[arm]:>18,.1f} {cost['none'] / cost[arm]:>6.2f}" for cost in costs.values()))
     print()
     baseline = measure(0, args.seconds)
     print("engine alone (decode + evaluate), non-matching rules")

@@ -44,6 +44,16 @@ class Sampler(Protocol):
         """
         ...
 
+    def settle_row(self, skip: int, count: int) -> tuple[int, object | None, int]:
+        """``count`` frames of its kinds pass in a row, nobody observes them, and the next pick is
+        the one at index ``skip`` (less than ``count``): :meth:`settle` each pick in the row, in order.
+
+        Returns where the row stops: ``(count, None, skip)`` when every pick was settled (``skip``:
+        frames after the row to pass over before the next pick); otherwise the index of the first
+        pick that was not, its note, and the frames after it to pass over.
+        """
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class ConnectionInterest:

@@ -30,7 +30,9 @@ Two refinements let a hook (the rules) see fewer frames:
   are handed out, before anything is decoded: the scanner passes the frames it says to
   pass over, and notes on each frame of those types that it hands out (:attr:`Frame.draw`)
   whether the sampler chose it.  With ``settle`` (nobody observes the frames), a pick the
-  sampler settles itself (:meth:`Sampler.settle`) is passed through like the others;
+  sampler settles itself (:meth:`Sampler.settle`) is passed through like the others, and a
+  row of one size is not cut at such picks (:meth:`Sampler.settle_row`): only a pick it does
+  not settle ends the row, with that frame handed out;
 - *barrier* types are frames after which what is wanted may grow (a producer registered
   on a topic a rule names): the rest of the bytes of that ``feed`` are handed out as
   Frames, and the wants the user sets after handling the barrier apply from the next
@@ -147,6 +149,8 @@ class FrameScanner:
         self._sampler: Sampler | None = None
         #: what the sampler is asked about a frame of its kinds nobody else wants: choose, or settle
         self._pick: Callable[[], tuple[object | None, int]] | None = None
+        #: whether its picks are settled (then a row of its kinds settles those inside it, unbroken)
+        self._settles = False
         #: frames of the sampler's kinds still to pass over before it picks one
         self._sample_skip = 0
         #: whether the carried frame is handed out as a Frame, and the note it carries
@@ -177,6 +181,7 @@ class FrameScanner:
             self._sampler = sampler
             self._sample_skip = sampler.start() if sampler is not None else 0
         self._pick = None if sampler is None else sampler.settle if settle else sampler.choose
+        self._settles = sampler is not None and settle
         sampled = sampler.kinds if sampler is not None else frozenset()
         self._chosen_tables = _fast_tables(self.wanted, want_all, sampled, self.barrier)
         self._wide_tables = _fast_tables(self.wanted, True, sampled, self.barrier) if self.barrier \
@@ -320,6 +325,7 @@ class FrameScanner:
         sample_skip = self._sample_skip
         unpack_size = _SIZE.unpack_from
         walk = self._walk
+        settles = self._settles
         scanned = 0
         while pos < end:
             # The fast path: a canonical command (its sub-command field is parsed with the
@@ -404,20 +410,38 @@ class FrameScanner:
             pos = frame_end
             if walk:
                 walk -= 1
-            elif checked is None and (not kind & _LOOK or (kind & _LOOK == _SAMPLED and sample_skip >= _STRIDE_FROM)) \
+            elif checked is None and (not kind & _LOOK or (kind & _LOOK == _SAMPLED and (
+                    settles or sample_skip >= _STRIDE_FROM))) \
                     and end - pos >= _STRIDE_FROM * size and unpack_size(data, pos)[0] == total:
                 # A producer's frames mostly come in rows of one size: check the row at once (of
-                # the sampler's kinds, as many as it passes over before its next pick)
+                # the sampler's kinds, as many as it passes over before its next pick, unless it
+                # settles its picks: then the picks inside the row are settled in order)
+                sampled = kind & _SAMPLED
                 rows, fields = _same_frames(data, pos, size, cmd_size, kind & _PAYLOAD,
-                                            sample_skip if kind & _SAMPLED else -1)
+                                            sample_skip if sampled and not settles else -1)
+                if rows < _STRIDE_FROM:
+                    walk = _WALK_FOR
+                if rows and sampled:
+                    if sample_skip < rows:
+                        at, note, sample_skip = sampler.settle_row(sample_skip, rows)  # type: ignore[union-attr]
+                        if note is not None:
+                            # a pick it could not settle: the row ends with that frame, handed out
+                            put_aside(fields[:(at + 1) * (cmd_size - 2)])
+                            pos += at * size
+                            if run_start < pos:
+                                out.append(memoryview(data)[run_start:pos])
+                            frame = Frame(bytes(data[pos:pos + size]), (word >> 16) & 0x7F, cmd_size, verified=True)
+                            frame.draw = note
+                            out.append(frame)
+                            scanned += at + 1
+                            pos = run_start = pos + size
+                            continue
+                    else:
+                        sample_skip -= rows
                 if rows:
                     put_aside(fields)
                     scanned += rows
                     pos += rows * size
-                    if kind & _SAMPLED:
-                        sample_skip -= rows
-                if rows < _STRIDE_FROM:
-                    walk = _WALK_FOR
         self._walk = walk
         self._sample_skip = sample_skip
         self.frames_scanned += scanned

@@ -436,9 +436,10 @@ class RulesEngine:
             self.generation += 1  # it cannot fire again: the relay may look at fewer frames
         return True
 
-    def _settle(self, conn_id: int, draw: SampleDraw) -> bool:
-        """A sampler's pick on ``conn_id`` that nobody observes, for rules that only take note (see
-        ``sampling``): count their hits as :meth:`evaluate` would, without the frame (True).
+    def _settle(self, conn_id: int, draw: SampleDraw, picks: int) -> bool:
+        """``picks`` of a sampler's picks on ``conn_id``, all with the note ``draw``, that nobody observes,
+        for rules that only take note (see ``sampling``): count their hits as :meth:`evaluate` would, one
+        pick after the other, without the frames (True).
 
         Such a pick's frame could fire no other rule (the sampler's are the only ones that can
         fire on this connection's frames of its kinds), and its verdict would leave the frame
@@ -449,7 +450,19 @@ class RulesEngine:
         if unloads is not None and unloads.active:
             return False
         for state in draw.due:
-            self._hits(state, draw)
+            match = state.rule.match
+            if picks == 1 or state.matches < match.after:
+                for _ in range(picks):
+                    self._hits(state, draw)
+                continue
+            # as many calls of _hits, past ``after``, for a rule the draw says is due
+            state.matches += picks
+            if match.times is None:
+                state.hits += picks
+            elif state.hits < match.times:
+                state.hits = min(match.times, state.hits + picks)
+                if state.hits >= match.times:
+                    self.generation += 1  # it cannot fire again: the relay may look at fewer frames
         return True
 
     # -- what actions ask of the engine -----------------------------------------------------------

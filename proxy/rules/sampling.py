@@ -19,7 +19,11 @@ naming those rules; frames of its kinds handed out for another reason carry
 When nobody observes the connection and the rules due only take note of a hit (``mark``,
 ``record``: the frame passes unchanged, and only their counters tell), the engine
 counts the hits at the pick (``settle``) and the frame passes through undecoded, in its
-run; the draws, and so the frames hit for a seed, are the same either way.
+run; the draws, and so the frames hit for a seed, are the same either way.  In a row of
+frames of one size the scanner checks at once, the picks are settled in one call
+(``settle_row``): with one rule, the first as ``settle`` would, then the others drawn in
+one loop and counted together — a settle that succeeded goes on succeeding until a
+frame is handed out.
 No clock, no I/O here.
 """
 
@@ -61,14 +65,19 @@ class RuleSampler:
     """The draws of some probability rules over one connection's frames of ``kinds`` in one direction."""
 
     def __init__(self, kinds: frozenset[int], states: tuple[RuleState, ...],
-                 settle: Callable[[SampleDraw], bool] | None = None) -> None:
+                 settle: Callable[[SampleDraw, int], bool] | None = None) -> None:
         self.kinds = kinds
         self.states = states
-        #: counts the hits of a pick without its frame, if it can (True); None: it never can
+        #: counts the hits of some picks with the same note without their frames, if it can (True);
+        #: None: it never can.  Once it could, it can until a frame of its kinds is handed out (the
+        #: engine refuses only while the connection unloads, which begins only at a frame it looks at)
         self._settle = settle
         self.passed = SampleDraw(frozenset(states), frozenset())
         #: the common case, one rule: the note of every frame it picks
         self._alone = SampleDraw(self.passed.rules, self.passed.rules) if len(states) == 1 else None
+        probability = states[0].rule.match.probability if len(states) == 1 else 0.0
+        #: the one rule's log(1 - p), as geometric_gap divides by it, when its picks can be settled in rows
+        self._per_frame = math.log1p(-probability) if settle is not None and 0.0 < probability < 1.0 else None
         #: per rule, frames to pass before its next hit
         self._gaps: list[int] = []
 
@@ -96,6 +105,36 @@ class RuleSampler:
 
     def settle(self) -> tuple[SampleDraw | None, int]:
         draw, gap = self.choose()
-        if self._settle is not None and self._settle(draw):
+        if self._settle is not None and self._settle(draw, 1):
             return None, gap
         return draw, gap
+
+    def settle_row(self, skip: int, count: int) -> tuple[int, SampleDraw | None, int]:
+        at = skip
+        per_frame = self._per_frame
+        if per_frame is not None:
+            # the common case, one rule: the first pick as settle() would (draw the gap as geometric_gap
+            # does, then settle); if it was settled, so are the others of the row, counted at once
+            draw, settle, random, log = self._alone, self._settle, self.states[0].rng.random, math.log
+            assert draw is not None and settle is not None
+            gap = min(NEVER, int(log(1.0 - random()) / per_frame))
+            if not settle(draw, 1):
+                self._gaps[0] = gap
+                return at, draw, gap
+            at += gap + 1
+            picks = 0
+            while at < count:
+                gap = min(NEVER, int(log(1.0 - random()) / per_frame))
+                picks += 1
+                at += gap + 1
+            self._gaps[0] = gap
+            if picks:
+                settle(draw, picks)
+            return count, None, at - count
+        while True:
+            draw, gap = self.settle()
+            if draw is not None:
+                return at, draw, gap
+            at += gap + 1
+            if at >= count:
+                return count, None, at - count

@@ -16,11 +16,15 @@ from test_proxy_pipeline import connected, pipeline, rules_hook, sent
 
 from proxy.core.hooks import FrameEvent
 from proxy.core.pipeline import ConnectionPipeline, Send
+from proxy.core.scanner import FrameScanner
+from proxy.errors import ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.frame import Frame, FrameDecoder, encode_command, encode_payload_command
 from proxy.protocol.session import Direction
+from proxy.rules.engine import RuleState
 from proxy.rules.hook import RulesHook
 from proxy.rules.loader import load_rules_text
+from proxy.rules.sampling import RuleSampler, SampleDraw
 
 T = api.BaseCommand.Type
 TO_BROKER, TO_CLIENT = Direction.TO_BROKER, Direction.TO_CLIENT
@@ -264,10 +268,13 @@ def test_a_mark_rule_nobody_observes_counts_its_hits_on_the_same_frames_without_
     assert observed == SEED_7_AT_2_PERCENT
 
 
-def test_a_settled_mark_rule_still_stops_at_times_in_reads_split_anywhere() -> None:
-    text = SAMPLED.format(seed=7, extra=", times: 5").replace("0.01", "0.02").replace("action: drop", "action: mark")
+@pytest.mark.parametrize("times", [3, 5])
+def test_a_settled_mark_rule_still_stops_at_times_in_reads_split_anywhere(times: int) -> None:
+    """(Seed 7 picks 5 SENDs of the first row of one size, 4 of them settled at once.)"""
+    text = SAMPLED.format(seed=7, extra=f", times: {times}").replace("0.01", "0.02").replace("action: drop",
+                                                                                              "action: mark")
     data = sends(1, 0, 2000)
-    for chunk in (37, 4099):  # picks carried across reads too
+    for chunk in (37, 4099, len(data)):  # picks carried across reads too, and many in one row
         hook = CountingHook(text)
         p = pipeline(hook=hook)
         connected(p)
@@ -275,4 +282,101 @@ def test_a_settled_mark_rule_still_stops_at_times_in_reads_split_anywhere() -> N
         out = b"".join(sent(p.receive(TO_BROKER, data[start:start + chunk], 0), TO_BROKER)
                        for start in range(0, len(data), chunk))
         assert out == data
-        assert hook.engine.hits() == {"one-in-a-hundred": 5} and hook.shown == 0
+        assert hook.engine.hits() == {"one-in-a-hundred": times} and hook.shown == 0
+
+
+def test_a_settled_mark_rule_counts_its_hits_on_the_same_frames_in_rows_of_one_size() -> None:
+    """Many SENDs of one size per read (checked as rows): after every read the hits are those of the
+    pinned frames read so far, as when the SENDs came one per read, however the rows are cut."""
+    text = SAMPLED.format(seed=7, extra="").replace("0.01", "0.02").replace("action: drop", "action: mark")
+    frames = [send(1, sequence_id) for sequence_id in range(2000)]  # two sizes: sequence ids of 1 and 2 bytes
+    for batch in (7, 37, 128, 129, 500, 2000):
+        hook = CountingHook(text)
+        p = pipeline(hook=hook)
+        connected(p)
+        p.receive(TO_BROKER, producer(1, OTHER), 0)
+        for first in range(0, len(frames), batch):
+            data = b"".join(frames[first:first + batch])
+            actions = p.receive(TO_BROKER, data, 0)
+            assert len(actions) == 1 and sent(actions, TO_BROKER) == data  # the read, whole
+            read = first + len(frames[first:first + batch])
+            assert hook.engine.hits()["one-in-a-hundred"] == sum(1 for i in SEED_7_AT_2_PERCENT if i < read), batch
+        assert hook.shown == 0
+        state = next(hook.engine.states())
+        assert state.matches == state.hits  # each pick a match, as when evaluated
+
+
+def scanned_by(reads: list[tuple[bytes, bool]]) -> tuple[bytes, list[int], int, int]:
+    """What a scanner with a 2 % sampler (seed 7) makes of ``reads``, each with whether the picks in it
+    can be settled (as the engine's cannot while the connection unloads): the bytes it let through, the
+    frames it handed out (sequence ids, each with the sampler's note), the picks it counted and the
+    frames it scanned."""
+    rule = load_rules_text(SAMPLED.format(seed=7, extra="").replace("0.01", "0.02")).rules[0]
+    counted = [0]
+    settling = [True]
+
+    def settle(draw: SampleDraw, picks: int) -> bool:
+        assert draw.due and picks >= 1
+        if settling[0]:
+            counted[0] += picks
+        return settling[0]
+
+    scanner = FrameScanner()
+    scanner.set_wanted((), sampler=RuleSampler(frozenset({T.SEND}), (RuleState(rule, 7),), settle), settle=True)
+    passed = bytearray()
+    handed: list[int] = []
+    for data, settling[0] in reads:
+        for piece in scanner.feed(data):
+            if isinstance(piece, Frame):
+                assert isinstance(piece.draw, SampleDraw) and piece.draw.due
+                handed.append(piece.command.send.sequence_id)
+                passed += piece.raw
+            else:
+                passed += piece
+    return bytes(passed), handed, counted[0], scanner.frames_scanned
+
+
+def reads_of(frames: list[bytes], per_read: int, every: int, split: int | None = None) -> list[tuple[bytes, bool]]:
+    """``frames`` in reads of ``per_read`` frames (cut again every ``split`` bytes, or each frame its own
+    read with ``split`` 0); the picks of every ``every``-th read cannot be settled."""
+    reads: list[tuple[bytes, bool]] = []
+    for index, first in enumerate(range(0, len(frames), per_read)):
+        settles = index % every != every - 1
+        group = frames[first:first + per_read]
+        if split == 0:
+            reads += [(frame, settles) for frame in group]
+            continue
+        data = b"".join(group)
+        step = split or len(data)
+        reads += [(data[start:start + step], settles) for start in range(0, len(data), step)]
+    return reads
+
+
+@pytest.mark.parametrize("every", [1, 2, 3, 1000])
+def test_picks_that_cannot_be_settled_end_their_rows_with_their_frames_as_frame_by_frame(every: int) -> None:
+    """Rows cut at any pick the sampler does not settle: the same frames handed out, the same picks
+    counted, every byte passed in order, as when each frame is read alone."""
+    frames = [send(1, sequence_id) for sequence_id in range(3000)]
+    data = b"".join(frames)
+    passed, handed, counted, scanned = scanned_by(reads_of(frames, 250, every, split=0))
+    assert passed == data and scanned == 3000
+    assert 30 < counted + len(handed) < 100 and (handed == []) == (every == 1000) and (counted == 0) == (every == 1)
+    for split in (None, 4099, 37):
+        assert scanned_by(reads_of(frames, 250, every, split)) == (data, handed, counted, 3000), split
+
+
+@pytest.mark.parametrize("at", [5, 60, 130, 900, "a pick handed out"])
+def test_a_bad_frame_in_a_row_with_settled_picks_reports_the_decoders_error(at: int | str) -> None:
+    """Also when the bad frame is a pick that ends its row (its command is checked with the row's)."""
+    frames = [send(1, sequence_id) for sequence_id in range(1000)]
+    if not isinstance(at, int):
+        at = next(seq for seq in scanned_by(reads_of(frames, 1000, 1))[1] if seq > 140)
+    spoilt = bytearray(frames[at])
+    spoilt[spoilt.index(0x10, 12)] = 0x17  # sequence_id's tag made an undecodable wire type: still in its row
+    frames[at] = bytes(spoilt)
+    for every in (1, 1000):
+        with pytest.raises(ProtocolError) as whole:
+            scanned_by(reads_of(frames, 1000, every))
+        with pytest.raises(ProtocolError) as single:
+            scanned_by(reads_of(frames, 1000, every, split=0))
+        assert str(whole.value) == str(single.value) and "undecodable SEND" in str(whole.value)
