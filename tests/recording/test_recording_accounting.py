@@ -88,6 +88,18 @@ class FrameStarts:
         self._skip[key], self._head[key] = skip, head
 
 
+class FramesOnly:
+    """An observer without ``on_run``."""
+
+    needs_observation = False
+
+    def on_frame(self, event: FrameEvent) -> None:
+        pass
+
+    def on_connection(self, event: ConnectionEvent) -> None:
+        pass
+
+
 def frame_starts(data: bytes) -> int:
     pos, count = 0, 0
     while pos < len(data):
@@ -183,8 +195,8 @@ def test_every_frame_is_recorded_or_counted_as_dropped_however_its_connection_en
     options = {"queue_bytes": RING_BYTES} if handed_over == "runs" else {"queue_size": QUEUE_ITEMS}
     rig = RecordingProxy(broker.url, tmp_path, **options).start()
     observers = rig.server.observers.observers  # type: ignore[union-attr]
-    # the rig's frame counter takes frames only: without it, every observer takes runs
-    rig.call(lambda: observers.remove(rig.frames) if handed_over == "runs" else None)
+    # with an observer that takes frames only, the relay hands every observer frames one by one
+    rig.call(lambda: observers.append(FramesOnly()) if handed_over == "frames" else None)
     rig.call(lambda: observers.append(counter))
     ports: dict[str, int] = {}
     received_by_client: dict[str, bytes] = {}
