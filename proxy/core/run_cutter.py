@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import struct
 
+from proxy.core.rows import column, leading_same
+
 _SIZE = struct.Struct(">I")
 
 
@@ -107,6 +109,8 @@ def whole_frames(data: bytes, pos: int) -> tuple[list[tuple[int, int]], int]:
 _STRIDE_FROM = 32
 #: after frames of one size came in shorter rows than that, frames walked one by one before trying again
 _WALK_FOR = 64
+#: a frame's size prefix, as numpy reads it
+_PREFIX = ">u4"
 
 
 def count_frame_starts(data: bytes | memoryview, lead: int) -> int:
@@ -126,13 +130,9 @@ def count_frame_starts(data: bytes | memoryview, lead: int) -> int:
             return count + 1
         size = unpack(data, pos)[0] + 4
         if end - pos >= _STRIDE_FROM * size and unpack(data, pos + size)[0] + 4 == size:
-            import numpy  # (here: most users of this module never drop a run)
-
-            # the size prefixes at this stride that lie whole in data; the first that differs (never
-            # the first one: 0 means none does)
-            stride = (end - pos - 4) // size + 1
-            prefixes = numpy.ndarray((stride,), dtype=">u4", buffer=data, offset=pos, strides=(size,))
-            same = int((prefixes != prefixes[0]).argmax()) or stride
+            # the size prefixes at this stride that lie whole in data, up to the first that differs
+            prefixes = column(data, pos, (end - pos - 4) // size + 1, size, _PREFIX)
+            same = leading_same(prefixes != prefixes[0])
             count += same
             pos += same * size
             if same >= _STRIDE_FROM:

@@ -52,6 +52,7 @@ from typing import Final
 import numpy
 
 from proxy.core.interest import Sampler
+from proxy.core.rows import column, leading_same
 from proxy.errors import ProtocolError
 from proxy.protocol.commands import PAYLOAD_TYPES, TYPE_NAMES
 from proxy.protocol.frame import DEFAULT_MAX_FRAME_BYTES, FRAME_PADDING, Frame
@@ -466,13 +467,12 @@ def _same_frames(data: bytes | memoryview, pos: int, size: int, cmd_size: int,
         count = most
     # (the frames' fields as rows of one array, the frame before them first: numpy compares
     # a byte string field of each row at once)
-    heads = numpy.ndarray((count + 1,), _HEAD_FIELD, data, pos - size, (size,))
+    heads = column(data, pos - size, count + 1, size, _HEAD_FIELD)
     differs = heads[1:] != heads[0]
     cmd_end = 8 + cmd_size
     if payload:
-        magics = numpy.ndarray((count + 1,), _MAGIC_FIELD, data, pos - size + cmd_end, (size,))
+        magics = column(data, pos - size + cmd_end, count + 1, size, _MAGIC_FIELD)
         differs |= magics[1:] != magics[0]
-        differs |= numpy.ndarray((count,), _METADATA_SIZE, data, pos + cmd_end + 6, (size,)) > size - cmd_end - 10
-    first = int(differs.argmax())
-    same = first if differs[first] else count
-    return same, numpy.ndarray((same,), f"V{cmd_size - 2}", data, pos + 10, (size,)).tobytes()
+        differs |= column(data, pos + cmd_end + 6, count, size, _METADATA_SIZE) > size - cmd_end - 10
+    same = leading_same(differs)
+    return same, column(data, pos + 10, same, size, f"V{cmd_size - 2}").tobytes()
