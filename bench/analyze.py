@@ -27,11 +27,12 @@ seconds are printed too.  One attempt each let a load spike from elsewhere on th
 machine decide a run's ratio; alternating and taking the best of each arm treats both
 arms alike and does not lighten the baseline's work.
 
-Prints which decoder ran, in this process and in Spark's Python workers (``decode compiled``:
-the mypyc build ``scripts/setup.sh`` makes; otherwise its source), then seconds, frames/s and MiB/s of each, the CPU seconds each used (for Spark: the
-driver, its JVM and the Python workers; on a machine others are using too, the CPU
-seconds say more about the work than the wall-clock seconds), and the ratios the goals are stated in:
-Spark against one process (both write every table), and per-core decoding (the
+Prints which decoder ran, in this process and in Spark's Python workers (``decode
+compiled``: the mypyc build ``scripts/setup.sh`` makes; otherwise its source), then
+seconds, frames/s and MiB/s of each, the CPU seconds each used (for Spark: the driver,
+its JVM and the Python workers; on a machine others are using too, the CPU seconds say
+more about the work than the wall-clock seconds), and the ratios the goals are stated
+in: Spark against one process (both write every table), and per-core decoding (the
 one-process pass without writing) against today's decoder.  Run it when the machine is quiet.
 
     .venv/bin/python bench/analyze.py [--mib 100] [--master local[2]] [--runs 1] [--repeat 2]

@@ -260,18 +260,8 @@ def single_message_fields(data: bytes, pos: int, end: int) -> SingleFields:
         tag = data[pos]
         pos += 1
         if tag == 0x12 or tag == 0x3A:  # partition_key, ordering_key (not a column): length-delimited
-            length = 0
-            shift = 0
-            while True:
-                if pos >= end or shift > 28:
-                    return _NOT_COMMON
-                byte = data[pos]
-                pos += 1
-                length |= (byte & 0x7F) << shift
-                if byte < 0x80:
-                    break
-                shift += 7
-            if length > end - pos:
+            length, pos = _varint(data, pos, end, 28)
+            if pos < 0 or length > end - pos:
                 return _NOT_COMMON
             if tag == 0x12:
                 try:
@@ -282,17 +272,9 @@ def single_message_fields(data: bytes, pos: int, end: int) -> SingleFields:
             continue
         if tag & 7 != 0 or tag < 0x18 or tag > 0x50 or tag == 0x38:  # varints: fields 3 to 10, 7 is bytes
             return _NOT_COMMON
-        value = 0
-        shift = 0
-        while True:
-            if pos >= end or shift > 56:
-                return _NOT_COMMON
-            byte = data[pos]
-            pos += 1
-            value |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                break
-            shift += 7
+        value, pos = _varint(data, pos, end, 56)
+        if pos < 0:
+            return _NOT_COMMON
         if tag == 0x18:
             payload_size = value
         elif tag == 0x40:
@@ -303,6 +285,21 @@ def single_message_fields(data: bytes, pos: int, end: int) -> SingleFields:
     if not 0 <= payload_size <= 0x7FFFFFFF:
         return _NOT_COMMON
     return True, payload_size, key, sequence_id, has_sequence, event_time
+
+
+def _varint(data: bytes, pos: int, end: int, last_shift: int) -> tuple[int, int]:
+    """``(value, position after it)`` of the varint at ``pos``; the position is -1 when it runs past ``end``
+    or has more than ``last_shift // 7 + 1`` bytes."""
+    value = 0
+    shift = 0
+    while pos < end and shift <= last_shift:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+    return 0, -1
 
 
 def unread_batch_values(first_sequence: int, count: int) -> list[tuple[Any, ...]]:
