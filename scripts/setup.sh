@@ -106,6 +106,8 @@ mypyc_build() {
     local module log=build/mypyc.log
     mkdir -p build
     for module in "$@"; do
+        # (unlinked first, not overwritten: a process still running the old build keeps its copy)
+        rm -f "$dir/${module%.py}".*.so "$dir/${module%.py}__mypyc".*.so
         # (one module at a time: mypyc puts a group's shared library beside the first common package)
         .venv/bin/mypyc "$dir/$module" >"$log" 2>&1 || { cat "$log" >&2; echo "setup: mypyc failed on $dir/$module" >&2; exit 1; }
     done
