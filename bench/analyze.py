@@ -27,10 +27,12 @@ seconds are printed too.  One attempt each let a load spike from elsewhere on th
 machine decide a run's ratio; alternating and taking the best of each arm treats both
 arms alike and does not lighten the baseline's work.
 
-Prints seconds, frames/s and MiB/s of each, the CPU seconds each used (for Spark: the
-driver, its JVM and the Python workers; on a machine others are using too, the CPU
-seconds say more about the work than the wall-clock seconds), and the ratios the goals are stated in:
-Spark against one process (both write every table), and per-core decoding (the
+Prints which decoder ran, in this process and in Spark's Python workers (``decode
+compiled``: the mypyc build ``scripts/setup.sh`` makes; otherwise its source), then
+seconds, frames/s and MiB/s of each, the CPU seconds each used (for Spark: the driver,
+its JVM and the Python workers; on a machine others are using too, the CPU seconds say
+more about the work than the wall-clock seconds), and the ratios the goals are stated
+in: Spark against one process (both write every table), and per-core decoding (the
 one-process pass without writing) against today's decoder.  Run it when the machine is quiet.
 
     .venv/bin/python bench/analyze.py [--mib 100] [--master local[2]] [--runs 1] [--repeat 2]
@@ -47,6 +49,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from proxy.analytics import compiled
 from proxy.analytics.pipeline import run_pipeline
 from proxy.analytics.reference import reference_tables
 from proxy.analytics.spark import spark_session
@@ -75,6 +78,8 @@ def main() -> None:
         with spark_session(args.master) as spark:
             _warm_up(spark)
             startup = time.perf_counter() - start
+            print(f"decoder: this process {_decoder()}; Spark's Python workers "
+                  + ", ".join(sorted(_worker_decoders(spark))))
             first_use = _first_use(spark, warm.path, work)
             print(f"(first use of each pass, on a 4 MiB recording, not included: {first_use:.1f} s)")
             for run in range(1, args.runs + 1):
@@ -116,6 +121,19 @@ def _import_decoder(batches: Iterator[Any]) -> Iterator[Any]:
     import proxy.analytics.pipeline  # noqa: F401
 
     yield from batches
+
+
+def _decoder() -> str:
+    """What the decoder's modules run as here: compiled (mypyc, built by scripts/setup.sh), or their source."""
+    import proxy.analytics.decode  # noqa: F401  (the modules of proxy.analytics.COMPILED_MODULES)
+
+    return "; ".join(f"{name.rsplit('.', 1)[1]} {state}" for name, state in sorted(compiled.STATES.items()))
+
+
+def _worker_decoders(spark: Any) -> set[str]:
+    cores = spark.sparkContext.defaultParallelism
+    return set(spark.sparkContext.parallelize(range(cores * 2), cores * 2)
+               .mapPartitions(lambda _: iter([_decoder()])).collect())
 
 
 def _warm_up(spark: Any) -> None:

@@ -87,3 +87,31 @@ build_part broker "$peers/pom.xml" -- resolve_maven_profile broker "$resolved/br
 build_part client "$peers/pom.xml" -- resolve_maven_profile client "$resolved/client-lib"
 build_part java-client "$peers/pom.xml" "$peers/java-client/PeerClient.java" -- build_java_client
 build_part go-client "$peers/go-client/go.mod" "$peers/go-client/go.sum" "$peers/go-client/main.go" -- build_go_client
+
+# --- compiled modules (mypyc) --------------------------------------------------------------
+# A few pure, typed modules are compiled with mypyc (part of the pinned mypy; gcc and the Python
+# headers are needed) into C extensions next to their sources, git-ignored.  Each package's
+# mypyc.stamp lists the sha256 of the sources its extensions were built from: Python runs the
+# source instead of a stale build (proxy/analytics/compiled.py), and this step rebuilds only when a
+# source, or the installed packages, changed.
+# mypyc_build DIR MODULE.py...: compile DIR's MODULEs (one extension each, beside its source)
+mypyc_build() {
+    local dir=$1; shift
+    local want installed
+    installed=$(cat "$stamp")  # the installed packages' hash too: another mypy compiles differently
+    want=$(cd "$dir" && sha256sum "$@" && echo "$installed  (installed packages)")
+    if [ -f "$dir/mypyc.stamp" ] && [ "$(cat "$dir/mypyc.stamp")" = "$want" ]; then return 0; fi
+    echo "setup: compiling with mypyc: $dir/{$(IFS=,; echo "$*")}" >&2
+    rm -f "$dir/mypyc.stamp"
+    local module log=build/mypyc.log
+    mkdir -p build
+    for module in "$@"; do
+        # (unlinked first, not overwritten: a process still running the old build keeps its copy)
+        rm -f "$dir/${module%.py}".*.so "$dir/${module%.py}__mypyc".*.so
+        # (one module at a time: mypyc puts a group's shared library beside the first common package)
+        .venv/bin/mypyc "$dir/$module" >"$log" 2>&1 || { cat "$log" >&2; echo "setup: mypyc failed on $dir/$module" >&2; exit 1; }
+    done
+    echo "$want" > "$dir/mypyc.stamp"
+}
+
+mypyc_build proxy/analytics decode.py

@@ -7,3 +7,11 @@ through the session machine), ``output`` step 3 (topics joined, tables written);
 ``steps`` runs them in one process, ``pipeline`` as Spark tasks; ``figures`` and
 ``report`` make the report; ``tables`` names every column; ``reference`` is the
 sequential decoder the tests hold the pipeline to."""
+
+from pathlib import Path as _Path
+
+from proxy.analytics import compiled as _compiled
+
+#: Modules scripts/setup.sh compiles with mypyc (proxy.analytics.compiled); the decoder's hot loops are here.
+COMPILED_MODULES = ("decode",)
+_compiled.guard(__name__, _Path(__file__).parent, COMPILED_MODULES)

@@ -133,3 +133,19 @@ def test_the_spark_submit_example_runs_on_the_cluster(cluster: str, recording: t
     assert "Request latency" in done.stdout
     for name in TABLES:
         assert rows(tmp_path / "out", name) == rows(expected, name), name
+
+
+@pytest.mark.slow
+def test_the_cluster_executors_run_the_compiled_decoder(cluster: str) -> None:
+    """The workers' Python (the same venv) imports the decoder scripts/setup.sh compiled, not its source."""
+    script = ("import proxy.analytics.compiled as compiled\n"
+              "from proxy.analytics.spark import spark_session\n"
+              "def states(_):\n"
+              "    import proxy.analytics.decode\n"
+              "    yield (tuple(sorted(compiled.STATES.items())), compiled.is_compiled(proxy.analytics.decode))\n"
+              f"with spark_session({cluster!r}) as spark:\n"
+              "    print(set(spark.sparkContext.parallelize(range(4), 4).mapPartitions(states).collect()))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=ENV, timeout=600,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "{((('proxy.analytics.decode', 'compiled'),), True)}", done.stdout
