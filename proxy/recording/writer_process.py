@@ -23,10 +23,10 @@ band (pickle protocol 5): copied only into the pipe, and read into one buffer th
 reply is a size and a pickled ``(ok, value)`` (``value`` the error text when not ok).
 The child runs niced and within a share of one core (:class:`CpuBudget`): at saturation
 it pauses between writes, the run ring fills and the recorder drops and counts runs, so that
-the writer never takes the proxy's CPU.  The child ignores SIGINT and SIGTERM (the proxy says when recording ends), is killed
-when the proxy's thread that started it ends (``PR_SET_PDEATHSIG``), and at the end of
-its input without a close (the proxy is gone) closes its segments and leaves the index
-as the proxy last wrote it.
+the writer never takes the proxy's CPU.  The child ignores SIGINT and SIGTERM (the proxy
+says when recording ends), is killed when the proxy's thread that started it ends
+(``PR_SET_PDEATHSIG``), and at the end of its input without a close (the proxy is gone)
+closes its segments and leaves the index as the proxy last wrote it.
 """
 
 from __future__ import annotations
