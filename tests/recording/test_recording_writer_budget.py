@@ -66,3 +66,22 @@ def test_a_share_outside_what_a_core_has_is_refused() -> None:
     for share in (0.0, -0.1, 1.5):
         with pytest.raises(ValueError, match="share"):
             CpuBudget(share)
+
+
+async def test_a_batch_for_the_writer_holds_a_bounded_number_of_run_bytes() -> None:
+    """The writer pauses only between writes: a batch of the whole run ring (~1 s of its CPU) let it past its
+    share.  Runs stay whole: a batch ends with the run that takes it to the limit or past it."""
+    import trio
+
+    from proxy.recording.writer import RunItem
+    from proxy.server import recorder
+
+    send, receive = trio.open_memory_channel[object](100)
+    run = bytes(1 << 20)
+    for index in range(20):
+        send.send_nowait(RunItem(1, 1, 0, run, 0, index << 20))
+    batch: list[object] = [receive.receive_nowait()]
+    ended = await recorder._gather(receive, batch, trio.current_time() + 10)  # type: ignore[arg-type]
+    assert not ended
+    assert len(batch) == recorder._BATCH_BYTES // len(run)
+    assert receive.statistics().current_buffer_used == 20 - len(batch)
