@@ -622,6 +622,44 @@ def _recorded(recordings: Path) -> tuple[int, int, list[int]]:
     return recorded, dropped, per_connection
 
 
+def _ticks(stat: Path) -> int:
+    """User + system clock ticks of a /proc stat file (a process's or a thread's)."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def _children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (every thread's), from /proc."""
+    found: list[int] = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            found += [int(child) for child in children.read_text().split()]
+    return found
+
+
+def cpu_by_part(proxy: int, others: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far of pulsar-tap's main thread (the relays and the hub), its other threads
+    (OpenTelemetry's exporters, worker threads), its child processes (the recording's writer), and of
+    each process of ``others`` (the bench's own: load client, sink)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parts = {"relay": 0.0, "threads": 0.0, "writer": 0.0}
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{proxy}/task").iterdir():
+            with contextlib.suppress(OSError):
+                parts["relay" if int(task.name) == proxy else "threads"] += _ticks(task / "stat") / tick
+        for child in _children(proxy):
+            with contextlib.suppress(OSError):
+                parts["writer"] += _ticks(Path(f"/proc/{child}/stat")) / tick
+    for name, pid in others.items():
+        with contextlib.suppress(OSError):
+            parts[name] = _ticks(Path(f"/proc/{pid}/stat")) / tick
+    return parts
+
+
+#: the bench's own processes whose CPU the observer arms report (the sink broker's pid is added in main)
+BENCH_PROCESSES: dict[str, int] = {"client": os.getpid()}
+
+
 def measure_observers(target: int, reports: Any, workdir: Path, otlp_port: int,
                       args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """frames/s at 100 B and 1 KiB (receipts answered) through pulsar-tap with each observer arm."""
@@ -649,7 +687,11 @@ def measure_observers(target: int, reports: Any, workdir: Path, otlp_port: int,
             seen_before = 0.0
             for label, size in OBSERVER_SIZES:
                 sent_before = sum(SENT_FRAMES)
+                cpu_before, wall_before = cpu_by_part(pid, BENCH_PROCESSES), time.perf_counter()
                 row[label] = throughput(port, reports, size, args.duration, receipts=True)[1]
+                wall = time.perf_counter() - wall_before
+                for part, seconds in cpu_by_part(pid, BENCH_PROCESSES).items():
+                    row[f"cpu {part} {label}"] = (seconds - cpu_before.get(part, 0.0)) / wall
                 if name in TELEMETRY_ARMS:  # what telemetry saw of this size's frames, once its queue drained
                     seen = _telemetry_settled(workdir / "ready.json")
                     row[f"coverage {label}"] = (seen - seen_before) / max(2 * (sum(SENT_FRAMES) - sent_before), 1)
@@ -677,7 +719,10 @@ def measure_observers(target: int, reports: Any, workdir: Path, otlp_port: int,
             if row[label] > best[label]:
                 best[label] = row[label]
                 best.update({key: value for key, value in row.items() if key not in dict(OBSERVER_SIZES)})
-        print(f"observer arm {name} done", flush=True)
+        print(f"observer arm {name} done: " + "; ".join(
+            f"{label} {row[label]:,.0f} f/s, cpu " + " ".join(
+                f"{key[4:-len(label) - 1]} {value:.2f}" for key, value in row.items()
+                if key.startswith("cpu ") and key.endswith(label)) for label, _ in OBSERVER_SIZES), flush=True)
     return results
 
 
@@ -710,6 +755,13 @@ def print_observers(results: dict[str, dict[str, float]]) -> None:
         if "scrape s" in row:
             line += f"; /metrics scraped in {row['scrape s']:.2f}s"
         print(line)
+    print("CPU per part while each size ran (cores; relay = pulsar-tap's main thread, threads = its others, "
+          "writer = its child processes, client/sink = the bench's load client and stand-in broker):")
+    for name, row in results.items():
+        print(f"  {name:<22}" + "   ".join(
+            f"{label}: " + " ".join(f"{part} {row[key]:.2f}" for key in row if key.startswith("cpu ")
+                                    and key.endswith(label) for part in [key[4:-len(label) - 1]])
+            for label, _ in OBSERVER_SIZES))
 
 
 # -- the run ---------------------------------------------------------------------------------
@@ -833,6 +885,8 @@ def main(argv: list[str] | None = None) -> int:
     broker = context.Process(target=broker_main, args=(listen, reports), daemon=True)
     broker.start()
     listen.close()
+    if broker.pid is not None:
+        BENCH_PROCESSES["sink"] = broker.pid
     columns: dict[str, dict[str, float] | None] = {}
     observers: dict[str, dict[str, float]] | None = None
     otlp_listen = socket.socket()

@@ -21,10 +21,12 @@ its run ring (:mod:`proxy.recording.run_ring`), shared memory the child maps at 
 start, and a run crosses as its place there.  Runs that are not in a ring travel out of
 band (pickle protocol 5): copied only into the pipe, and read into one buffer the child keeps.  A
 reply is a size and a pickled ``(ok, value)`` (``value`` the error text when not ok).
-The child ignores SIGINT and SIGTERM (the proxy says when recording ends), is killed
-when the proxy's thread that started it ends (``PR_SET_PDEATHSIG``), and at the end of
-its input without a close (the proxy is gone) closes its segments and leaves the index
-as the proxy last wrote it.
+The child runs niced and within a share of one core (:class:`CpuBudget`): at saturation
+it pauses between writes, the run ring fills and the recorder drops and counts runs, so that
+the writer never takes the proxy's CPU.  The child ignores SIGINT and SIGTERM (the proxy
+says when recording ends), is killed when the proxy's thread that started it ends
+(``PR_SET_PDEATHSIG``), and at the end of its input without a close (the proxy is gone)
+closes its segments and leaves the index as the proxy last wrote it.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import signal
 import struct
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final, cast
@@ -60,6 +63,12 @@ _PR_SET_PDEATHSIG: Final = 1
 #: the child's niceness: when cores are short, the proxy's traffic goes first and the recorder
 #: drops (and counts) what it cannot write, as it does when its queue is full
 _NICENESS: Final = 10
+#: the most of one core the child takes for writes (see CpuBudget), and the burst it may take at once: what
+#: ``CPU_WINDOW_SECONDS`` earn
+CPU_SHARE: Final = 0.25
+CPU_WINDOW_SECONDS: Final = 0.25
+#: the longest pause (a sync or a close waits for it): a batch of the whole run ring takes ~0.2 s of CPU
+MAX_PAUSE_SECONDS: Final = 0.5
 
 
 def _record_from(data: bytes) -> rpb.Record:
@@ -207,6 +216,49 @@ class WriterProcess:
         return answer
 
 
+class CpuBudget:
+    """Holds the writer to ``share`` of a core: after a write that took it past, it pauses until it is back.
+
+    At saturation the writer always has a backlog and uses all the CPU it is given; niceness
+    alone did not stop it: on two cores it took 0.3-0.6 of one from the proxy and its peers
+    (1 KiB frames: recording at 0.65-0.85x of plain; with the writer stopped, 1.0x).  Paused,
+    it leaves the run ring to fill, and the recorder drops (and counts) runs, as it does
+    whenever its queue is full: traffic goes first.  A proxy that does not saturate needs far
+    less (the official client: a few per cent of a core), and never sees a pause.
+
+    A token bucket: the writer earns ``share`` seconds of CPU per second, holds at most what
+    ``window`` seconds earn (a burst after a quiet spell goes at once), and spends what each
+    write took.  A pause is at most ``max_pause`` seconds (a sync or a close waits for it),
+    and so is the debt carried into the next write.
+    """
+
+    def __init__(self, share: float = CPU_SHARE, window: float = CPU_WINDOW_SECONDS,
+                 max_pause: float = MAX_PAUSE_SECONDS, *,
+                 cpu: Callable[[], float] = time.process_time, wall: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        if not 0.0 < share <= 1.0:
+            raise ValueError(f"share {share} is not in (0, 1]")
+        self.share, self.max_pause = share, max_pause
+        self._cpu, self._wall, self._sleep = cpu, wall, sleep
+        self._most = share * window
+        self._credit = self._most
+        self._cpu_at, self._wall_at = cpu(), wall()
+        #: seconds paused so far
+        self.paused = 0.0
+
+    def spent(self) -> None:
+        """A write is done: pause if it spent more CPU time than the writer had earned."""
+        cpu, wall = self._cpu(), self._wall()
+        credit = min(self._credit + (wall - self._wall_at) * self.share, self._most) - (cpu - self._cpu_at)
+        if credit < 0.0:
+            pause = min(-credit / self.share, self.max_pause)
+            self._sleep(pause)
+            self.paused += pause
+            credit = max(credit + pause * self.share, -self.max_pause * self.share)
+        self._credit = credit
+        self._cpu_at, self._wall_at = self._cpu(), self._wall()
+
+
 def _die_with_parent(parent: int) -> None:
     """Be killed when the proxy's thread that started this process ends (Linux), or end now if it has."""
     with contextlib.suppress(OSError, AttributeError):
@@ -227,6 +279,7 @@ def main(argv: list[str]) -> int:
     requests, replies = sys.stdin.fileno(), os.dup(sys.stdout.fileno())
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print must not garble the replies
     writer: SegmentWriter | None = None
+    budget = CpuBudget()
     while True:
         try:
             kind, value = _receive(requests)
@@ -254,6 +307,8 @@ def main(argv: list[str]) -> int:
             _reply(replies, False, exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc))
             continue
         _reply(replies, True, answer)
+        if kind == _WRITE:
+            budget.spent()
     if writer is not None:
         writer.close(None)
     return 0

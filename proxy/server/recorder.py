@@ -62,6 +62,10 @@ from proxy.recording.writer_process import WriterProcess
 
 #: records taken off the queue per write (bounds the memory of one batch)
 _BATCH_LIMIT: Final = 2_000
+#: bytes of runs per write at most (a run is whole, so a batch may end up to one run past it): a write
+#: costs the writer process CPU in proportion, and it pauses after a write only (see writer_process.CpuBudget):
+#: a batch of the whole ring took it ~1 s and let it past its share of a core
+_BATCH_BYTES: Final = 8 * 1024 * 1024
 #: how long the writer keeps gathering after a batch's first record before handing it to the
 #: writer process: each hand-off costs wake-ups of a thread, the child and the Trio loop, which
 #: cost the proxy far more than encoding the frames did when every frame went on its own
@@ -71,27 +75,35 @@ log = structlog.get_logger("pulsar_tap.recording")
 
 
 async def _gather(receive: trio.MemoryReceiveChannel[QueueItem], batch: list[QueueItem], deadline: float) -> bool:
-    """Move records from the queue into ``batch`` until it is full or ``deadline``; True at end of channel.
+    """Move records from the queue into ``batch`` until it is full (in records, or in the bytes of runs) or
+    ``deadline``; True at end of channel.
 
     Records are taken off the queue as they come (the queue keeps its room, so the
     drop policy sees no difference), but written together.
     """
+    run_bytes = sum(len(item.data) for item in batch if type(item) is RunItem)
     with trio.move_on_at(deadline):
-        while len(batch) < _BATCH_LIMIT:
+        while len(batch) < _BATCH_LIMIT and run_bytes < _BATCH_BYTES:
             # what is already waiting, without a checkpoint per record
-            while len(batch) < _BATCH_LIMIT:
+            while len(batch) < _BATCH_LIMIT and run_bytes < _BATCH_BYTES:
                 try:
-                    batch.append(receive.receive_nowait())
+                    item = receive.receive_nowait()
                 except trio.WouldBlock:
                     break
                 except trio.EndOfChannel:
                     return True
-            if len(batch) >= _BATCH_LIMIT:
+                batch.append(item)
+                if type(item) is RunItem:
+                    run_bytes += len(item.data)
+            if len(batch) >= _BATCH_LIMIT or run_bytes >= _BATCH_BYTES:
                 break
             try:
-                batch.append(await receive.receive())
+                item = await receive.receive()
             except trio.EndOfChannel:
                 return True
+            batch.append(item)
+            if type(item) is RunItem:
+                run_bytes += len(item.data)
     return False
 
 
