@@ -22,8 +22,9 @@ steps run depends on the master:
 
 - on a local master that does not retry tasks (``local[N]``, ``local[*]``), all three
   steps are **one job** of one barrier task per core (:func:`barrier_task`): the tasks
-  claim splits as they go (:class:`SplitClaims`), meet through files in the staging
-  directory, finish the connections each owns (:func:`connection_share`) and resolve
+  claim splits as they go (:class:`SplitClaims`; the last ones cut small,
+  :func:`~proxy.analytics.segments.taper_splits`, so that they end decoding together),
+  meet through files in the staging directory, finish the connections each owns (:func:`connection_share`) and resolve
   the splits they decoded from memory.  A job costs ~0.15 s of waiting and JVM time
   whatever it does, and the driver does no step's work;
 - elsewhere (clusters, where Spark reruns failed tasks), steps 1 and 3 are plain Spark
@@ -57,7 +58,7 @@ from proxy.analytics.decode import SplitOutput
 from proxy.analytics.figures import Figures
 from proxy.analytics.inputs import DEFAULT_SPLIT_BYTES, SEGMENT_GLOB, AnalyticsError, is_url, local_segments
 from proxy.analytics.output import BufferedTableWriter, TableWriter, merge_throughput, resolution_table
-from proxy.analytics.segments import Split, plan_splits, segment_index
+from proxy.analytics.segments import Split, plan_splits, segment_index, taper_splits
 from proxy.analytics.spark import StageProgress
 from proxy.analytics.steps import (
     ALL_TABLES,
@@ -288,7 +289,7 @@ def barrier_task(partition: Iterator[int], splits: list[Split], staging: str, wo
     Step 1 over the splits this task claims (:class:`SplitClaims`), their edge rows
     written to ``staging``; when every task is there, step 2 for the connections this
     task owns (:func:`connection_share`), its topic answers written to ``staging``;
-    when every task is there again, step 3 for the splits it decoded, from memory.
+    when every task is there again, step 3 for the splits it decoded, from memory (all in one go).
     Yields one pickled ``(summaries, figures)``.  Run only where a failed task fails
     the job (:func:`_barrier_tasks`): claims and meeting points are not made for reruns.
     """
@@ -328,9 +329,11 @@ def barrier_task(partition: Iterator[int], splits: list[Split], staging: str, wo
     _all_arrived(staging, "answered", task, count, "")
     resolution = pa.concat_tables([feather.read_table(f"{staging}/answers-{index:05d}.arrow")
                                    for index in range(count)])
-    while held:  # (each split's staged rows let go once resolved)
-        output = held.pop()
-        figures.merge(resolve_staged(output.staged, resolution, window, writer, ""))
+    if held:  # the splits held in memory resolved together: a join and its set-up per table, not per split
+        together = {name: pa.concat_tables([output.staged[name] for output in held]) for name in held[0].staged}
+        del held
+        figures.merge(resolve_staged(together, resolution, window, writer, ""))
+        del together
     for split_id in staged:
         figures.merge(_resolve_staged_split(split_id, staging, resolution, window, writer))
     writer.flush()  # the task's rows, a file per table and partition value
@@ -498,7 +501,7 @@ def run_pipeline(spark: SparkSession, inputs: Sequence[str], out: str, *, window
         tasks = _barrier_tasks(spark) if plain is not None else 0
         if plain is not None and tasks:
             step("decoding frames, pairing requests per connection, writing tables")
-            _run_barrier(spark, tasks, splits, plain[0], plain[1], window, strict, result)
+            _run_barrier(spark, tasks, taper_splits(splits, tasks), plain[0], plain[1], window, strict, result)
             step("publishing tables")
             _publish(writer, result)
             return result

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final, Protocol
 
 from google.protobuf.message import DecodeError
@@ -112,6 +112,30 @@ def plan_splits(segments: list[tuple[str, str, str, int]], split_bytes: int, fir
             end = size if piece == pieces - 1 else min(size, start + step)
             splits.append(Split(first_id + len(splits), recording, segment, index, location, start, end, size))
     return splits
+
+
+def taper_splits(splits: list[Split], tasks: int, pieces: int = 4) -> list[Split]:
+    """``splits`` with the ``tasks`` smallest (the last a largest-first claimer takes) cut in ``pieces``, renumbered.
+
+    Tasks that claim splits as they go (largest first) end their decoding at most one
+    split apart: small last splits let them end together.  Cutting every split that
+    small would cost a task's per-split work (opening, edge files) many times over.
+    Ids stay in segment order, as :func:`plan_splits` gives them.
+    """
+    if tasks <= 1 or not splits:
+        return splits
+    order = sorted(range(len(splits)), key=lambda index: (-(splits[index].end - splits[index].start), index))
+    last = set(order[-tasks:])
+    tapered: list[Split] = []
+    for index, split in enumerate(splits):
+        count = pieces if index in last else 1
+        step = -(-(split.end - split.start) // count)
+        for piece in range(count):
+            start = split.start + piece * step
+            end = split.end if piece == count - 1 else min(split.end, start + step)
+            if start < end or count == 1:
+                tapered.append(replace(split, split_id=len(tapered), start=start, end=end))
+    return tapered
 
 
 _SEGMENT_INDEX: Final = re.compile(r"segment-(\d+)\.ptap$")
@@ -282,4 +306,5 @@ def segment_recording_id(data: SegmentBytes) -> str | None:
 
 
 __all__ = ["MIN_RECORD_BYTES", "SegmentBytes", "SkippedRange", "Split", "SplitReader", "next_record_start",
-           "parse_record", "plan_splits", "record_starts_at", "segment_index", "segment_recording_id"]
+           "parse_record", "plan_splits", "record_starts_at", "segment_index", "segment_recording_id",
+           "taper_splits"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -361,3 +362,30 @@ def test_splits_are_dealt_into_tasks_of_about_equal_bytes(tasks: int) -> None:
     loads = [sum(sizes[i] for i in group) for group in groups]
     assert max(loads) - min(loads) <= max(sizes)
     assert task_groups([], tasks) == []
+
+
+@pytest.mark.parametrize("tasks", [1, 2, 3, 40])
+def test_tapered_splits_cover_the_same_bytes_with_the_last_claimed_ones_cut_small(tasks: int) -> None:
+    """The one-job plan's splits: every byte of every segment in exactly one split, ids in segment order,
+    and the ``tasks`` splits a largest-first claimer takes last cut in four (so tasks end their decoding together)."""
+    from proxy.analytics.segments import plan_splits, taper_splits
+
+    segments = [("r", "segment-000001.ptap", "one", 32 << 20), ("r", "segment-000002.ptap", "two", 4 << 20),
+                ("q", "segment-000001.ptap", "three", 17 << 20), ("q", "segment-000002.ptap", "four", 2)]
+    planned = plan_splits(segments, 8 << 20)
+    tapered = taper_splits(planned, tasks)
+    assert [split.split_id for split in tapered] == list(range(len(tapered)))
+    for location in ("one", "two", "three", "four"):
+        ranges = [(s.start, s.end) for s in tapered if s.location == location]
+        size = next(s.size for s in planned if s.location == location)
+        assert ranges[0][0] == 0 and ranges[-1][1] == size
+        assert all(end == next_start for (_, end), (next_start, _) in itertools.pairwise(ranges))
+    if tasks == 1:
+        assert tapered == planned
+        return
+    smallest = sorted(planned, key=lambda s: (-(s.end - s.start), s.split_id))[-tasks:]
+    pieces = sum(min(4, s.end - s.start) for s in smallest)  # (a split of fewer than four bytes: a piece a byte)
+    assert len(tapered) == len(planned) - len(smallest) + pieces
+    largest_piece = max(-(-(s.end - s.start) // 4) for s in smallest)
+    claim_order = sorted(tapered, key=lambda s: (-(s.end - s.start), s.split_id))
+    assert all(s.end - s.start <= largest_piece for s in claim_order[-pieces:])
