@@ -48,7 +48,12 @@ def geometric_gap(rng: random.Random, probability: float) -> int:
         return 0
     if probability <= 0.0:
         return NEVER
-    return min(NEVER, int(math.log(1.0 - rng.random()) / math.log1p(-probability)))
+    return _gap(rng.random(), math.log1p(-probability))
+
+
+def _gap(uniform: float, log_miss: float) -> int:
+    """The gap a uniform draw in [0, 1) stands for, ``log_miss`` being log(1 - probability)."""
+    return min(NEVER, int(math.log(1.0 - uniform) / log_miss))
 
 
 class SampleDraw:
@@ -111,26 +116,6 @@ class RuleSampler:
 
     def settle_row(self, skip: int, count: int) -> tuple[int, SampleDraw | None, int]:
         at = skip
-        per_frame = self._per_frame
-        if per_frame is not None:
-            # the common case, one rule: the first pick as settle() would (draw the gap as geometric_gap
-            # does, then settle); if it was settled, so are the others of the row, counted at once
-            draw, settle, random, log = self._alone, self._settle, self.states[0].rng.random, math.log
-            assert draw is not None and settle is not None
-            gap = min(NEVER, int(log(1.0 - random()) / per_frame))
-            if not settle(draw, 1):
-                self._gaps[0] = gap
-                return at, draw, gap
-            at += gap + 1
-            picks = 0
-            while at < count:
-                gap = min(NEVER, int(log(1.0 - random()) / per_frame))
-                picks += 1
-                at += gap + 1
-            self._gaps[0] = gap
-            if picks:
-                settle(draw, picks)
-            return count, None, at - count
         while True:
             draw, gap = self.settle()
             if draw is not None:
@@ -138,3 +123,16 @@ class RuleSampler:
             at += gap + 1
             if at >= count:
                 return count, None, at - count
+            if self._per_frame is not None:
+                break
+        # One rule, and its pick was settled: so are the others of the row (see _settle), drawn
+        # here as geometric_gap draws them and counted at once.
+        random, log_miss, picks = self.states[0].rng.random, self._per_frame, 0
+        while at < count:
+            gap = _gap(random(), log_miss)
+            picks += 1
+            at += gap + 1
+        self._gaps[0] = gap
+        assert self._settle is not None and self._alone is not None
+        self._settle(self._alone, picks)
+        return count, None, at - count
