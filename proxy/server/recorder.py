@@ -84,21 +84,13 @@ async def _gather(receive: trio.MemoryReceiveChannel[QueueItem], batch: list[Que
     run_bytes = sum(len(item.data) for item in batch if type(item) is RunItem)
     with trio.move_on_at(deadline):
         while len(batch) < _BATCH_LIMIT and run_bytes < _BATCH_BYTES:
-            # what is already waiting, without a checkpoint per record
-            while len(batch) < _BATCH_LIMIT and run_bytes < _BATCH_BYTES:
+            try:
+                item = receive.receive_nowait()  # what is already waiting, without a checkpoint per record
+            except trio.WouldBlock:
                 try:
-                    item = receive.receive_nowait()
-                except trio.WouldBlock:
-                    break
+                    item = await receive.receive()
                 except trio.EndOfChannel:
                     return True
-                batch.append(item)
-                if type(item) is RunItem:
-                    run_bytes += len(item.data)
-            if len(batch) >= _BATCH_LIMIT or run_bytes >= _BATCH_BYTES:
-                break
-            try:
-                item = await receive.receive()
             except trio.EndOfChannel:
                 return True
             batch.append(item)
