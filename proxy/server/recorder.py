@@ -9,9 +9,12 @@ client connection.  None of these await or touch the disk: they put an item on a
 bounded queue and return; a run's bytes are copied into the recording's run ring
 (:mod:`proxy.recording.run_ring`, shared memory of ``queue_bytes``), which the writer
 process reads them from, so that only their place goes through the queue and the pipe.
-When the queue or the ring is full the frame (or run) is dropped and counted (per
-connection and in total, reported in the index and in :attr:`Recorder.stats` for
-/metrics), so a slow disk never stalls traffic.
+When the queue (``queue_size`` frames and runs) or the ring is full the frame (or
+run) is dropped and counted (per connection and in total, reported in the index and
+in :attr:`Recorder.stats` for /metrics), so a slow disk never stalls traffic.  A
+connection's opening and closing records are always queued (two small records per
+connection, outside ``queue_size``): a close refused by a full queue had left the
+connection's frames begun in the writer uncounted until the recording's end.
 
 One writer task drains the queue in batches (gathering for up to 20 ms after a
 batch's first record, so that frames trickling in cost one hand-off per batch rather
@@ -35,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import importlib
+import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -49,6 +53,7 @@ from proxy.errors import RecordingError
 from proxy.recording.run_ring import RunRing
 from proxy.recording.writer import (
     Address,
+    FrameItem,
     QueueItem,
     RecordConfig,
     RecorderStats,
@@ -74,9 +79,10 @@ _GATHER_SECONDS: Final = 0.02
 log = structlog.get_logger("pulsar_tap.recording")
 
 
-async def _gather(receive: trio.MemoryReceiveChannel[QueueItem], batch: list[QueueItem], deadline: float) -> bool:
+async def _gather(receive: trio.MemoryReceiveChannel[QueueItem], batch: list[QueueItem], deadline: float,
+                  took: Callable[[QueueItem], None]) -> bool:
     """Move records from the queue into ``batch`` until it is full (in records, or in the bytes of runs) or
-    ``deadline``; True at end of channel.
+    ``deadline``, calling ``took`` with each; True at end of channel.
 
     Records are taken off the queue as they come (the queue keeps its room, so the
     drop policy sees no difference), but written together.
@@ -93,6 +99,7 @@ async def _gather(receive: trio.MemoryReceiveChannel[QueueItem], batch: list[Que
                     return True
             except trio.EndOfChannel:
                 return True
+            took(item)
             batch.append(item)
             if type(item) is RunItem:
                 run_bytes += len(item.data)
@@ -113,6 +120,8 @@ class Recorder:
         self._send: trio.MemorySendChannel[QueueItem] | None = None
         self._writer: WriterProcess | None = None
         self._ring: RunRing | None = None
+        #: frames and runs in the queue (connection records are not counted: they are always queued)
+        self._waiting = 0
         #: why recording stopped early (the writer process failed); the proxy goes on, frames are dropped
         self.failure: str | None = None
         self._stack = contextlib.AsyncExitStack()
@@ -136,7 +145,7 @@ class Recorder:
     def record(self, conn_id: int, direction: str | enum.Enum, origin: str | enum.Enum, ts_ns: int,
                raw: bytes, rules: Sequence[str] = ()) -> bool:
         """Queue one frame's exact bytes; False when it was dropped (queue full or closed)."""
-        if self._send is None or not self._offer(frame_item(conn_id, direction, origin, ts_ns, raw, rules)):
+        if not self._offer_data(frame_item(conn_id, direction, origin, ts_ns, raw, rules)):
             self.book.dropped(conn_id, 1)
             return False
         return True
@@ -160,8 +169,8 @@ class Recorder:
             self.book.dropped(conn_id, count_frame_starts(data, lead))
             return False
         assert ring is not None
-        if not self._offer(run_item(conn_id, direction, ts_ns, ring.view[offset:offset + len(data)], lead,
-                                    stream_pos, offset)):
+        if not self._offer_data(run_item(conn_id, direction, ts_ns, ring.view[offset:offset + len(data)], lead,
+                                         stream_pos, offset)):
             ring.take_back()
             self.book.dropped(conn_id, count_frame_starts(data, lead))
             return False
@@ -176,6 +185,13 @@ class Recorder:
         """A client connection ended (either side)."""
         self._offer(self.book.closed_connection(conn_id, ts_ns))
 
+    def _offer_data(self, item: QueueItem) -> bool:
+        """Queue a frame or a run if the queue has room for it (``queue_size``)."""
+        if self._waiting >= self.config.queue_size or not self._offer(item):
+            return False
+        self._waiting += 1
+        return True
+
     def _offer(self, item: QueueItem) -> bool:
         if self._send is None:
             return False
@@ -184,6 +200,11 @@ class Recorder:
         except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
             return False
         return True
+
+    def _took(self, item: QueueItem) -> None:
+        """The write loop took ``item`` off the queue: a frame's or a run's room is free again."""
+        if type(item) is RunItem or type(item) is FrameItem:
+            self._waiting -= 1
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -208,8 +229,9 @@ class Recorder:
             await trio.to_thread.run_sync(writer.stop)
             ring.close()
             raise
-        # Overflow policy: a full queue drops the frame and counts it (see record()).
-        send, receive = trio.open_memory_channel[QueueItem](self.config.queue_size)
+        # Overflow policy: a full queue drops the frame and counts it (see record()); its bound is kept by
+        # _offer_data, so that a connection's records always find room
+        send, receive = trio.open_memory_channel[QueueItem](math.inf)
         self._send = send
         nursery = await self._stack.enter_async_context(trio.open_nursery())
         nursery.start_soon(self._write_loop, receive)
@@ -237,11 +259,14 @@ class Recorder:
                 while not done:
                     with trio.move_on_at(next_sync):
                         try:
-                            batch.append(await receive.receive())
+                            item = await receive.receive()
+                            self._took(item)
+                            batch.append(item)
                         except trio.EndOfChannel:
                             done = True
                     if batch and not done:
-                        done = await _gather(receive, batch, min(trio.current_time() + _GATHER_SECONDS, next_sync))
+                        done = await _gather(receive, batch, min(trio.current_time() + _GATHER_SECONDS, next_sync),
+                                             self._took)
                     if batch:
                         # taken out first: a batch whose write failed is not written again on exit
                         pending, batch = batch, []

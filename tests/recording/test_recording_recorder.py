@@ -108,6 +108,30 @@ async def test_a_full_queue_drops_frames_counts_them_and_never_blocks(tmp_path: 
     assert len(list(recording.frames())) == len(frames) - dropped
 
 
+async def test_a_full_queue_still_takes_every_connection_record_in_order(tmp_path: Path) -> None:
+    # Connection records are written to the segments too (a recording whose proxy died before its index
+    # is read from them): a queue full of frames must not refuse them.
+    frames = session(sends=50)
+    with trio.fail_after(10):
+        async with Recorder(RecordConfig(dir=tmp_path, queue_size=8)) as recorder:
+            recorder.open_connection(1, "127.0.0.1:5000", "127.0.0.1:6650", "rewrite", BASE_NS)
+            accepted = [recorder.record(1, f.direction, f.origin, f.ts_ns, f.raw) for f in frames]  # no checkpoint
+            recorder.open_connection(2, "127.0.0.1:5001", "127.0.0.1:6650", "rewrite", BASE_NS + 1)
+            recorder.close_connection(1, BASE_NS + 2)
+            assert not recorder.record(2, frames[0].direction, frames[0].origin, BASE_NS + 3, frames[0].raw)
+            await trio.sleep(0.1)  # the write loop takes the queue: frames are accepted again
+            assert recorder.record(2, frames[0].direction, frames[0].origin, BASE_NS + 4, frames[0].raw)
+            recorder.close_connection(2, BASE_NS + 5)
+    assert accepted.count(True) == 8
+    recording = open_recordings(tmp_path).recordings[0]
+    kinds = [(kind, getattr(record, kind).conn_id) for record in recording.records()
+             if (kind := record.WhichOneof("kind")) != "header"]
+    assert [kind for kind in kinds if kind[0] != "frame"] == [("opened", 1), ("opened", 2), ("closed", 1),
+                                                              ("closed", 2)]
+    assert kinds.count(("frame", 1)) == 8 and kinds.count(("frame", 2)) == 1
+    assert recorder.stats.frames_dropped == len(frames) - 8 + 1
+
+
 async def test_data_reaches_disk_within_a_second_while_recording(tmp_path: Path) -> None:
     frames = session()
     with trio.fail_after(10):
