@@ -324,7 +324,13 @@ def _spoil(frame: bytes, fault: str) -> bytes:
 @pytest.mark.parametrize("at", [1, 2, 9, 25, 39])
 def test_a_bad_frame_inside_a_row_of_one_size_is_caught_as_frame_by_frame(fault: str, at: int) -> None:
     """Nothing of the bad frame passes, the error is the decoder's, and it is the same fed frame by frame."""
-    frames = row_of_sends(40)
+    data = _caught_as_frame_by_frame(row_of_sends(40), at, fault)
+    for flags in (0, 4):
+        fuzz.check_frames(data, [], flags)
+
+
+def _caught_as_frame_by_frame(frames: list[bytes], at: int, fault: str) -> bytes:
+    """Spoil frame ``at``: the scanner fed all of them at once raises what it raises fed them one by one."""
     frames[at] = _spoil(frames[at], fault)
     data = b"".join(frames)
     with pytest.raises(ProtocolError) as whole:
@@ -335,8 +341,7 @@ def test_a_bad_frame_inside_a_row_of_one_size_is_caught_as_frame_by_frame(fault:
     with pytest.raises(ProtocolError) as single:
         one_by_one.feed(frames[at])
     assert str(whole.value) == str(single.value)
-    for flags in (0, 4):
-        fuzz.check_frames(data, [], flags)
+    return data
 
 
 @st.composite
@@ -419,16 +424,7 @@ def test_a_read_of_thousands_of_commands_parses_them_in_batches_of_bounded_size(
 @pytest.mark.parametrize("at", [1, 511, 512, 513, 1024, 1025, 1500, 2999])
 def test_a_bad_frame_anywhere_in_a_long_row_is_caught_as_frame_by_frame(fault: str, at: int) -> None:
     """Either side of a batch's end: nothing of the bad frame passes, and the error is the decoder's."""
-    frames = long_row(3000)
-    frames[at] = _spoil(frames[at], fault)
-    with pytest.raises(ProtocolError) as whole:
-        FrameScanner().feed(b"".join(frames))
-    one_by_one = FrameScanner()
-    for frame in frames[:at]:
-        one_by_one.feed(frame)
-    with pytest.raises(ProtocolError) as single:
-        one_by_one.feed(frames[at])
-    assert str(whole.value) == str(single.value)
+    _caught_as_frame_by_frame(long_row(3000), at, fault)
 
 
 @pytest.mark.parametrize(("command_at", "header_at", "expected"), [
