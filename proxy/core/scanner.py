@@ -16,9 +16,9 @@ limit) plus one receive buffer.
 The common case costs a few comparisons per frame: a command in canonical form
 (``08 TYPE`` then exactly the sub-command field, as every Pulsar client and broker
 writes it) with a plain payload section is recognised from the header's bytes, and
-its sub-command field is put aside; all the fields of one ``feed`` are parsed
-together (:class:`~proxy.protocol.validation.CommandBatch`) before anything is
-handed out.  Where such a frame is followed by frames of its size (a producer's
+its sub-command field is put aside; the fields of one ``feed`` are parsed a few
+hundred at a time, in frame order (:class:`~proxy.protocol.validation.CommandBatch`),
+all before anything is handed out.  Where such a frame is followed by frames of its size (a producer's
 messages mostly are), the row is checked as one numpy array: the same header bytes,
 the same payload magic, a metadata size that fits, and their sub-command fields joined
 into the batch in one copy; the row ends at the first frame that differs, which is
