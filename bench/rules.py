@@ -17,8 +17,9 @@ Two tables, each as throughput and as a ratio to 0 rules:
    hook; no sockets) reading pre-encoded SENDs from the client and
    their receipts from the broker, with no hook (the plain proxy), the non-matching
    rules and ``10+1%``; at 100 B and 1 KiB SENDs, in reads of ``--read-kib``; process
-   CPU time, best of interleaved rounds, so a busy machine disturbs it less than the
-   throughput tables;
+   CPU time per direction (the receipts' with the rules on SEND_RECEIPT), best of
+   interleaved rounds, so a busy machine disturbs it less than the throughput tables,
+   and the minor page faults per 1000 frames;
 3. **engine alone**: each frame of a producer/consumer mix (SEND, SEND_RECEIPT,
    MESSAGE, FLOW, ACK) decoded, attributed by the real SessionTracker and evaluated
    by :class:`~proxy.rules.engine.RulesEngine`, in a loop.
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -135,9 +137,12 @@ def measure(count: int, seconds: float) -> float:
 
 
 def pipeline_cost(arms: tuple[int | str, ...], size: int = 100, read_bytes: int = 65536,
-                  rounds: int = 15) -> dict[int | str, float]:
+                  rounds: int = 15) -> dict[int | str, tuple[float, float, float]]:
     """CPU ns per frame of the relay's pipeline per arm (``"none"``: no hook), best of ``rounds``:
-    SENDs of ``size`` bytes and their receipts, ``read_bytes`` of SENDs per read."""
+    SENDs of ``size`` bytes and their receipts, ``read_bytes`` of SENDs per read.  Per arm: the SENDs'
+    cost, the receipts' cost (each direction alone: a rule on SEND_RECEIPT costs in the broker's), and
+    the minor page faults per 1000 frames over all rounds (memory the allocator gave back to the system
+    and faulted in again: what made 100 rules cost 15 % through the proxy, see proxy.core.scanner)."""
     # the frames of passthrough.py's observer arms
     from passthrough import CONNECTED, connect_frame, numbered_receipts, numbered_sends
 
@@ -154,16 +159,23 @@ def pipeline_cost(arms: tuple[int | str, ...], size: int = 100, read_bytes: int 
         pipeline.receive(Direction.TO_BROKER, connect_frame("rules"), 0)
         pipeline.receive(Direction.TO_CLIENT, CONNECTED, 0)
         pipelines[arm] = pipeline
-    best = dict.fromkeys(arms, float("inf"))
+    best = {arm: [float("inf"), float("inf")] for arm in arms}
+    faults = dict.fromkeys(arms, 0)
     reads = max(2, 1_300_000 // read_bytes)  # about 1.3 MB of SENDs per arm and round, whatever the sizes
     for _ in range(rounds):
         for arm, pipeline in pipelines.items():
-            start = time.process_time()
+            spent = [0.0, 0.0]
+            faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             for _ in range(reads):
-                pipeline.receive(Direction.TO_BROKER, sends, 0)
-                pipeline.receive(Direction.TO_CLIENT, receipts, 0)
-            best[arm] = min(best[arm], (time.process_time() - start) / (2 * reads * count) * 1e9)
-    return best
+                for side, (direction, data) in enumerate(((Direction.TO_BROKER, sends),
+                                                          (Direction.TO_CLIENT, receipts))):
+                    start = time.process_time()
+                    pipeline.receive(direction, data, 0)
+                    spent[side] += time.process_time() - start
+            faults[arm] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before
+            for side in (0, 1):
+                best[arm][side] = min(best[arm][side], spent[side] / (reads * count) * 1e9)
+    return {arm: (best[arm][0], best[arm][1], faults[arm] / (2 * rounds * reads * count) * 1000) for arm in arms}
 
 
 def free_port() -> int:
@@ -254,13 +266,17 @@ def main() -> None:
         for count, rate in rates.items():
             print(f"{count:>6} {rate:>12,.0f} {rate / rates[0]:>7.2f}")
         print()
-    print(f"relay pipeline alone (CPU per frame: SENDs and their receipts in {args.read_kib} KiB reads; load "
-          f"average {os.getloadavg()[0]:.2f}); ratio: the plain proxy's cost over the arm's")
+    print(f"relay pipeline alone (CPU per frame: SENDs and their receipts in {args.read_kib} KiB reads, each "
+          f"direction alone; load average {os.getloadavg()[0]:.2f}); ratio: the plain proxy's cost over the arm's; "
+          "faults: minor page faults per 1000 frames")
     arms: tuple[int | str, ...] = ("none", 0, 10, 100, "10+1%")
     costs = {size: pipeline_cost(arms, size, args.read_kib * 1024) for size in (100, 1024)}
-    print(f"{'rules':>6}" + "".join(f"{f'{size} B ns/frame':>18} {'ratio':>6}" for size in costs))
+    print(f"{'rules':>6}" + "".join(f"{f'{size} B SEND ns':>15} {'ratio':>6} {'receipt ns':>11} {'ratio':>6} "
+                                    f"{'faults':>7}" for size in costs))
     for arm in arms:
-        print(f"{arm:>6}" + "".join(f"{cost[arm]:>18,.1f} {cost['none'] / cost[arm]:>6.2f}" for cost in costs.values()))
+        print(f"{arm:>6}" + "".join(
+            f"{cost[arm][0]:>15,.1f} {cost['none'][0] / cost[arm][0]:>6.2f} {cost[arm][1]:>11,.1f} "
+            f"{cost['none'][1] / cost[arm][1]:>6.2f} {cost[arm][2]:>7.2f}" for cost in costs.values()))
     print()
     baseline = measure(0, args.seconds)
     print("engine alone (decode + evaluate), non-matching rules")

@@ -11,6 +11,8 @@ reads split anywhere.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from test_proxy_pipeline import connected, pipeline, rules_hook, sent
 
@@ -380,3 +382,98 @@ def test_a_bad_frame_in_a_row_with_settled_picks_reports_the_decoders_error(at: 
         with pytest.raises(ProtocolError) as single:
             scanned_by(reads_of(frames, 1000, every, split=0))
         assert str(whole.value) == str(single.value) and "undecodable SEND" in str(whole.value)
+
+
+# -- receipts: a rule on SEND_RECEIPT with a topic sees every receipt of a producer on it -----------------
+DROP_WATCHED_RECEIPTS = """\
+seed: 1
+rules:
+  - name: receipts
+    match: {command: [SEND_RECEIPT], topic: 'persistent://public/default/watch*'}
+    action: drop
+"""
+
+
+def producer_success(producer_id: int) -> bytes:
+    return encode_command(api.CommandProducerSuccess(request_id=100 + producer_id, producer_name=f"p-{producer_id}"))
+
+
+def receipts(producer_ids: tuple[int, ...], first: int, count: int) -> list[bytes]:
+    """Receipts of one size (three-byte sequence ids), the producers' in turn."""
+    return [encode_command(api.CommandSendReceipt(producer_id=producer_id, sequence_id=(1 << 14) + sequence_id))
+            for sequence_id in range(first, first + count) for producer_id in producer_ids]
+
+
+def forwarded_receipts(data: bytes) -> list[tuple[int, int]]:
+    decoder = FrameDecoder()
+    decoder.feed(data)
+    return [(frame.command.send_receipt.producer_id, frame.command.send_receipt.sequence_id - (1 << 14))
+            for frame in decoder.frames() if frame.type == T.SEND_RECEIPT]
+
+
+def receive_all(p: ConnectionPipeline, direction: Direction, frames: list[bytes], split: int | None) -> bytes:
+    """``frames`` in one read (``split`` None), cut every ``split`` bytes, or each its own read (0)."""
+    data = b"".join(frames)
+    reads = frames if split == 0 else [data[start:start + (split or len(data))]
+                                       for start in range(0, len(data), split or len(data))]
+    return b"".join(sent(p.receive(direction, chunk, 0), direction) for chunk in reads)
+
+
+def register(p: ConnectionPipeline, producer_id: int, topic: str) -> None:
+    p.receive(TO_BROKER, producer(producer_id, topic), 0)
+    p.receive(TO_CLIENT, producer_success(producer_id), 0)
+
+
+def close_producer(p: ConnectionPipeline, producer_id: int) -> None:
+    p.receive(TO_BROKER, encode_command(api.CommandCloseProducer(producer_id=producer_id, request_id=900)), 0)
+    p.receive(TO_CLIENT, encode_command(api.CommandSuccess(request_id=900)), 0)
+
+
+@pytest.mark.parametrize("split", [None, 37, 4099, 0], ids=["whole", "split-37", "split-4099", "frame-by-frame"])
+def test_a_receipt_rule_on_a_producers_topic_fires_on_every_one_of_its_receipts(split: int | None) -> None:
+    """Thousands of receipts of one size (rows), of a producer on the rule's topic and one on another:
+    each of the first is dropped, each of the others forwarded, however the reads are cut."""
+    hook = rules_hook(DROP_WATCHED_RECEIPTS)
+    p = pipeline(hook=hook)
+    connected(p)
+    register(p, 1, WATCHED)
+    register(p, 2, OTHER)
+    out = receive_all(p, TO_CLIENT, receipts((1, 2), 0, 1500) + receipts((2,), 1500, 600) + receipts((1,), 1500, 600),
+                      split)
+    assert forwarded_receipts(out) == [(2, sequence_id) for sequence_id in range(2100)]
+    assert hook.engine.hits() == {"receipts": 2100}
+
+
+@pytest.mark.parametrize("split", [None, 4099, 0], ids=["whole", "split-4099", "frame-by-frame"])
+def test_a_producer_id_registered_again_on_another_topic_has_its_receipts_judged_by_the_new_topic(
+        split: int | None) -> None:
+    """Other topic, then the rule's, then another again, under the same producer id."""
+    hook = rules_hook(DROP_WATCHED_RECEIPTS)
+    p = pipeline(hook=hook)
+    connected(p)
+    register(p, 1, OTHER)
+    assert forwarded_receipts(receive_all(p, TO_CLIENT, receipts((1,), 0, 1000), split)) == \
+        [(1, sequence_id) for sequence_id in range(1000)]
+    close_producer(p, 1)
+    register(p, 1, WATCHED)
+    assert forwarded_receipts(receive_all(p, TO_CLIENT, receipts((1,), 1000, 1000), split)) == []
+    close_producer(p, 1)
+    register(p, 1, f"{OTHER}-again")
+    assert forwarded_receipts(receive_all(p, TO_CLIENT, receipts((1,), 2000, 1000), split)) == \
+        [(1, sequence_id) for sequence_id in range(2000, 3000)]
+    assert hook.engine.hits() == {"receipts": 1000}
+
+
+def test_a_client_reconnecting_has_its_new_producers_receipts_judged_afresh() -> None:
+    """One rules engine, three connections in turn: on the rule's topic, on another, on the rule's again."""
+    hook = rules_hook(DROP_WATCHED_RECEIPTS)
+    forwarded = []
+    for conn_id, topic in ((1, WATCHED), (2, OTHER), (3, WATCHED)):
+        p = pipeline(hook=hook)
+        p.info = replace(p.info, conn_id=conn_id)
+        connected(p)
+        register(p, 1, topic)
+        forwarded.append(len(forwarded_receipts(receive_all(p, TO_CLIENT, receipts((1,), 0, 1000), None))))
+        hook.connection_closed(conn_id)  # as the relay does when the connection ends
+    assert forwarded == [0, 1000, 0]
+    assert hook.engine.hits() == {"receipts": 2000}

@@ -6,10 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.core.scanner import FrameScanner
+from proxy.core.scanner import _CHECKED_TOGETHER, FrameScanner
 from proxy.errors import BadMagic, FrameTooLarge, MalformedFrame, ProtocolError, UnknownCommand
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.frame import Frame, encode_command, encode_payload_command
+from proxy.protocol.validation import CommandBatch
 
 T = api.BaseCommand.Type
 
@@ -323,7 +324,13 @@ def _spoil(frame: bytes, fault: str) -> bytes:
 @pytest.mark.parametrize("at", [1, 2, 9, 25, 39])
 def test_a_bad_frame_inside_a_row_of_one_size_is_caught_as_frame_by_frame(fault: str, at: int) -> None:
     """Nothing of the bad frame passes, the error is the decoder's, and it is the same fed frame by frame."""
-    frames = row_of_sends(40)
+    data = _caught_as_frame_by_frame(row_of_sends(40), at, fault)
+    for flags in (0, 4):
+        fuzz.check_frames(data, [], flags)
+
+
+def _caught_as_frame_by_frame(frames: list[bytes], at: int, fault: str) -> bytes:
+    """Spoil frame ``at``: the scanner fed all of them at once raises what it raises fed them one by one."""
     frames[at] = _spoil(frames[at], fault)
     data = b"".join(frames)
     with pytest.raises(ProtocolError) as whole:
@@ -334,8 +341,7 @@ def test_a_bad_frame_inside_a_row_of_one_size_is_caught_as_frame_by_frame(fault:
     with pytest.raises(ProtocolError) as single:
         one_by_one.feed(frames[at])
     assert str(whole.value) == str(single.value)
-    for flags in (0, 4):
-        fuzz.check_frames(data, [], flags)
+    return data
 
 
 @st.composite
@@ -373,3 +379,60 @@ def test_of_two_bad_frames_in_a_row_of_one_size_the_first_is_reported() -> None:
     frames[30] = _spoil(frames[30], "missing-required")
     with pytest.raises(ProtocolError, match="undecodable SEND"):
         FrameScanner().feed(b"".join(frames))
+
+
+# -- long rows: commands checked in batches -----------------------------------------------------------
+def long_row(count: int) -> list[bytes]:
+    """SENDs of one size, more than a parse takes at once (sequence ids of three varint bytes)."""
+    frames = [send_frame(60, (1 << 14) + index) for index in range(count)]
+    assert len({len(frame) for frame in frames}) == 1
+    return frames
+
+
+class CountingBatch(CommandBatch):
+    """The scanner's command batch, remembering how many bytes of fields each parse took."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parsed: list[int] = []
+
+    def verify(self) -> None:
+        if self.pending:
+            self.parsed.append(sum(len(fields) for fields in self.pending))
+        super().verify()
+
+
+@pytest.mark.parametrize("cuts", [[], [70_000], list(range(0, 300_000, 65_536))], ids=["whole", "two", "64k"])
+def test_a_read_of_thousands_of_commands_parses_them_in_batches_of_bounded_size(cuts: list[int]) -> None:
+    """A parse of a whole read's commands took (and gave back) up to a MiB at the heap's top each read:
+    every command is checked, a few hundred at a time."""
+    frames = long_row(3000)
+    data = PING + b"".join(frames[:1000]) + FLOW + b"".join(frames[1000:])
+    field_size = int.from_bytes(frames[0][4:8], "big") - 2
+    scanner = FrameScanner()
+    batch = scanner._checks = CountingBatch()
+    chunks = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+    passed, _ = collect(scanner, chunks)
+    assert passed == data
+    assert max(batch.parsed) <= 2 * _CHECKED_TOGETHER * field_size
+    # every frame's fields were parsed (those of a frame split by a cut are checked whole on their own)
+    assert sum(batch.parsed) <= 3000 * field_size + len(FLOW) + len(PING)
+    assert sum(batch.parsed) >= (3000 - len(cuts)) * field_size
+
+
+@pytest.mark.parametrize("fault", ["undecodable-field", "missing-required"])
+@pytest.mark.parametrize("at", [1, 511, 512, 513, 1024, 1025, 1500, 2999])
+def test_a_bad_frame_anywhere_in_a_long_row_is_caught_as_frame_by_frame(fault: str, at: int) -> None:
+    """Either side of a batch's end: nothing of the bad frame passes, and the error is the decoder's."""
+    _caught_as_frame_by_frame(long_row(3000), at, fault)
+
+
+@pytest.mark.parametrize(("command_at", "header_at", "expected"), [
+    (600, 2500, "SEND lacks required fields"), (2500, 600, "exceeds"), (1100, 1101, "SEND lacks required fields")])
+def test_of_a_bad_command_and_a_bad_header_in_a_long_row_the_first_is_reported(
+        command_at: int, header_at: int, expected: str) -> None:
+    frames = long_row(3000)
+    frames[command_at] = _spoil(frames[command_at], "missing-required")
+    frames[header_at] = (10 << 20).to_bytes(4, "big") + frames[header_at][4:]
+    with pytest.raises(ProtocolError, match=expected):
+        FrameScanner(max_frame_bytes=1 << 20).feed(b"".join(frames))
