@@ -124,7 +124,7 @@ class ProxyServer:
         async with trio.open_nursery() as outer:
             outer.start_soon(self.observers.run)
             if self.reactor is not None:
-                outer.start_soon(self.reactor.run)
+                await outer.start(self.reactor.run)
             try:
                 async with trio.open_nursery() as connections:
                     self._connection_nursery = connections

@@ -1,0 +1,142 @@
+"""The reactor waiting in Trio's place (``proxy.server.reactor``), on loopback sockets.
+
+Relay hops are served inside Trio's idle wait while Trio's own work — timers, I/O of
+other tasks, threads handing results back — goes on; a second proxy in the same run,
+a virtual clock, and a failure of the wait itself leave the reactor a task that waits
+through Trio, with the same traffic.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+
+import pytest
+import trio
+import trio.testing
+from proxy_fake_broker import CONNECT, FakeBroker, send_frame
+
+from proxy.config.proxy_config import HostPort, LimitsConfig, ProxyConfig, ServiceUrl
+from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.frame import FrameDecoder
+from proxy.server.app import ProxyServer
+from proxy.server.reactor import Reactor
+
+T = api.BaseCommand.Type
+
+
+@pytest.fixture
+async def nursery() -> AsyncIterator[trio.Nursery]:
+    async with trio.open_nursery() as n:
+        yield n
+        n.cancel_scope.cancel()
+
+
+async def start(nursery: trio.Nursery, broker: FakeBroker) -> ProxyServer:
+    if not broker.port:
+        await nursery.start(broker.serve)
+    config = ProxyConfig(upstream=ServiceUrl.parse(broker.url), listen=HostPort("127.0.0.1", 0),
+                         limits=LimitsConfig(drain_seconds=0.5))
+    server: ProxyServer = await nursery.start(ProxyServer(config).run)
+    return server
+
+
+def round_trips(port: int, count: int) -> list[int]:
+    """A blocking client (in a thread, so Trio's loop idles between hops): CONNECT, then ``count`` SEND ->
+    SEND_RECEIPT one at a time; the receipts' sequence ids."""
+    decoder = FrameDecoder(1 << 20)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(CONNECT)
+        answers = []
+        for seq in [-1, *range(count)]:
+            if seq >= 0:
+                sock.sendall(send_frame(seq, 100))
+            while (frame := decoder.next_frame()) is None:
+                data = sock.recv(65536)
+                if not data:
+                    raise EOFError("the proxy closed the connection")
+                decoder.feed(data)
+            if seq < 0:
+                assert frame.type == T.CONNECTED
+            else:
+                answers.append(frame.command.send_receipt.sequence_id)
+        return answers
+
+
+async def test_hops_are_served_in_trios_place_while_timers_tasks_and_threads_go_on(nursery: trio.Nursery) -> None:
+    broker = FakeBroker()
+    server = await start(nursery, broker)
+    assert server.reactor is not None and server.reactor.loop_wait is not None
+    ticks = 0
+    three_more = trio.Event()
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await trio.sleep(0.005)
+            ticks += 1
+            if ticks >= 3 + after_round_trips:
+                three_more.set()
+
+    after_round_trips = 1 << 30
+    nursery.start_soon(ticker)
+    with trio.fail_after(30):
+        # the broker is a task of this run: every round trip crosses the reactor's wait and Trio's
+        answers = await trio.to_thread.run_sync(round_trips, server.main_address.port, 300)
+        assert answers == list(range(300))
+        rounds = server.reactor.rounds
+        assert rounds >= 600  # two hops per round trip, each served by the reactor
+        assert await trio.to_thread.run_sync(lambda: "back") == "back"
+        after_round_trips = ticks
+        await three_more.wait()  # the timer still fires: the reactor ends its wait at Trio's deadlines
+        assert server.reactor.loop_wait is not None
+
+
+async def test_a_second_proxy_in_the_same_run_waits_through_trio_and_both_relay(nursery: trio.Nursery) -> None:
+    broker = FakeBroker()
+    first = await start(nursery, broker)
+    second = await start(nursery, broker)
+    assert first.reactor is not None and second.reactor is not None
+    assert first.reactor.loop_wait is not None and second.reactor.loop_wait is None
+    with trio.fail_after(30):
+        async with trio.open_nursery() as clients:
+            for server in (first, second, first, second):
+                clients.start_soon(trio.to_thread.run_sync, round_trips, server.main_address.port, 100)
+    # each proxy: 400 hops, on two connections of two sockets each, so at most 4 per round
+    assert first.reactor.rounds >= 100 and second.reactor.rounds >= 100
+
+
+@pytest.fixture
+def paced_clock() -> trio.testing.MockClock:
+    return trio.testing.MockClock(rate=1.0)  # virtual time at the pace of real time: a clock not Trio's own
+
+
+async def test_under_another_clock_the_reactor_is_a_task_and_relays_the_same(
+        nursery: trio.Nursery, paced_clock: trio.testing.MockClock) -> None:
+    server = await start(nursery, FakeBroker())
+    assert server.reactor is not None and server.reactor.loop_wait is None
+    with trio.fail_after(30):
+        assert await trio.to_thread.run_sync(round_trips, server.main_address.port, 100) == list(range(100))
+    assert server.reactor.rounds >= 200
+
+
+async def test_a_failure_while_waiting_in_trios_place_leaves_the_reactor_serving_as_a_task(
+        nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch) -> None:
+    server = await start(nursery, FakeBroker())
+    assert server.reactor is not None and server.reactor.loop_wait is not None
+    failures = 0
+    real_wait = Reactor.wait_in_trios_place
+
+    def failing_wait(self: Reactor, timeout: float, loop: object) -> None:
+        nonlocal failures
+        if timeout > 0 and self.rounds > 20 and not failures:
+            failures += 1
+            raise RuntimeError("bug")
+        real_wait(self, timeout, loop)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Reactor, "wait_in_trios_place", failing_wait)
+    with trio.fail_after(30):
+        assert await trio.to_thread.run_sync(round_trips, server.main_address.port, 200) == list(range(200))
+        assert failures == 1
+        assert server.reactor.loop_wait is None
+        assert await trio.to_thread.run_sync(round_trips, server.main_address.port, 50) == list(range(50))
