@@ -47,6 +47,7 @@ import functools
 import os
 import pickle
 import re
+import time
 import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -263,8 +264,6 @@ def _all_arrived(staging: str, point: str, task: int, count: int, note: str) -> 
     The barrier stage has started every task, so the wait ends unless a task fails, and
     then Spark kills the others.
     """
-    import time
-
     directory = Path(staging) / point
     directory.mkdir(exist_ok=True)
     temporary = directory / f".{task:05d}"
@@ -276,6 +275,11 @@ def _all_arrived(staging: str, point: str, task: int, count: int, note: str) -> 
         time.sleep(pause)
         pause = min(pause * 2, 0.002)  # (a look costs a few stat calls; a late one keeps every core waiting)
     return [(directory / name).read_text(encoding="utf-8") for name in names]
+
+
+def _mark(marks: list[tuple[str, float, float]], phase: str) -> None:
+    """A barrier task's timeline: when it reached ``phase`` (Unix time) and its process's CPU seconds then."""
+    marks.append((phase, time.time(), time.process_time()))
 
 
 #: Staged rows a barrier task keeps in memory for its third step; beyond that they go to the staging directory.
@@ -290,13 +294,15 @@ def barrier_task(partition: Iterator[int], splits: list[Split], staging: str, wo
     written to ``staging``; when every task is there, step 2 for the connections this
     task owns (:func:`connection_share`), its topic answers written to ``staging``;
     when every task is there again, step 3 for the splits it decoded, from memory (all in one go).
-    Yields one pickled ``(summaries, figures)``.  Run only where a failed task fails
-    the job (:func:`_barrier_tasks`): claims and meeting points are not made for reruns.
+    Yields one pickled ``(summaries, figures, timeline)`` (the timeline: :func:`_mark`).  Run only where a
+    failed task fails the job (:func:`_barrier_tasks`): claims and meeting points are not made for reruns.
     """
     import pyarrow as pa
     import pyarrow.feather as feather
     from pyspark import BarrierTaskContext
 
+    marks: list[tuple[str, float, float]] = []
+    _mark(marks, "start")
     _settle()
     del partition  # the task's number says what it does
     task = BarrierTaskContext.get().partitionId()
@@ -315,10 +321,12 @@ def barrier_task(partition: Iterator[int], splits: list[Split], staging: str, wo
             _stage(output, staging, edges_only=True)
             held.append(output)
             held_bytes += size
+    _mark(marks, "decoded")
     skipped = _all_arrived(staging, "decoded", task, count, str(sum(len(summary[2]) for summary in summaries)))
+    _mark(marks, "met")
     figures = Figures()
     if strict and any(int(ranges) for ranges in skipped):
-        yield pickle.dumps((summaries, figures.to_bytes()))  # the driver refuses the recording
+        yield pickle.dumps((summaries, figures.to_bytes(), marks))  # the driver refuses the recording
         return
     edges = pa.concat_tables([feather.read_table(f"{staging}/split-{split_id:05d}-edges.arrow")
                               for split_id in range(len(splits))])
@@ -326,7 +334,9 @@ def barrier_task(partition: Iterator[int], splits: list[Split], staging: str, wo
     answers, figures, _rows = finish_edges(connection_share(edges, task, count), window, writer, "")
     del edges, _rows
     feather.write_feather(resolution_table(answers), f"{staging}/answers-{task:05d}.arrow", compression="lz4")
+    _mark(marks, "finished")
     _all_arrived(staging, "answered", task, count, "")
+    _mark(marks, "met again")
     resolution = pa.concat_tables([feather.read_table(f"{staging}/answers-{index:05d}.arrow")
                                    for index in range(count)])
     if held:  # the splits held in memory resolved together: a join and its set-up per table, not per split
@@ -336,8 +346,10 @@ def barrier_task(partition: Iterator[int], splits: list[Split], staging: str, wo
         del together
     for split_id in staged:
         figures.merge(_resolve_staged_split(split_id, staging, resolution, window, writer))
+    _mark(marks, "resolved")
     writer.flush()  # the task's rows, a file per table and partition value
-    yield pickle.dumps((summaries, figures.to_bytes()))
+    _mark(marks, "written")
+    yield pickle.dumps((summaries, figures.to_bytes(), marks))
 
 
 def staged_edges_task(batches: Iterator[pa.RecordBatch], staging: str) -> Iterator[pa.RecordBatch]:
@@ -623,11 +635,14 @@ def _run_barrier(spark: SparkSession, tasks: int, splits: list[Split], staging: 
     """The three steps as one Spark job of ``tasks`` barrier tasks (:func:`barrier_task`)."""
     task = functools.partial(barrier_task, splits=splits, staging=staging, work=work, window=window, strict=strict,
                              count=tasks)
+    submitted = time.time()
     for data in spark.sparkContext.parallelize(range(tasks), tasks).barrier().mapPartitions(task).collect():
-        summaries, figures = pickle.loads(data)
+        summaries, figures, marks = pickle.loads(data)
+        result.timeline.append([(phase, moment - submitted, cpu - marks[0][2]) for phase, moment, cpu in marks])
         for summary in summaries:
             _add_summary(result, summary)
         result.figures.merge(Figures.from_bytes(figures))
+    result.timings["job"] = time.time() - submitted
     if strict and result.figures.skipped:
         raise RecordingError(result.figures.skipped[0] + " (--strict)")
 

@@ -58,6 +58,9 @@ class AnalyzeResult:
     written: list[str] = field(default_factory=list)
     #: seconds per phase, for the progress summary and the benchmark
     timings: dict[str, float] = field(default_factory=dict)
+    #: per task of the one-job Spark plan, the phases it went through: (phase, seconds since the job was
+    #: submitted, CPU seconds its process used since the task started), for the benchmark
+    timeline: list[list[tuple[str, float, float]]] = field(default_factory=list)
 
 
 def decode_local_split(split: Split) -> SplitOutput:
