@@ -74,14 +74,15 @@ def decode_content_split(split: Split, content: bytes) -> SplitOutput:
     return decode_split(split, content, segment_recording_id(content))
 
 
-def finish_edges(edges: pa.Table, window: TimeWindow, writer: TableWriter | None, part: str
-                 ) -> tuple[list[tuple[object, ...]], Figures, ConnectionTables]:
+def finish_edges(edges: pa.Table, window: TimeWindow, writer: TableWriter | None, part: str,
+                 others: pa.Table | None = None) -> tuple[list[tuple[object, ...]], Figures, ConnectionTables]:
     """Step 2 for the edge rows of some connections (all rows of each one).
 
-    Writes the rows it makes when ``writer`` is given; returns the topic answers, the
-    figures and the rows.
+    Writes the rows it makes when ``writer`` is given; returns the topic answers (also
+    those of the connections in ``others``, see :func:`finish_connections`), the figures
+    and the rows.
     """
-    rows = finish_connections(edges, window)
+    rows = finish_connections(edges, window, others)
     figures = Figures()
     figures.add_requests(rows.requests)
     figures.add_errors(rows.errors)
