@@ -310,9 +310,12 @@ def _deal_edges(edges: pa.Table, staging: str, task: int, count: int) -> None:
     import pyarrow.compute as pc
     import pyarrow.feather as feather
 
+    # Each in one piece (a chunk per split made a compressed buffer per column and split: the common rows,
+    # ~300 on the 100 MiB pass, took 3.7 ms to write with LZ4, 0.9 ms in one uncompressed piece).
+    edges = edges.combine_chunks()
     is_send = pc.equal(edges["edge"], tb.EDGE_SEND)
     feather.write_feather(edges.filter(pc.invert(is_send)), f"{staging}/edges-{task:05d}-common.arrow",
-                          compression="lz4")
+                          compression="uncompressed")
     sends = edges.filter(is_send)
     owners = connection_owners(sends, count)
     for owner in range(count):
