@@ -41,9 +41,11 @@ one-process pass without writing) against today's decoder.  Run it when the mach
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -53,7 +55,7 @@ from proxy.analytics import compiled
 from proxy.analytics.pipeline import run_pipeline
 from proxy.analytics.reference import reference_tables
 from proxy.analytics.spark import spark_session
-from proxy.analytics.steps import analyze_in_process
+from proxy.analytics.steps import AnalyzeResult, analyze_in_process
 from proxy.analytics.synthetic import write_synthetic_recording
 
 
@@ -88,25 +90,89 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _tree_cpu(root: int) -> float:
-    """CPU seconds (user + system) used so far by process ``root`` and every process under it."""
-    tick = os.sysconf("SC_CLK_TCK")
-    parents: dict[int, int] = {}
-    used: dict[int, float] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+class TreeCpu:
+    """CPU seconds (user + system) a process tree uses while it is watched, processes that end meanwhile included.
+
+    Spark's Python workers are children of PySpark's daemon, which ignores SIGCHLD: a worker
+    that ends is reaped by the kernel and its CPU time is added to no one's (not to the
+    daemon's ``cutime``).  Summing the tree at the start and at the end therefore lost the
+    CPU of every worker that ended in between (a pass once showed ``cpu -0.0 s``).  A
+    thread reads the tree's processes every ``interval`` seconds instead, and keeps each
+    one's last reading: a process that ends loses at most its last interval.  Looking for
+    new processes means reading every process's stat (2 ms here), so that is done every
+    ``scan_every`` readings only (a process born and ended between two looks is missed:
+    Spark's workers live for many tasks); the thread used ~0.7 % of a core.  Its own CPU
+    is kept apart (:attr:`sampler_cpu`): it runs in the process measured with ``time.process_time``.
+    """
+
+    def __init__(self, root: int, interval: float = 0.05, scan_every: int = 10) -> None:
+        self.root = root
+        self.interval = interval
+        self.scan_every = scan_every
+        self.first: dict[int, float] = {}
+        self.last: dict[int, float] = {}
+        self.sampler_cpu = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="tree-cpu", daemon=True)
+
+    def __enter__(self) -> TreeCpu:
+        self.first = self._scan()
+        self.last = dict(self.first)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def used(self) -> float:
+        """CPU seconds of the tree since :meth:`__enter__` (a process that started since: all of its own)."""
+        return sum(seconds - self.first.get(pid, 0.0) for pid, seconds in self.last.items())
+
+    def _watch(self) -> None:
+        start = time.thread_time()
+        readings = 0
+        while not self._stop.wait(self.interval):
+            readings += 1
+            self.last.update(self._scan() if readings % self.scan_every == 0 else self._read(self.last))
+        self.last.update(self._scan())
+        self.sampler_cpu = time.thread_time() - start
+
+    @staticmethod
+    def _stat(pid: int) -> tuple[int, float] | None:
+        """``(parent pid, CPU seconds of the process itself)``, or None when it is gone."""
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
         except OSError:
-            continue
-        pid = int(stat.parent.name)
-        parents[pid] = int(fields[1])
-        used[pid] = (int(fields[11]) + int(fields[12])) / tick
-    total, stack = 0.0, [root]
-    while stack:
-        pid = stack.pop()
-        total += used.get(pid, 0.0)
-        stack += [child for child, parent in parents.items() if parent == pid]
-    return total
+            return None
+        return int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK
+
+    def _read(self, pids: dict[int, float]) -> dict[int, float]:
+        """The CPU seconds of ``pids`` that are still there."""
+        return {pid: stat[1] for pid in pids if (stat := self._stat(pid)) is not None}
+
+    def _scan(self) -> dict[int, float]:
+        """The CPU seconds so far of ``root`` and of every process under it."""
+        parents: dict[int, int] = {}
+        used: dict[int, float] = {}
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit() and (stat := self._stat(int(entry.name))) is not None:
+                parents[int(entry.name)], used[int(entry.name)] = stat
+        children: dict[int, list[int]] = {}
+        for pid, parent in parents.items():
+            children.setdefault(parent, []).append(pid)
+        tree, stack = {}, [self.root]
+        while stack:
+            pid = stack.pop()
+            if pid in used:
+                tree[pid] = used[pid]
+            stack += children.get(pid, [])
+        return tree
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
 
 
 def _import_decoder(batches: Iterator[Any]) -> Iterator[Any]:
@@ -166,17 +232,28 @@ def _first_use(spark: Any, path: Path, work: Path) -> float:
     return time.perf_counter() - start
 
 
-def _measured(work: Callable[[], object], jvm: int | None = None) -> tuple[float, float]:
-    """Wall-clock and CPU seconds of ``work()`` (with ``jvm``: that process's tree's CPU seconds too)."""
-    start, cpu, jvm_cpu = time.perf_counter(), time.process_time(), _tree_cpu(jvm) if jvm is not None else 0.0
-    work()
-    used = time.process_time() - cpu + (_tree_cpu(jvm) - jvm_cpu if jvm is not None else 0.0)
-    return time.perf_counter() - start, used
+Attempt = tuple[float, float, object]
 
 
-def _best_of(arms: dict[str, Callable[[], tuple[float, float]]], repeat: int) -> dict[str, list[tuple[float, float]]]:
+def _measured(work: Callable[[], object], jvm: int | None = None) -> Attempt:
+    """Wall-clock and CPU seconds of ``work()``, and what it returned.
+
+    With ``jvm``, the CPU seconds include that process's tree (:class:`TreeCpu`).
+    """
+    if jvm is None:
+        start, cpu = time.perf_counter(), time.process_time()
+        result = work()
+        return time.perf_counter() - start, time.process_time() - cpu, result
+    with TreeCpu(jvm) as tree:
+        start, cpu = time.perf_counter(), time.process_time()
+        result = work()
+        wall, used = time.perf_counter() - start, time.process_time() - cpu
+    return wall, used - tree.sampler_cpu + tree.used, result
+
+
+def _best_of(arms: dict[str, Callable[[], Attempt]], repeat: int) -> dict[str, list[Attempt]]:
     """Each arm ``repeat`` times, interleaved A B B A ... so that drift in the machine's load hits both alike."""
-    attempts: dict[str, list[tuple[float, float]]] = {name: [] for name in arms}
+    attempts: dict[str, list[Attempt]] = {name: [] for name in arms}
     names = list(arms)
     for attempt in range(repeat):
         for name in names if attempt % 2 == 0 else reversed(names):
@@ -192,16 +269,16 @@ def _one_run(run: int, args: argparse.Namespace, spark: object, path: Path, fram
     (least wall-clock seconds, and its CPU seconds), every attempt's seconds are shown too.
     """
 
-    def one_process() -> None:
+    def one_process() -> AnalyzeResult:
         shutil.rmtree(work / "one", ignore_errors=True)
-        analyze_in_process([str(path.parent)], str(work / "one"))
+        return analyze_in_process([str(path.parent)], str(work / "one"))
 
-    def on_spark() -> None:
+    def on_spark() -> AnalyzeResult:
         shutil.rmtree(work / "spark", ignore_errors=True)
-        run_pipeline(spark, [str(path.parent)], str(work / "spark"))  # type: ignore[arg-type]
+        return run_pipeline(spark, [str(path.parent)], str(work / "spark"))  # type: ignore[arg-type]
 
     jvm = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()  # type: ignore[attr-defined]
-    per_core: dict[str, Callable[[], tuple[float, float]]] = {
+    per_core: dict[str, Callable[[], Attempt]] = {
         # every step, every row, nothing written: today's pass's work
         "new": lambda: _measured(lambda: analyze_in_process([str(path.parent)], None))}
     if not args.skip_reference:
@@ -209,21 +286,22 @@ def _one_run(run: int, args: argparse.Namespace, spark: object, path: Path, fram
     attempts = _best_of(per_core, args.repeat)
     attempts.update(_best_of({"one": lambda: _measured(one_process),
                               "spark": lambda: _measured(on_spark, jvm)}, args.repeat))
-    best = {name: min(values) for name, values in attempts.items()}
+    best = {name: min(values, key=lambda attempt: attempt[0]) for name, values in attempts.items()}
     print(f"\nrun {run} (load average {os.getloadavg()[0]:.2f}; best of {args.repeat}, alternating; attempts: "
-          + "; ".join(f"{name} " + " ".join(f"{wall:.2f}" for wall, _ in values) for name, values in attempts.items())
+          + "; ".join(f"{name} " + " ".join(f"{attempt[0]:.2f}" for attempt in values)
+                      for name, values in attempts.items())
           + " s)")
     print(f"{'pass':<40}{'seconds':>9}{'frames/s':>12}{'MiB/s':>9}{'ratio':>8}")
-    decode, decode_cpu = best["new"]
+    decode, decode_cpu, _ = best["new"]
     if "today" in best:
-        reference, reference_cpu = best["today"]
+        reference, reference_cpu, _ = best["today"]
         print(f"{'today decoder, 1 process (baseline)':<40}{reference:>9.1f}{frames / reference:>12,.0f}"
               f"{mib / reference:>9.1f}{1.0:>8.2f}   cpu {reference_cpu:.1f} s")
         print(f"{'new decoder, 1 process, no writing':<40}{decode:>9.1f}{frames / decode:>12,.0f}"
               f"{mib / decode:>9.1f}{reference / decode:>8.2f}   cpu {decode_cpu:.1f} s "
               f"({reference_cpu / decode_cpu:.2f}x less than today's)")
-    single_time, single_cpu = best["one"]
-    spark_time, spark_cpu = best["spark"]
+    single_time, single_cpu, _ = best["one"]
+    spark_time, spark_cpu, spark_result = best["spark"]
     print(f"{'one process, all tables (baseline)':<40}{single_time:>9.1f}{frames / single_time:>12,.0f}"
           f"{mib / single_time:>9.1f}{1.0:>8.2f}   cpu {single_cpu:.1f} s")
     print(f"{'spark ' + args.master + ', all tables':<40}{spark_time:>9.1f}{frames / spark_time:>12,.0f}"
@@ -231,6 +309,20 @@ def _one_run(run: int, args: argparse.Namespace, spark: object, path: Path, fram
           f"Python workers: {spark_cpu / single_cpu:.2f}x one process)")
     print(f"(spark start-up {startup:.1f} s, not included; per-core decoding "
           + (f"{best['today'][0] / decode:.2f}x today's" if "today" in best else "not compared") + ")")
+    assert isinstance(spark_result, AnalyzeResult)
+    _print_timeline(spark_result)
+
+
+def _print_timeline(result: AnalyzeResult) -> None:
+    """Where the best Spark attempt's time went, per barrier task: each phase's end, its seconds and CPU seconds."""
+    if not result.timeline:
+        return
+    print(f"spark timeline (seconds since the job was submitted; the job took {result.timings['job']:.3f} s):")
+    for task, marks in enumerate(result.timeline):
+        phases = []
+        for (_, before, cpu_before), (phase, moment, cpu) in itertools.pairwise(marks):
+            phases.append(f"{phase} {moment:.3f} (+{moment - before:.3f}, cpu {cpu - cpu_before:.3f})")
+        print(f"  task {task}: start {marks[0][1]:.3f}; " + "; ".join(phases))
 
 
 if __name__ == "__main__":

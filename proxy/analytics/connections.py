@@ -268,8 +268,20 @@ def send_requests(sends: pa.Table, resolution: pa.Table, last_ts: pa.Table, wind
     return table.select(schema.names).cast(schema)
 
 
-def finish_connections(edges: pa.Table, window: TimeWindow) -> ConnectionTables:
-    """Finish every connection whose edge rows are in ``edges`` (an Arrow table, any row order)."""
+def _by_connection(edges: pa.Table) -> dict[tuple[str, int], list[dict[str, Any]]]:
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for row in edges.to_pylist():
+        groups.setdefault((row["recording"], row["conn_id"]), []).append(row)
+    return groups
+
+
+def finish_connections(edges: pa.Table, window: TimeWindow, others: pa.Table | None = None) -> ConnectionTables:
+    """Finish every connection whose edge rows are in ``edges`` (an Arrow table, any row order).
+
+    ``others``, edge rows of connections finished elsewhere (SEND rows not needed), only
+    adds their topic answers to :attr:`ConnectionTables.resolution`: their control frames
+    go through the session machine, nothing else is done with them and no rows are made.
+    """
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -277,11 +289,14 @@ def finish_connections(edges: pa.Table, window: TimeWindow) -> ConnectionTables:
 
     out = ConnectionRows()
     is_send = pc.equal(edges["edge"], tb.EDGE_SEND)
-    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for row in edges.filter(pc.invert(is_send)).to_pylist():
-        groups.setdefault((row["recording"], row["conn_id"]), []).append(row)
-    for (recording, conn_id), rows in groups.items():
+    for (recording, conn_id), rows in _by_connection(edges.filter(pc.invert(is_send))).items():
         ConnectionFinisher(recording, conn_id, out, window).run(rows)
+    if others is not None:
+        answering = others.filter(pc.is_in(others["edge"], pa.array([tb.EDGE_CONTROL, tb.EDGE_REF], pa.int32())))
+        for (recording, conn_id), rows in _by_connection(answering).items():
+            elsewhere = ConnectionRows()  # (made by the connection's own finisher)
+            ConnectionFinisher(recording, conn_id, elsewhere, window).run(rows)
+            out.resolution += elsewhere.resolution
     last_ts = pa.table({"recording": pa.array([r for r, _, _ in out.last_ts], pa.string()),
                         "conn_id": pa.array([c for _, c, _ in out.last_ts], pa.int64()),
                         "last_ts": pa.array([t for _, _, t in out.last_ts], pa.int64())})

@@ -24,9 +24,10 @@ steps run depends on the master:
   steps are **one job** of one barrier task per core (:func:`barrier_task`): the tasks
   claim splits as they go (:class:`SplitClaims`; the last ones cut small,
   :func:`~proxy.analytics.segments.taper_splits`, so that they end decoding together),
-  meet through files in the staging directory, finish the connections each owns (:func:`connection_share`) and resolve
-  the splits they decoded from memory.  A job costs ~0.15 s of waiting and JVM time
-  whatever it does, and the driver does no step's work;
+  meet once, through files in the staging directory, finish the connections each owns
+  (:func:`connection_owners`; each also answers the topic look-ups of the others' from
+  their control frames) and resolve the splits they decoded from memory.  A job costs
+  ~0.1 s of waiting and JVM time whatever it does, and the driver does no step's work;
 - elsewhere (clusters, where Spark reruns failed tasks), steps 1 and 3 are plain Spark
   tasks over groups of splits (:func:`decode_plain_task`, :func:`resolve_plain_task`:
   no query plan, nothing converted in the JVM) and step 2 runs on the driver.
@@ -47,6 +48,7 @@ import functools
 import os
 import pickle
 import re
+import time
 import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -150,12 +152,12 @@ def _split_summary(output: SplitOutput) -> tuple[int, int, list[Any], int]:
     return output.split.split_id, output.frames, output.skipped, output.edges.num_rows
 
 
-def _stage(output: SplitOutput, staging: str, *, edges_only: bool = False) -> None:
-    """A split's staged rows and edge rows (or only those), as files in ``staging`` (read by steps 2 and 3)."""
+def _stage(output: SplitOutput, staging: str, *, edges: bool = True) -> None:
+    """A split's staged rows and (unless not ``edges``) its edge rows, as files in ``staging`` (read by steps 2, 3)."""
     import pyarrow.feather as feather
 
     split_id = output.split.split_id
-    for name, table in [*([] if edges_only else output.staged.items()), ("edges", output.edges)]:
+    for name, table in [*output.staged.items(), *([("edges", output.edges)] if edges else [])]:
         feather.write_feather(table, f"{staging}/split-{split_id:05d}-{name}.arrow", compression="lz4")
 
 
@@ -239,20 +241,31 @@ class SplitClaims:
             yield split_id
 
 
-def connection_share(edges: pa.Table, task: int, tasks: int) -> pa.Table:
-    """The edge rows of the connections task ``task`` of ``tasks`` finishes (each connection to one task)."""
+def connection_owners(edges: pa.Table, tasks: int) -> Any:
+    """Which of ``tasks`` tasks finishes the connection of each of ``edges``' rows (a numpy array of task numbers).
+
+    A connection's key (its recording's CRC-32 plus its id) is mixed (SplitMix64's
+    finaliser) before it is dealt: connection ids come in patterns (the synthetic
+    recordings make every fourth connection a consumer's, which has no SEND rows), and
+    ``key % tasks`` gave one of two tasks all the consumers and so 1.5x the other's SEND
+    rows to pair (Fibonacci hashing, ``key * 0x9E3779B97F4A7C15``, kept a period of four).
+    """
     import zlib
 
     import numpy as np
-    import pyarrow as pa
     import pyarrow.compute as pc
 
     if tasks <= 1 or not edges.num_rows:
-        return edges
+        return np.zeros(edges.num_rows, dtype=np.int64)
     recordings = pc.dictionary_encode(edges["recording"].combine_chunks())
-    offsets = np.array([zlib.crc32(name.encode()) for name in recordings.dictionary.to_pylist()], dtype=np.int64)
-    keys = offsets[recordings.indices.to_numpy(zero_copy_only=False)] + edges["conn_id"].to_numpy()
-    return edges.filter(pa.array(keys % tasks == task))
+    offsets = np.array([zlib.crc32(name.encode()) for name in recordings.dictionary.to_pylist()], dtype=np.uint64)
+    keys = offsets[recordings.indices.to_numpy(zero_copy_only=False)] + edges["conn_id"].to_numpy().astype(np.uint64)
+    keys ^= keys >> np.uint64(30)  # (the products wrap around 2**64, as they should)
+    keys *= np.uint64(0xBF58476D1CE4E5B9)
+    keys ^= keys >> np.uint64(27)
+    keys *= np.uint64(0x94D049BB133111EB)
+    keys ^= keys >> np.uint64(31)
+    return (keys % np.uint64(tasks)).astype(np.int64)
 
 
 def _all_arrived(staging: str, point: str, task: int, count: int, note: str) -> list[str]:
@@ -263,8 +276,6 @@ def _all_arrived(staging: str, point: str, task: int, count: int, note: str) -> 
     The barrier stage has started every task, so the wait ends unless a task fails, and
     then Spark kills the others.
     """
-    import time
-
     directory = Path(staging) / point
     directory.mkdir(exist_ok=True)
     temporary = directory / f".{task:05d}"
@@ -278,8 +289,45 @@ def _all_arrived(staging: str, point: str, task: int, count: int, note: str) -> 
     return [(directory / name).read_text(encoding="utf-8") for name in names]
 
 
+def _mark(marks: list[tuple[str, float, float]], phase: str) -> None:
+    """A barrier task's timeline: when it reached ``phase`` (Unix time) and its process's CPU seconds then."""
+    marks.append((phase, time.time(), time.process_time()))
+
+
 #: Staged rows a barrier task keeps in memory for its third step; beyond that they go to the staging directory.
 HELD_BYTES: Final = 512 * 2**20
+
+
+def _deal_edges(edges: pa.Table, staging: str, task: int, count: int) -> None:
+    """A barrier task's edge rows as files in ``staging``: SEND rows to the task that owns their connection.
+
+    SEND rows (a SEND, its receipt) are nearly all of them, and only their connection's
+    owner reads them (``edges-TASK-to-OWNER``); the rest (control frames, topic look-ups,
+    chunks, problems, last times: a few per connection and split) every task reads
+    (``edges-TASK-common``), for the topic answers of every connection.
+    """
+    import numpy as np
+    import pyarrow.compute as pc
+    import pyarrow.feather as feather
+
+    # Each in one piece (a chunk per split made a compressed buffer per column and split: the common rows,
+    # ~300 on the 100 MiB pass, took 3.7 ms to write with LZ4, 0.9 ms in one uncompressed piece).
+    edges = edges.combine_chunks()
+    is_send = pc.equal(edges["edge"], tb.EDGE_SEND)
+    feather.write_feather(edges.filter(pc.invert(is_send)), f"{staging}/edges-{task:05d}-common.arrow",
+                          compression="uncompressed")
+    sends = edges.filter(is_send)
+    owners = connection_owners(sends, count)
+    for owner in range(count):
+        feather.write_feather(sends.filter(np.equal(owners, owner)), f"{staging}/edges-{task:05d}-to-{owner:05d}.arrow",
+                              compression="lz4")
+
+
+def _read_edges(staging: str, names: Sequence[str]) -> pa.Table:
+    import pyarrow as pa
+    import pyarrow.feather as feather
+
+    return pa.concat_tables([feather.read_table(f"{staging}/{name}.arrow") for name in names])
 
 
 def barrier_task(partition: Iterator[int], splits: list[Split], staging: str, work: str, window: TimeWindow,
@@ -287,48 +335,58 @@ def barrier_task(partition: Iterator[int], splits: list[Split], staging: str, wo
     """The three steps in one task per core, all tasks started together (Spark's barrier mode).
 
     Step 1 over the splits this task claims (:class:`SplitClaims`), their edge rows
-    written to ``staging``; when every task is there, step 2 for the connections this
-    task owns (:func:`connection_share`), its topic answers written to ``staging``;
-    when every task is there again, step 3 for the splits it decoded, from memory (all in one go).
-    Yields one pickled ``(summaries, figures)``.  Run only where a failed task fails
-    the job (:func:`_barrier_tasks`): claims and meeting points are not made for reruns.
+    dealt into files in ``staging`` (:func:`_deal_edges`); when every task is there,
+    step 2 for the connections this task owns (:func:`connection_owners`), which also
+    answers the topic look-ups of every other connection from its control frames (a
+    few per connection: cheaper than a second meeting to exchange answers, which cost the
+    tasks up to ~0.05 s of waiting for each other on the 100 MiB pass), and step 3 for the
+    splits it decoded, from memory (all in one go).  Yields one pickled ``(summaries,
+    figures, timeline)`` (the timeline: :func:`_mark`).  Run only where a failed task
+    fails the job (:func:`_barrier_tasks`): claims and the meeting point are not made for reruns.
     """
+    import numpy as np
     import pyarrow as pa
-    import pyarrow.feather as feather
     from pyspark import BarrierTaskContext
 
+    marks: list[tuple[str, float, float]] = []
+    _mark(marks, "start")
     _settle()
     del partition  # the task's number says what it does
     task = BarrierTaskContext.get().partitionId()
     held: list[SplitOutput] = []
     staged: list[int] = []
+    edges = [tb.arrow_schema(tb.EDGE).empty_table()]
     held_bytes = 0
     summaries = []
     for split_id in SplitClaims(f"{staging}/claims", [s.end - s.start for s in splits]):
         output = decode_local_split(splits[split_id])
         summaries.append(_split_summary(output))
+        edges.append(output.edges)
         size = sum(table.nbytes for table in output.staged.values())
         if held_bytes + size > HELD_BYTES:
-            _stage(output, staging)
+            _stage(output, staging, edges=False)
             staged.append(split_id)
         else:
-            _stage(output, staging, edges_only=True)
             held.append(output)
             held_bytes += size
+    _deal_edges(pa.concat_tables(edges), staging, task, count)
+    del edges
+    _mark(marks, "decoded")
     skipped = _all_arrived(staging, "decoded", task, count, str(sum(len(summary[2]) for summary in summaries)))
+    _mark(marks, "met")
     figures = Figures()
     if strict and any(int(ranges) for ranges in skipped):
-        yield pickle.dumps((summaries, figures.to_bytes()))  # the driver refuses the recording
+        yield pickle.dumps((summaries, figures.to_bytes(), marks))  # the driver refuses the recording
         return
-    edges = pa.concat_tables([feather.read_table(f"{staging}/split-{split_id:05d}-edges.arrow")
-                              for split_id in range(len(splits))])
+    common = _read_edges(staging, [f"edges-{index:05d}-common" for index in range(count)])
+    mine = np.equal(connection_owners(common, count), task)
+    own = pa.concat_tables([common.filter(mine),
+                            _read_edges(staging, [f"edges-{index:05d}-to-{task:05d}" for index in range(count)])])
     writer = BufferedTableWriter(Path(work).parent, Path(work), f"b{task:05d}")
-    answers, figures, _rows = finish_edges(connection_share(edges, task, count), window, writer, "")
-    del edges, _rows
-    feather.write_feather(resolution_table(answers), f"{staging}/answers-{task:05d}.arrow", compression="lz4")
-    _all_arrived(staging, "answered", task, count, "")
-    resolution = pa.concat_tables([feather.read_table(f"{staging}/answers-{index:05d}.arrow")
-                                   for index in range(count)])
+    answers, figures, _rows = finish_edges(own, window, writer, "", others=common.filter(np.logical_not(mine)))
+    del common, own, _rows
+    resolution = resolution_table(answers)
+    _mark(marks, "finished")
     if held:  # the splits held in memory resolved together: a join and its set-up per table, not per split
         together = {name: pa.concat_tables([output.staged[name] for output in held]) for name in held[0].staged}
         del held
@@ -336,8 +394,10 @@ def barrier_task(partition: Iterator[int], splits: list[Split], staging: str, wo
         del together
     for split_id in staged:
         figures.merge(_resolve_staged_split(split_id, staging, resolution, window, writer))
+    _mark(marks, "resolved")
     writer.flush()  # the task's rows, a file per table and partition value
-    yield pickle.dumps((summaries, figures.to_bytes()))
+    _mark(marks, "written")
+    yield pickle.dumps((summaries, figures.to_bytes(), marks))
 
 
 def staged_edges_task(batches: Iterator[pa.RecordBatch], staging: str) -> Iterator[pa.RecordBatch]:
@@ -623,11 +683,14 @@ def _run_barrier(spark: SparkSession, tasks: int, splits: list[Split], staging: 
     """The three steps as one Spark job of ``tasks`` barrier tasks (:func:`barrier_task`)."""
     task = functools.partial(barrier_task, splits=splits, staging=staging, work=work, window=window, strict=strict,
                              count=tasks)
+    submitted = time.time()
     for data in spark.sparkContext.parallelize(range(tasks), tasks).barrier().mapPartitions(task).collect():
-        summaries, figures = pickle.loads(data)
+        summaries, figures, marks = pickle.loads(data)
+        result.timeline.append([(phase, moment - submitted, cpu - marks[0][2]) for phase, moment, cpu in marks])
         for summary in summaries:
             _add_summary(result, summary)
         result.figures.merge(Figures.from_bytes(figures))
+    result.timings["job"] = time.time() - submitted
     if strict and result.figures.skipped:
         raise RecordingError(result.figures.skipped[0] + " (--strict)")
 
@@ -706,6 +769,6 @@ def parse_time(text: str) -> int:
     return int(moment.timestamp() * 1e9)
 
 
-__all__ = ["AnalyzeResult", "SplitClaims", "barrier_task", "connection_share", "decode_content_task",
+__all__ = ["AnalyzeResult", "SplitClaims", "barrier_task", "connection_owners", "decode_content_task",
            "decode_plain_task", "decode_task", "finish_task", "parse_time", "resolve_plain_task", "resolve_task",
            "run_pipeline", "task_groups", "unblob_task"]

@@ -58,6 +58,9 @@ class AnalyzeResult:
     written: list[str] = field(default_factory=list)
     #: seconds per phase, for the progress summary and the benchmark
     timings: dict[str, float] = field(default_factory=dict)
+    #: per task of the one-job Spark plan, the phases it went through: (phase, seconds since the job was
+    #: submitted, CPU seconds its process used since the task started), for the benchmark
+    timeline: list[list[tuple[str, float, float]]] = field(default_factory=list)
 
 
 def decode_local_split(split: Split) -> SplitOutput:
@@ -71,14 +74,15 @@ def decode_content_split(split: Split, content: bytes) -> SplitOutput:
     return decode_split(split, content, segment_recording_id(content))
 
 
-def finish_edges(edges: pa.Table, window: TimeWindow, writer: TableWriter | None, part: str
-                 ) -> tuple[list[tuple[object, ...]], Figures, ConnectionTables]:
+def finish_edges(edges: pa.Table, window: TimeWindow, writer: TableWriter | None, part: str,
+                 others: pa.Table | None = None) -> tuple[list[tuple[object, ...]], Figures, ConnectionTables]:
     """Step 2 for the edge rows of some connections (all rows of each one).
 
-    Writes the rows it makes when ``writer`` is given; returns the topic answers, the
-    figures and the rows.
+    Writes the rows it makes when ``writer`` is given; returns the topic answers (also
+    those of the connections in ``others``, see :func:`finish_connections`), the figures
+    and the rows.
     """
-    rows = finish_connections(edges, window)
+    rows = finish_connections(edges, window, others)
     figures = Figures()
     figures.add_requests(rows.requests)
     figures.add_errors(rows.errors)

@@ -336,17 +336,60 @@ def test_split_claims_give_every_split_to_exactly_one_task_largest_first(tmp_pat
 def test_each_connection_is_finished_by_exactly_one_task(tasks: int) -> None:
     import pyarrow as pa
 
-    from proxy.analytics.pipeline import connection_share
+    from proxy.analytics.pipeline import connection_owners
 
     edges = pa.table({"recording": ["a", "b", "a", "b", "a", "c"] * 50, "conn_id": list(range(6)) * 50,
                       "seq": list(range(300))})
-    shares = [connection_share(edges, task, tasks) for task in range(tasks)]
-    assert sorted(seq for share in shares for seq in share["seq"].to_pylist()) == list(range(300))
-    owners: dict[tuple[str, int], set[int]] = {}
-    for task, share in enumerate(shares):
-        for recording, conn_id in zip(share["recording"].to_pylist(), share["conn_id"].to_pylist(), strict=True):
-            owners.setdefault((recording, conn_id), set()).add(task)
-    assert all(len(tasks_of) == 1 for tasks_of in owners.values())
+    owners = connection_owners(edges, tasks).tolist()
+    assert len(owners) == 300 and set(owners) <= set(range(tasks))
+    owner_of: dict[tuple[str, int], set[int]] = {}
+    for recording, conn_id, owner in zip(edges["recording"].to_pylist(), edges["conn_id"].to_pylist(), owners,
+                                         strict=True):
+        owner_of.setdefault((recording, conn_id), set()).add(owner)
+    assert all(len(tasks_of) == 1 for tasks_of in owner_of.values())
+
+
+def test_connections_numbered_in_a_pattern_are_dealt_evenly() -> None:
+    """Every fourth connection a consumer's (no SEND rows), as in the synthetic recordings: two tasks get
+    about as many producers each (dealt by ``key % 2``, one got 50 and the other 25)."""
+    import pyarrow as pa
+
+    from proxy.analytics.pipeline import connection_owners
+
+    producers = [conn_id for conn_id in range(1, 101) if conn_id % 4]
+    owners = connection_owners(pa.table({"recording": ["20251122T093320Z-1"] * 75, "conn_id": producers}), 2)
+    assert 30 <= sum(owners.tolist()) <= 45
+
+
+def test_connections_finished_apart_give_the_rows_and_answers_of_all_finished_together(tmp_path: Path) -> None:
+    """What the one-job plan's tasks do: each finishes the connections it owns and answers the topic look-ups of
+    every other from its control frames only; together they make the rows and answers of one finisher of all."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from proxy.analytics import tables as tb
+    from proxy.analytics.connections import TimeWindow, finish_connections
+    from proxy.analytics.inputs import local_segments
+    from proxy.analytics.pipeline import connection_owners
+    from proxy.analytics.segments import plan_splits
+    from proxy.analytics.steps import decode_local_split
+
+    stats = write_synthetic_recording(tmp_path, 2**20, connections=9, segment_bytes=300_000,
+                                      features=Features(chunked=True, replication=True))
+    edges = pa.concat_tables([decode_local_split(split).edges
+                              for split in plan_splits(local_segments([str(stats.path)]), 100_000)])
+    whole = finish_connections(edges, TimeWindow())
+    owners = connection_owners(edges, 3)
+    is_send = pc.equal(edges["edge"], tb.EDGE_SEND).to_numpy(zero_copy_only=False)
+    parts = [finish_connections(edges.filter(owners == task), TimeWindow(),
+                                others=edges.filter((owners != task) & ~is_send)) for task in range(3)]
+    for name in ("frames", "requests", "messages", "errors"):
+        together: Counter[tuple[Any, ...]] = Counter()
+        for part in parts:
+            together.update(tuple(sorted(row.items())) for row in getattr(part, name).to_pylist())
+        assert together == Counter(tuple(sorted(row.items())) for row in getattr(whole, name).to_pylist()), name
+    assert all(sorted(part.resolution, key=repr) == sorted(whole.resolution, key=repr) for part in parts)
+    assert len({answer[1] for answer in whole.resolution}) == 9 and whole.requests.num_rows > 100
 
 
 @pytest.mark.parametrize("tasks", [1, 2, 4, 64])
