@@ -146,7 +146,7 @@ def _plain_message_id(raw: bytes, pos: int, end: int) -> bool:
     return pos == end and seen >= _MESSAGE_ID_REQUIRED
 
 
-def plain_metadata(raw: bytes, cmd_end: int, frame_end: int = -1) -> bool | None:
+def plain_metadata(raw: bytes | memoryview, cmd_end: int, frame_end: int = -1) -> bool | None:
     """Whether the payload after ``cmd_end`` says it is uncompressed: True, False, or None (could not tell).
 
     Reads MessageMetadata's ``compression`` as the full path does (protobuf's parser, in C:
