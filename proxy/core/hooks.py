@@ -127,7 +127,9 @@ class RunEvent:
     out as a :class:`FrameEvent`), so that a reader can tell when events were dropped.
     With ``ConnectionPipeline``'s ``run_views``, ``data`` is a ``memoryview`` of a buffer
     the relay reuses once ``publish`` returns: the observer hub copies it to ``bytes`` for
-    the observers its queue serves, and an ``immediate`` observer copies what it keeps.
+    the observers its queue serves (when they all set ``run_views = True``, into its run ring
+    instead: ``data`` is then a ``memoryview`` valid only until ``on_run`` returns), and an
+    ``immediate`` observer copies what it keeps.
     """
 
     connection: ConnectionInfo

@@ -164,14 +164,16 @@ class Recorder:
         ring = self._ring
         if not data:
             return True
-        offset = ring.put(data) if ring is not None and self._send is not None else None
+        # the queue's room first: a run it refuses is never copied (at saturation most runs are refused)
+        offset = ring.put(data) if ring is not None and self._send is not None \
+            and self._waiting < self.config.queue_size else None
         if offset is None:
             self.book.dropped(conn_id, count_frame_starts(data, lead))
             return False
         assert ring is not None
         if not self._offer_data(run_item(conn_id, direction, ts_ns, ring.view[offset:offset + len(data)], lead,
                                          stream_pos, offset)):
-            ring.take_back()
+            ring.take_back()  # (the queue is closed)
             self.book.dropped(conn_id, count_frame_starts(data, lead))
             return False
         return True

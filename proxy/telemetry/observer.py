@@ -20,6 +20,7 @@ time (:mod:`proxy.telemetry.bulk`); any other frame goes the per-frame way.
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 from proxy.core.hooks import ConnectionEvent, ConnectionInfo, FrameEvent, RunEvent
@@ -35,6 +36,8 @@ from proxy.telemetry.tracer import Peer, SpanWriter
 from proxy.telemetry.tracker import TRACEPARENT, ConnectionTimeline, Exchange, FrameOutcome
 
 TRACEPARENT_BYTES: Final = TRACEPARENT.encode()
+#: ``TRACEPARENT_BYTES`` searched for in a run (a ``memoryview`` has no ``find``)
+_TRACEPARENT_IN: Final = re.compile(re.escape(TRACEPARENT_BYTES)).search
 #: no topic at all (not even None): what the bulk path's last-topic caches hold before the first frame
 _NO_TOPIC: Final = object()
 #: frame types (the byte after a canonical command's ``08``) that :meth:`Telemetry.passed` may take
@@ -132,7 +135,7 @@ class Telemetry:
             self._publish_exchange(exchange, self._peers[conn_id])
         return True
 
-    def passed_run(self, conn_id: int, direction: Direction, data: bytes, pos: int, received_ns: int,
+    def passed_run(self, conn_id: int, direction: Direction, data: bytes | memoryview, pos: int, received_ns: int,
                    forwarded_ns: int, origin: str, broker: str | None) -> int:
         """:meth:`passed` (else :meth:`frame`) of each whole frame of ``data`` from ``pos``: where they end.
 
@@ -147,7 +150,7 @@ class Telemetry:
             return self._sends(timeline, conn_id, data, pos, received_ns, forwarded_ns, origin, broker)
         return self._receipts(timeline, conn_id, data, pos, received_ns, forwarded_ns, origin, broker)
 
-    def _sends(self, timeline: ConnectionTimeline, conn_id: int, data: bytes, pos: int, received_ns: int,
+    def _sends(self, timeline: ConnectionTimeline, conn_id: int, data: bytes | memoryview, pos: int, received_ns: int,
                forwarded_ns: int, origin: str, broker: str | None) -> int:
         end_of_data, head, match = len(data), FRAME_HEAD.unpack_from, SEND_COMMAND.fullmatch
         book = timeline.book
@@ -170,7 +173,7 @@ class Telemetry:
                 in_bulk, topic = known
                 if in_bulk and not (other_keys and key in other_keys) and not (
                         inspect and end > pos + 8 + cmd_size and (
-                            data.find(TRACEPARENT_BYTES, pos, end) >= 0
+                            _TRACEPARENT_IN(data, pos, end) is not None
                             or plain_metadata(data, pos + 8 + cmd_size, end) is not True)):
                     number = 1 if count is None else (count[0] if len(count) == 1 else varint_value(count))
                     entries[key] = (received_ns, forwarded_ns, end - pos, number, topic)
@@ -187,7 +190,8 @@ class Telemetry:
             self._count_sends(frames, pos - stretch, messages, origin)
             frames = 0
             messages = {}
-            self._one_frame(conn_id, Direction.TO_BROKER, data[pos:end], received_ns, forwarded_ns, origin, broker)
+            self._one_frame(conn_id, Direction.TO_BROKER, bytes(data[pos:end]), received_ns, forwarded_ns, origin,
+                            broker)
             producers.clear()
             capacity, forgets = timeline.bulk_capacity() if timeline.connected and conn_id in self._timelines \
                 else (0, False)
@@ -212,8 +216,8 @@ class Telemetry:
             metrics.frame(command, direction.value, origin, size, frames)
         return metrics
 
-    def _receipts(self, timeline: ConnectionTimeline, conn_id: int, data: bytes, pos: int, received_ns: int,
-                  forwarded_ns: int, origin: str, broker: str | None) -> int:
+    def _receipts(self, timeline: ConnectionTimeline, conn_id: int, data: bytes | memoryview, pos: int,
+                  received_ns: int, forwarded_ns: int, origin: str, broker: str | None) -> int:
         end_of_data, head, match = len(data), FRAME_HEAD.unpack_from, RECEIPT_COMMAND.fullmatch
         book, spans = timeline.book, self.spans
         entries, other_keys = book.entries, book.other_keys
@@ -252,7 +256,8 @@ class Telemetry:
             frames = 0
             latencies = {}
             last_topic = _NO_TOPIC
-            self._one_frame(conn_id, Direction.TO_CLIENT, data[pos:end], received_ns, forwarded_ns, origin, broker)
+            self._one_frame(conn_id, Direction.TO_CLIENT, bytes(data[pos:end]), received_ns, forwarded_ns, origin,
+                            broker)
             bulk = timeline.connected and conn_id in self._timelines
             pos = stretch = end
         self._count_receipts(frames, pos - stretch, latencies, origin)
@@ -264,14 +269,14 @@ class Telemetry:
             for topic, seconds in latencies.items():
                 metrics.requests("SEND", topic, "ok", seconds)
 
-    def _frames_one_by_one(self, conn_id: int, direction: Direction, data: bytes, pos: int, received_ns: int,
-                           forwarded_ns: int, origin: str, broker: str | None) -> int:
+    def _frames_one_by_one(self, conn_id: int, direction: Direction, data: bytes | memoryview, pos: int,
+                           received_ns: int, forwarded_ns: int, origin: str, broker: str | None) -> int:
         end_of_data, head = len(data), FRAME_HEAD.unpack_from
         while end_of_data - pos >= 8:
             end = pos + head(data, pos)[0] + 4
             if end > end_of_data:
                 break
-            self._one_frame(conn_id, direction, data[pos:end], received_ns, forwarded_ns, origin, broker)
+            self._one_frame(conn_id, direction, bytes(data[pos:end]), received_ns, forwarded_ns, origin, broker)
             pos = end
         return pos
 
@@ -343,6 +348,9 @@ class TelemetryObserver:
     needs_observation = False
     #: each run is cut into frames and each frame worked on: long runs come in pieces
     runs_in_pieces = True
+    #: a run's ``data`` may be a view the hub reuses once ``on_run`` returns: nothing of it is kept but
+    #: copies (the cutter's carry, a frame's ``bytes``)
+    run_views = True
 
     def __init__(self, telemetry: Telemetry) -> None:
         self.telemetry = telemetry

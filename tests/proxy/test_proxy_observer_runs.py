@@ -418,3 +418,54 @@ def test_pieces_of_a_long_run_still_to_deliver_count_as_queued() -> None:
     trio.run(deliver)
     assert seen == list(range(19, -1, -1))
     assert hub.queued == 0
+
+
+async def test_observers_that_take_views_get_runs_copied_into_the_hubs_ring_and_its_space_comes_back() -> None:
+    """With every queued observer taking views (``run_views``: telemetry), the hub copies each run into its
+    run ring, not into a ``bytes`` of its own (those filled the top of the heap and, freed together,
+    were given back to the system and faulted in again): what each observer reads is the stream as
+    received, though the relay reuses its buffer, and the ring's space is reused once delivered."""
+    import trio
+    import trio.testing
+
+    class Views(_Collect):
+        run_views = True
+
+        def on_run(self, event: RunEvent) -> None:
+            assert type(event.data) is memoryview
+            self.log.append((event.stream_pos, bytes(event.data)))
+
+    log: list[object] = []
+    hub = ObserverHub([Views(log)], queue_bytes=2500, run_piece_bytes=512, slice_seconds=60.0)
+    info = ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None)
+    stream = sends(200, 40)  # frames of ~75 bytes, 4 rounds' worth
+    buffer = bytearray(1000)  # the relay's receive buffer
+    runs, position, accepted, dropped = 0, 0, [], 0
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(hub.run)
+        for round_ in range(4):
+            for _ in range(4):  # 4 runs of 900 bytes a round: the ring takes 2 of them
+                if position >= len(stream):
+                    break
+                chunk = stream[position:position + 900]
+                buffer[:len(chunk)] = chunk
+                before = hub.dropped
+                hub.publish(RunEvent(info, TO_BROKER, 0, memoryview(buffer)[:len(chunk)], 0,  # type: ignore[arg-type]
+                                     position, 0))
+                if hub.dropped == before:
+                    accepted.append((position, chunk))
+                else:
+                    dropped += 1
+                buffer[:] = b"\xff" * len(buffer)  # reused
+                position += len(chunk)
+                runs += 1
+            await trio.testing.wait_all_tasks_blocked()  # the hub delivered all
+            assert hub.queued == 0
+            assert hub._ring is not None and hub._ring.runs == 0, round_  # delivered: its space is free
+        hub.close()
+    assert dropped and len(accepted) >= 2 * 4 - 1  # each round's first runs fit again
+    delivered: dict[int, bytes] = dict(log)  # type: ignore[arg-type]  # (stream position: bytes of each piece)
+    got = b"".join(delivered[pos] for pos in sorted(delivered))
+    assert got == b"".join(chunk for _, chunk in accepted)
+    assert hub.delivered == len(log) > len(accepted)  # (in pieces)
+    assert hub._queued_run_bytes == 0

@@ -7,6 +7,7 @@ import pickle
 import struct
 from pathlib import Path
 
+import pytest
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -146,6 +147,31 @@ async def test_a_full_ring_drops_runs_counts_their_frames_and_never_blocks(tmp_p
     recording = open_recordings(tmp_path).recordings[0]
     assert recording.frames_dropped == recorder.stats.frames_dropped == refused
     assert len(list(recording.frames())) == len(frames) - refused
+
+
+async def test_a_run_the_full_queue_refuses_is_counted_and_never_copied_into_the_ring(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The queue's room is checked before the copy: at saturation most runs are refused, and copying each
+    into the ring first cost the relay their bytes' worth of memory traffic for nothing."""
+    copied: list[int] = []
+    put = RunRing.put
+
+    def counting_put(ring: RunRing, data: bytes | memoryview) -> int | None:
+        copied.append(len(data))
+        return put(ring, data)
+
+    monkeypatch.setattr(RunRing, "put", counting_put)
+    run = b"".join(f.raw for f in session(sends=20) if f.direction == "to_broker")
+    frames_per_run = count_frame_starts(run, 0)
+    with trio.fail_after(10):
+        async with Recorder(RecordConfig(dir=tmp_path, queue_size=8)) as recorder:
+            recorder.open_connection(1, "127.0.0.1:5000", "127.0.0.1:6650", "rewrite", BASE_NS)
+            accepted = [recorder.record_run(1, "to_broker", BASE_NS, run, 0, index * len(run))  # no checkpoint
+                        for index in range(50)]
+    assert accepted == [True] * 8 + [False] * 42
+    assert copied == [len(run)] * 8
+    assert recorder.stats.frames_dropped == 42 * frames_per_run
+    assert recorder.stats.frames_recorded + recorder.stats.frames_dropped == 50 * frames_per_run
 
 
 async def test_after_the_writer_process_died_runs_are_counted_as_dropped_and_the_ring_never_stays_full(
