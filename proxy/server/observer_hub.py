@@ -106,6 +106,10 @@ class ObserverHub:
         self._queued_run_bytes = 0
         self.dropped = 0
         self.delivered = 0
+        #: events put on the queue, and taken off it by the hub's task (an event sent while the task
+        #: waits goes straight to it and is never in the channel's buffer: see queued)
+        self._sent = 0
+        self._taken = 0
         self.observer_errors = 0
         self.slice_seconds = slice_seconds
         self.max_slice_seconds = max(max_slice_seconds, slice_seconds)
@@ -156,8 +160,13 @@ class ObserverHub:
 
     @property
     def queued(self) -> int:
-        """Events published and not yet delivered (pieces of a run taken off the queue included)."""
-        return self._send.statistics().current_buffer_used + len(self._pieces)
+        """Events published and not yet delivered (pieces of a run taken off the queue included).
+
+        Counted, not read off the channel: an event sent while the hub's task waits for one is
+        handed to that task and never sits in the channel's buffer, yet is not delivered until
+        the task runs.
+        """
+        return self._sent - self._taken + len(self._pieces)
 
     def _split(self) -> None:
         self._immediate = [observer for observer in self.observers if getattr(observer, "immediate", False)]
@@ -198,6 +207,7 @@ class ObserverHub:
             if ring is not None:
                 ring.take_back()
             return
+        self._sent += 1
         self._queued_run_bytes += run_bytes
         if ring is not None:
             self._ring_sizes.append(run_bytes)
@@ -267,6 +277,7 @@ class ObserverHub:
 
     def _take(self, event: Event) -> None:
         """Queue an event for delivery; a long run as pieces cut between frames."""
+        self._taken += 1
         if type(event) is not RunEvent or len(event.data) <= self.run_piece_bytes or not self.cuts_runs:
             self._pieces.append(event)
             return

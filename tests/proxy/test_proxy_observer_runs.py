@@ -420,6 +420,26 @@ def test_pieces_of_a_long_run_still_to_deliver_count_as_queued() -> None:
     assert hub.queued == 0
 
 
+async def test_an_event_handed_straight_to_the_waiting_hub_counts_as_queued_until_delivered() -> None:
+    # The test API's capture windows end once ``queued`` is 0: an event published while the hub's
+    # task waits goes straight to that task (never into the channel's buffer) and must still count,
+    # or a window ends before its last frame is delivered (a capture that missed 1 frame of 30).
+    import trio
+    import trio.testing
+
+    log: list[object] = []
+    hub = ObserverHub([_Collect(log)])
+    info = ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(hub.run)
+        await trio.testing.wait_all_tasks_blocked()  # the hub's task waits for an event
+        hub.publish(RunEvent(info, TO_BROKER, 0, sends(1, 10), 0, 0, 0))
+        assert hub.queued == 1 and not log
+        await trio.testing.wait_all_tasks_blocked()
+        assert hub.queued == 0 and len(log) == 1 and hub.delivered == 1
+        hub.close()
+
+
 async def test_observers_that_take_views_get_runs_copied_into_the_hubs_ring_and_its_space_comes_back() -> None:
     """With every queued observer taking views (``run_views``: telemetry), the hub copies each run into its
     run ring, not into a ``bytes`` of its own (those filled the top of the heap and, freed together,
