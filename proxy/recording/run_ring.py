@@ -18,11 +18,11 @@ bytes the ring goes back to its start whenever those are all free: while the wri
 keeps up, runs reuse the same few MiB, and the rest of the ring fills only when a
 backlog builds up.  Those first MiB are written once when the ring is made
 (:meth:`RunRing.prefault`, before traffic); pages stay allocated once written, so the
-recorder gives back the pages past them (:meth:`RunRing.tick`) when the ring has been
-empty for a while: a burst of traffic does not leave the proxy holding the ring's size
-for good.  The memory is a ``memfd`` (an
-unlinked temporary file where there is none): it has no name, and goes away when both
-processes have let go of it, whichever way they end.
+recorder gives back the pages past them (:meth:`RunRing.tick`) once no run has lain past
+them for a while, although runs may still come and go in the first MiB (traffic that
+trickles on after a burst): a burst does not leave the proxy holding the ring's size for good.
+The memory is a ``memfd`` (an unlinked temporary file where there is none): it has no name,
+and goes away when both processes have let go of it, whichever way they end.
 """
 
 from __future__ import annotations
@@ -73,8 +73,10 @@ class RunRing:
         self._runs: deque[tuple[int, int]] = deque()
         #: the most of the ring written since it was last trimmed
         self._written_to = 0
-        #: runs put in so far, and as of the previous tick
-        self._puts = self._puts_at_tick = 0
+        #: runs in the ring that end past ``reuse_from`` (pages a trim would take)
+        self._high_runs = 0
+        #: runs put in so far that ended past ``reuse_from``, and as of the previous tick
+        self._high_puts = self._high_puts_at_tick = 0
 
     @classmethod
     def create(cls, size: int) -> RunRing:
@@ -123,23 +125,28 @@ class RunRing:
                 start = head
             else:
                 return None
-        self.view[start:start + size] = data
-        runs.append((start, start + size))
-        self._written_to = max(self._written_to, start + size)
-        self._puts += 1
+        end = start + size
+        self.view[start:end] = data
+        runs.append((start, end))
+        if end > self._written_to:
+            self._written_to = end
+        if end > self.reuse_from:
+            self._high_runs += 1
+            self._high_puts += 1
         return start
 
     def tick(self) -> None:
-        """Call it every second or so: trims the ring when it is empty and nothing came since the previous tick."""
-        if self._puts == self._puts_at_tick:
+        """Call it every second or so: trims the ring when no run lies past ``reuse_from`` and none went
+        there since the previous tick (runs may come and go before it meanwhile)."""
+        if self._high_puts == self._high_puts_at_tick:
             self.trim()
-        self._puts_at_tick = self._puts
+        self._high_puts_at_tick = self._high_puts
 
     def trim(self) -> None:
-        """Give the pages of an empty ring past ``reuse_from`` back to the system (written again, they
-        come back as zeros)."""
+        """Give the ring's pages past ``reuse_from`` back to the system when no run lies there (written
+        again, they come back as zeros)."""
         remove = getattr(mmap, "MADV_REMOVE", None)  # Linux
-        if self._runs or self._written_to <= self.reuse_from or remove is None:
+        if self._high_runs or self._written_to <= self.reuse_from or remove is None:
             return
         with contextlib.suppress(OSError):
             # (whole pages: reuse_from is a multiple of the page size unless it is the whole ring)
@@ -148,18 +155,21 @@ class RunRing:
 
     def take_back(self) -> None:
         """Release the newest run (its item was not queued after all)."""
-        self._runs.pop()
+        if self._runs.pop()[1] > self.reuse_from:
+            self._high_runs -= 1
 
     def release(self, count: int) -> None:
         """Release the ``count`` oldest runs (written, or given up)."""
-        runs = self._runs
+        runs, reuse_from = self._runs, self.reuse_from
         for _ in range(count):
-            runs.popleft()
+            if runs.popleft()[1] > reuse_from:
+                self._high_runs -= 1
 
     def close(self) -> None:
         """Unmap (views of it still held elsewhere keep it mapped until they go) and close the descriptor."""
         self.close_fd()
         self._runs.clear()
+        self._high_runs = 0
         with contextlib.suppress(BufferError):  # runs still viewed somewhere: unmapped when collected
             self.view.release()
             self._map.close()

@@ -73,6 +73,10 @@ MAX_SLICE_SECONDS: Final = 0.02
 #: not stop observers
 MAX_OVERDRAFT_SECONDS: Final = 0.2
 
+#: how often the hub's run ring is told the time (it gives back the pages of a backlog that has gone), while
+#: events come or not
+RING_TICK_SECONDS: Final = 1.0
+
 #: a run longer than this is delivered in pieces of about this size, cut between frames
 RUN_PIECE_BYTES: Final = 32 * 1024
 
@@ -221,20 +225,27 @@ class ObserverHub:
         receive, pieces = self._receive, self._pieces
         clock, side_clock = self._clock, self._side_clock
         try:
-            await self._deliver_until_closed(receive, pieces, clock, side_clock)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._tick_ring)
+                await self._deliver_until_closed(receive, pieces, clock, side_clock)
+                nursery.cancel_scope.cancel()
         finally:
             if self._ring is not None:
                 self._ring.close()  # (views still held somewhere keep it mapped until they go)
 
+    async def _tick_ring(self) -> None:
+        """Tell the run ring the time while events come or not: it gives back the pages a backlog took once
+        the backlog has gone (a task of its own: the delivery loop may wait for an event for good)."""
+        while True:
+            await trio.sleep(RING_TICK_SECONDS)
+            if self._ring is not None:
+                self._ring.tick()
+
     async def _deliver_until_closed(self, receive: trio.MemoryReceiveChannel[Event], pieces: deque[Event],
                                     clock: Callable[[], float], side_clock: Callable[[], float]) -> None:
         turn_ended, side_before = clock(), side_clock()
-        next_tick = turn_ended + 1.0
         async with receive:
             while True:
-                if turn_ended >= next_tick and self._ring is not None:
-                    self._ring.tick()  # (an idle ring gives back the pages a backlog took)
-                    next_tick = turn_ended + 1.0
                 if pieces:
                     await trio.lowlevel.checkpoint()  # the rest of a long run: the relays go first
                 else:

@@ -190,6 +190,14 @@ class _Collect:
         self.log.append(event)
 
 
+class _Views(_Collect):
+    run_views = True
+
+    def on_run(self, event: RunEvent) -> None:
+        assert type(event.data) is memoryview
+        self.log.append((event.stream_pos, bytes(event.data)))
+
+
 async def _deliver_all(hub: ObserverHub, *events: RunEvent, ticks: list[object] | None = None) -> None:
     import trio
 
@@ -448,15 +456,8 @@ async def test_observers_that_take_views_get_runs_copied_into_the_hubs_ring_and_
     import trio
     import trio.testing
 
-    class Views(_Collect):
-        run_views = True
-
-        def on_run(self, event: RunEvent) -> None:
-            assert type(event.data) is memoryview
-            self.log.append((event.stream_pos, bytes(event.data)))
-
     log: list[object] = []
-    hub = ObserverHub([Views(log)], queue_bytes=2500, run_piece_bytes=512, slice_seconds=60.0)
+    hub = ObserverHub([_Views(log)], queue_bytes=2500, run_piece_bytes=512, slice_seconds=60.0)
     info = ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None)
     stream = sends(200, 40)  # frames of ~75 bytes, 4 rounds' worth
     buffer = bytearray(1000)  # the relay's receive buffer
@@ -489,3 +490,46 @@ async def test_observers_that_take_views_get_runs_copied_into_the_hubs_ring_and_
     assert got == b"".join(chunk for _, chunk in accepted)
     assert hub.delivered == len(log) > len(accepted)  # (in pieces)
     assert hub._queued_run_bytes == 0
+
+
+async def test_the_hubs_ring_gives_back_a_backlogs_pages_once_it_has_gone_though_no_event_comes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A burst fills the hub's ring past the pages runs reuse; once delivered, those pages go back to the
+    system although the proxy then stays idle (the hub's delivery task waits for an event for good)."""
+    import os
+
+    import trio
+    import trio.testing
+
+    from proxy.recording import run_ring
+    from proxy.server import observer_hub
+
+    monkeypatch.setattr(run_ring, "REUSE_FROM", 256 * 1024)
+    monkeypatch.setattr(observer_hub, "RING_TICK_SECONDS", 0.02)
+    log: list[object] = []
+    hub = ObserverHub([_Views(log)], queue_bytes=1 << 20, slice_seconds=60.0)
+    info = ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None)
+    run = sends(1300, 40)  # ~100 KiB of frames
+
+    def resident_kib() -> int:
+        assert hub._ring is not None and hub._ring.fd is not None
+        return os.fstat(hub._ring.fd).st_blocks // 2
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(hub.run)
+            for position in range(0, 8 * len(run), len(run)):  # a burst: 8 runs before the hub's task goes on
+                hub.publish(RunEvent(info, TO_BROKER, 0, run, 0, position, 0))
+            assert hub.dropped == 0 and resident_kib() >= 700
+            await trio.testing.wait_all_tasks_blocked()
+            assert hub.queued == 0 and hub._ring is not None and hub._ring.runs == 0
+            for _ in range(500):  # (no event comes any more)
+                if resident_kib() <= 256:
+                    break
+                await trio.sleep(0.01)
+            assert resident_kib() <= 256
+            hub.publish(RunEvent(info, TO_BROKER, 0, run, 0, 8 * len(run), 0))  # the ring is in use again
+            await trio.testing.wait_all_tasks_blocked()
+            assert hub.queued == 0 and hub._ring is not None and hub._ring.runs == 0
+            hub.close()
+    assert b"".join(data for _, data in sorted(log)) == run * 9  # type: ignore[misc]

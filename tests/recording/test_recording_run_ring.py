@@ -69,7 +69,7 @@ def _resident_kib(ring: RunRing) -> int:
     return os.fstat(ring.fd).st_blocks // 2
 
 
-def test_the_first_pages_are_written_before_traffic_and_an_empty_ring_gives_the_rest_back() -> None:
+def test_the_first_pages_are_written_before_traffic_and_the_rest_given_back_once_no_run_lies_there() -> None:
     ring = RunRing.create(1 << 20)
     ring.reuse_from = 256 * 1024
     try:
@@ -78,18 +78,32 @@ def test_the_first_pages_are_written_before_traffic_and_an_empty_ring_gives_the_
         assert _resident_kib(ring) == 256
         for _ in range(8):
             ring.put(b"r" * (100 * 1024))
-        ring.release(8)
+        ring.release(7)
         assert _resident_kib(ring) >= 800
-        ring.tick()  # runs came since the start: kept
-        assert _resident_kib(ring) >= 800
-        ring.put(b"s" * 1024)
-        ring.tick()
-        ring.tick()  # nothing came since the previous tick, but a run is still in: kept
-        assert _resident_kib(ring) >= 800 and bytes(ring.view[:4]) == b"ssss"
+        ring.tick()  # runs went past the first pages since the start: kept
+        ring.tick()  # nothing came since, but a run still lies past them: kept
+        assert _resident_kib(ring) >= 800 and bytes(ring.view[700 * 1024:700 * 1024 + 4]) == b"rrrr"
         ring.release(1)
+        assert ring.put(b"s" * 1024) == 0  # back at the start
         ring.tick()
-        assert _resident_kib(ring) == 256  # the pages runs reuse stay
-        assert ring.put(b"t" * 10) == 0 and bytes(ring.view[:10]) == b"t" * 10
+        assert _resident_kib(ring) == 256  # the pages runs reuse stay, and so does the run in them
+        assert bytes(ring.view[:1024]) == b"s" * 1024
+        # Traffic trickling on after a burst (a run in the ring at every tick) no longer keeps the burst's pages.
+        ring.release(1)  # ("s")
+        assert ring.put(b"u" * (300 * 1024)) == 0  # past the first pages
+        resident = []
+        for _ in range(3):
+            ring.put(b"v" * 1024)  # the first after "u", past the first pages; then back at the start
+            ring.release(1)
+            ring.tick()
+            resident.append(_resident_kib(ring))
+        assert ring.runs == 1 and resident[0] >= 300 and resident[1:] == [256, 256]
+        ring.take_back()
+        assert ring.put(b"w" * (300 * 1024)) is not None  # past the first pages again: taken back, not counted
+        ring.take_back()
+        ring.tick()
+        ring.tick()
+        assert _resident_kib(ring) == 256
     finally:
         ring.close()
 

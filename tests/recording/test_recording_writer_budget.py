@@ -87,3 +87,39 @@ async def test_a_batch_for_the_writer_holds_a_bounded_number_of_run_bytes() -> N
     assert len(batch) == recorder._BATCH_BYTES // len(run)
     assert taken == batch[1:]  # each record taken off the queue is reported (its room is free again)
     assert receive.statistics().current_buffer_used == 20 - len(batch)
+
+
+async def test_records_that_come_while_a_batch_gathers_are_taken_when_its_window_ends(autojump_clock: object) -> None:
+    """The write loop reads the queue when a batch begins and when its window ends, not as records come (a
+    wake-up per record was a turn of the loop per relayed read): records that came meanwhile wait in the
+    queue until the window's end, then all join the batch; those after it wait for the next batch."""
+    import trio
+
+    from proxy.recording.writer import RunItem
+    from proxy.server import recorder
+
+    send, receive = trio.open_memory_channel[object](100)
+    record = RunItem(1, 1, 0, b"r", 0, 0)
+    for _ in range(3):
+        send.send_nowait(record)
+    batch: list[object] = [receive.receive_nowait()]
+    taken: list[object] = []
+    start = trio.current_time()
+    waiting_mid_window: list[int] = []
+
+    async def trickle() -> None:
+        for index in range(10):  # a record a millisecond, from 1 ms into the window
+            await trio.sleep_until(start + 0.001 * (index + 1))
+            send.send_nowait(record)
+        await trio.sleep_until(start + 0.015)
+        waiting_mid_window.append(receive.statistics().current_buffer_used)
+        await trio.sleep_until(start + 0.025)  # after the window
+        send.send_nowait(record)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trickle)
+        ended = await recorder._gather(receive, batch, start + 0.02, taken.append)  # type: ignore[arg-type]
+        assert trio.current_time() == start + 0.02
+    assert not ended and len(batch) == 1 + 2 + 10 and taken == batch[1:]
+    assert waiting_mid_window == [10]  # none taken while the window was open
+    assert receive.statistics().current_buffer_used == 1
