@@ -22,6 +22,8 @@ in their own processes, identical for every path, so the ratios compare the prox
     .venv/bin/python bench/passthrough.py --profile /tmp/tap.prof   # pulsar-tap under cProfile
     .venv/bin/python bench/passthrough.py --no-pulsar-proxy         # without the two JVM arms
     .venv/bin/python bench/passthrough.py --observers               # only the observer arms (below)
+    .venv/bin/python bench/passthrough.py --interleaved --baseline /tmp/main   # latency only, every
+        path's round trips taken in turn (a shared machine's load shifts between phases)
     .venv/bin/python bench/passthrough.py --baseline /tmp/main      # also the pulsar-tap of another
         checkout (e.g. ``git archive main | tar -x -C /tmp/main``), measured just before this one:
         a before/after from the same run, as the ``tap/baseline`` column
@@ -362,6 +364,47 @@ def latency(port: int, rounds: int) -> tuple[float, float]:
     sock.close()
     samples.sort()
     return samples[len(samples) // 2] / 1000, samples[int(len(samples) * 0.99)] / 1000
+
+
+def interleaved_latency(arms: dict[str, tuple[int, int | None]], rounds: int) -> dict[str, dict[str, float]]:
+    """p50/p99 (us) and CPU us per round trip of each arm (name -> port, pid), measured together.
+
+    Each arm's connection does one SEND -> SEND_RECEIPT in turn (the order reversed every
+    round), so every arm meets the same machine: on a shared machine whose speed changes
+    from second to second, phases one after another compare moments, not paths.
+    """
+    frame = send_frame(100)
+    socks = {name: open_session(port, "echo") for name, (port, _) in arms.items()}
+    names = list(arms)
+    samples: dict[str, list[int]] = {name: [] for name in names}
+    cpu_before = {name: cpu_seconds(pid) for name, (_, pid) in arms.items()}
+    for index in range(rounds + 200):
+        for name in names if index % 2 else reversed(names):
+            sock = socks[name]
+            begin = time.perf_counter_ns()
+            sock.sendall(frame)
+            got = 0
+            while got < len(RECEIPT):
+                got += len(sock.recv(4096))
+            if index >= 200:  # warm-up excluded
+                samples[name].append(time.perf_counter_ns() - begin)
+    results = {}
+    for name, (_, pid) in arms.items():
+        socks[name].close()
+        ordered = sorted(samples[name])
+        results[name] = {"p50 us": ordered[len(ordered) // 2] / 1000,
+                         "p99 us": ordered[int(len(ordered) * 0.99)] / 1000,
+                         "proxy CPU us/rt seq": (cpu_seconds(pid) - cpu_before[name]) / (rounds + 200) * 1e6}
+    return results
+
+
+def print_interleaved(results: dict[str, dict[str, float]]) -> None:
+    direct = results["direct"]
+    print(f"{'interleaved':<12}{'p50 us':>10}{'added':>9}{'p99 us':>10}{'added':>9}{'CPU us/rt':>11}")
+    for name, row in results.items():
+        added_p50, added_p99 = row["p50 us"] - direct["p50 us"], row["p99 us"] - direct["p99 us"]
+        print(f"{name:<12}{row['p50 us']:>10.1f}{added_p50:>+9.1f}{row['p99 us']:>10.1f}{added_p99:>+9.1f}"
+              f"{row['proxy CPU us/rt seq']:>11.1f}")
 
 
 def concurrency(port: int, connections: int, duration: float) -> float:
@@ -870,6 +913,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --profile: profile this observer arm (e.g. recording) instead of the plain run")
     parser.add_argument("--no-pulsar-proxy", action="store_true",
                         help="leave out Apache Pulsar's proxy (its two arms start a JVM each)")
+    parser.add_argument("--interleaved", action="store_true",
+                        help="only latency, of direct, haproxy, --baseline and pulsar-tap together: their round "
+                             "trips taken in turn, so that each meets the same load (see interleaved_latency)")
     args = parser.parse_args(argv)
     if args.quick:
         args.duration, args.rounds = 0.7, 2000
@@ -899,6 +945,20 @@ def main(argv: list[str] | None = None) -> int:
             workdir = Path(tmp)
             print(f"cpus: {os.cpu_count()}; load average {os.getloadavg()[0]:.2f}; phases of {args.duration:g}s; "
                   f"{args.rounds} round trips", flush=True)
+            if args.interleaved:
+                with contextlib.ExitStack() as running:
+                    arms: dict[str, tuple[int, int | None]] = {"direct": (target, None)}
+                    hap = running.enter_context(haproxy(target, workdir))
+                    if hap is not None:
+                        arms["haproxy"] = hap
+                    if args.baseline is not None:
+                        (workdir / "baseline").mkdir()
+                        arms["baseline"] = running.enter_context(
+                            pulsar_tap(target, workdir / "baseline", None, args.baseline))
+                    (workdir / "tap").mkdir()
+                    arms["pulsar-tap"] = running.enter_context(pulsar_tap(target, workdir / "tap", None))
+                    print_interleaved(interleaved_latency(arms, args.rounds))
+                return 0
             if args.observers:
                 observers = measure_observers(target, reports, workdir, otlp_listen.getsockname()[1], args)
             columns["direct"] = None

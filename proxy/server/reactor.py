@@ -117,24 +117,27 @@ class Reactor:
             self._serve(self._epoll.poll(0))
 
     def _serve(self, events: list[tuple[int, int]]) -> None:
-        """One round: call the handlers of ``events``, and of those that asked to be called again."""
-        ready = [(fd, 0) for fd in self._again]
-        self._again = []
-        ready.extend(events)
+        """One round: call the handlers of those that asked to be called again, and of ``events``."""
         self.rounds += 1
+        if self._again:
+            ready = [(fd, 0) for fd in self._again]
+            self._again = []
+            ready.extend(events)
+            events = ready
         handlers = self._handlers
-        for fd, flags in ready:
+        for fd, flags in events:
             handler = handlers.get(fd)
             if handler is not None and handler(flags):
                 self._again.append(fd)
 
     def wait_in_trios_place(self, timeout: float, loop: LoopWait) -> None:
         """Trio is about to sleep up to ``timeout`` s: serve the relay sockets until it has something to do."""
-        epoll, loop_fd = self._epoll, loop.epoll_fd
-        until = time.perf_counter() + timeout
+        # (this loop runs once per hop: what it reads of objects is read once, here)
+        poll, loop_fd, runq, clock = self._epoll.poll, loop.epoll_fd, loop.runq, time.perf_counter
+        until = clock() + timeout
         wait = 0.0 if self._again else timeout
         while True:
-            events = epoll.poll(wait)
+            events = poll(wait)
             loop_ready = False
             for index, (fd, _) in enumerate(events):
                 if fd == loop_fd:
@@ -145,8 +148,8 @@ class Reactor:
                 self._serve(events)
             if loop_ready or timeout <= 0:
                 return  # Trio's own wait returns at once (or does not block)
-            left = until - time.perf_counter()
-            if loop.runnable() or left <= 0:
+            left = until - clock()
+            if runq or left <= 0:
                 # a handler made a task runnable, or the deadline Trio would have woken for came
                 loop.wake()
                 return
@@ -159,7 +162,8 @@ class LoopWait(trio.abc.Instrument):
     def __init__(self, reactor: Reactor, runner: Any) -> None:
         # (what is read of Trio's runner: each is mutated in place, never replaced, for the whole run)
         self.reactor = reactor
-        self._runq = runner.runq
+        #: Trio's run queue: a task is ready to run while it is not empty
+        self.runq: Any = runner.runq
         self._waiting_for_idle = runner.waiting_for_idle
         self.wake: Callable[[], None] = runner.io_manager.force_wakeup
         """Make Trio's wait, which comes next, return at once."""
@@ -188,10 +192,6 @@ class LoopWait(trio.abc.Instrument):
             trio.lowlevel.remove_instrument(self)
         with contextlib.suppress(OSError, ValueError):
             self.reactor._epoll.unregister(self.epoll_fd)
-
-    def runnable(self) -> bool:
-        """A task is ready to run."""
-        return bool(self._runq)
 
     def before_io_wait(self, timeout: float) -> None:
         if self._waiting_for_idle:

@@ -81,22 +81,42 @@ def next_conn_id() -> int:
     return next(_conn_ids)
 
 
+def _trios_system_clock() -> type | None:
+    """Trio's own clock class (not public API; trio is pinned, and another version's is read as any clock)."""
+    try:
+        from trio._core._run import SystemClock
+    except ImportError:
+        return None
+    return SystemClock
+
+
+_TRIOS_SYSTEM_CLOCK: Final = _trios_system_clock()
+
+
 class TrioEpochClock:
     """Unix epoch ns that advance with Trio's clock: the wall clock is read once, at creation.
 
-    Call it (and create it) inside a Trio run.
+    Call it (and create it) inside a Trio run.  It is read on every relayed read: under Trio's
+    own clock (``offset + perf_counter()``) it reads ``perf_counter_ns`` itself, one call in
+    place of two and float arithmetic; any other clock (a test's virtual time) is read as Trio reads it.
     """
 
-    __slots__ = ("_epoch_ns", "_trio_start", "_trio_now")
+    __slots__ = ("_base_ns", "_elapsed_ns")
 
     def __init__(self) -> None:
-        # the run's clock itself (what trio.current_time() reads, without the lookups per call)
-        self._trio_now = trio.lowlevel.current_clock().current_time
-        self._epoch_ns = time.time_ns()
-        self._trio_start = self._trio_now()
+        clock = trio.lowlevel.current_clock()
+        epoch_ns = time.time_ns()
+        if _TRIOS_SYSTEM_CLOCK is not None and type(clock) is _TRIOS_SYSTEM_CLOCK:
+            self._elapsed_ns: Callable[[], int] = time.perf_counter_ns
+            self._base_ns = epoch_ns - time.perf_counter_ns()
+        else:
+            # the run's clock itself (what trio.current_time() reads, without the lookups per call)
+            trio_now, trio_start = clock.current_time, clock.current_time()
+            self._elapsed_ns = lambda: int((trio_now() - trio_start) * 1e9)
+            self._base_ns = epoch_ns
 
     def __call__(self) -> int:
-        return self._epoch_ns + int((self._trio_now() - self._trio_start) * 1e9)
+        return self._base_ns + self._elapsed_ns()
 
 
 @dataclass(slots=True)
@@ -462,13 +482,14 @@ class _ReactorPump:
 
     def _write_now(self, actions: list[Action]) -> list[Action] | None:
         """Carry out the leading writes that need no wait; the rest goes to the task."""
+        relay = self.relay
         for index, action in enumerate(actions):
             if type(action) is not Send or action.slice_bytes:
                 return actions[index:]
-            target = self.relay.upstream if action.direction is TO_BROKER else self.relay.client
-            if not isinstance(target, SocketTransport) or target.write_busy:
+            target = relay.upstream if action.direction is TO_BROKER else relay.client
+            left = target.try_send(action.data) if type(target) is SocketTransport else None
+            if left is None:
                 return actions[index:]
-            left = target.send_now(action.data)
             if left:
                 return [Send(action.direction, left), *actions[index + 1:]]
         return None

@@ -119,11 +119,6 @@ class SocketTransport:
                 _BUFFER_POOL.append(self._buffer)
             self._buffer = None
 
-    @property
-    def write_busy(self) -> bool:
-        """A write is waiting for the socket: others must queue behind it (use ``send``)."""
-        return self._write_lock.locked()
-
     def try_receive(self) -> bytes | memoryview | None:
         """The reactor's receive: the next bytes without waiting; None when there are none yet."""
         buffer = self._buffer
@@ -140,12 +135,17 @@ class SocketTransport:
             raise trio.BrokenResourceError(f"receive from {self.peer} failed: {exc}") from None
         if size <= _COPY_BELOW:
             data = bytes(memoryview(buffer)[:size])
-            self._release_buffer()
+            if len(_BUFFER_POOL) < _BUFFER_POOL_MAX:  # (_release_buffer, inline: the reactor's every hop)
+                _BUFFER_POOL.append(buffer)
+            self._buffer = None
             return data
         return memoryview(buffer)[:size]
 
-    def send_now(self, pieces: list[Piece | bytes]) -> list[Piece | bytes]:
-        """Write what the kernel takes without waiting; returns the rest (callers check write_busy)."""
+    def try_send(self, pieces: list[Piece | bytes]) -> list[Piece | bytes] | None:
+        """The reactor's write: what the kernel takes without waiting, and the rest; None (nothing
+        written) while a write waits for the socket (the caller queues behind it with ``send``)."""
+        if self._write_lock.locked():
+            return None
         return self._send_now(pieces)
 
     async def receive(self) -> bytes | memoryview:
@@ -226,6 +226,8 @@ class SocketTransport:
                 if self._closed:
                     raise trio.ClosedResourceError("transport closed") from None
                 raise trio.BrokenResourceError(f"send to {self.peer} failed: {exc}") from None
+            if len(pieces) == 1 and sent == len(pieces[0]):  # type: ignore[arg-type]
+                return []  # (one piece, all of it written: a relayed small read's usual case)
             pieces = _advance(pieces, sent)
         return pieces
 

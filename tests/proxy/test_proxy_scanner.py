@@ -436,3 +436,56 @@ def test_of_a_bad_command_and_a_bad_header_in_a_long_row_the_first_is_reported(
     frames[header_at] = (10 << 20).to_bytes(4, "big") + frames[header_at][4:]
     with pytest.raises(ProtocolError, match=expected):
         FrameScanner(max_frame_bytes=1 << 20).feed(b"".join(frames))
+
+
+# -- the small-read lane: one whole frame per read decides as the scan does -----------------------
+def _frame_per_read(scanner: FrameScanner, reads: list[bytes | memoryview]
+                    ) -> tuple[list[tuple[str, bytes]], str | None, int, int]:
+    """Each read's pieces (kind, bytes), the error if one was raised, frames scanned, frames still to walk."""
+    pieces: list[tuple[str, bytes]] = []
+    error = None
+    try:
+        for read in reads:
+            for piece in scanner.feed(read):
+                pieces.append(("frame", piece.raw) if isinstance(piece, Frame) else ("bytes", bytes(piece)))
+    except ProtocolError as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    return pieces, error, scanner.frames_scanned, scanner._walk
+
+
+@st.composite
+def one_frame_reads(draw: st.DrawFn) -> tuple[list[bytes], int, bool]:
+    """Frames of every type (some damaged), each read alone, as a peer answering one request at a time writes them."""
+    frames = draw(st.lists(st.sampled_from([*fuzz.corpus(), send_frame(60, 5), FLOW, PING]), min_size=1, max_size=6))
+    reads = []
+    for frame in frames:
+        data = bytearray(frame)
+        if draw(st.integers(0, 3)) == 0:
+            data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
+        reads.append(bytes(data))
+    return reads, draw(st.integers(0, 7)), draw(st.booleans())
+
+
+@given(one_frame_reads())
+@settings(max_examples=1500, deadline=None)
+def test_a_read_of_one_whole_frame_gets_the_scans_verdict_through_the_small_read_lane(
+        case: tuple[list[bytes], int, bool]) -> None:
+    """The lane a one-frame read takes (``_one_frame``) hands out, refuses and counts exactly as the scan of
+    the same reads does with the lane closed; as bytes and as a view of a receive buffer alike."""
+    reads, flags, as_views = case
+    wanted, want_all = fuzz.WANTED_CHOICES[flags & 3], flags & 4 != 0
+    fed: list[bytes | memoryview] = [memoryview(bytearray(read)) if as_views else read for read in reads]
+    with_lane = FrameScanner(1 << 20, wanted, want_all=want_all)
+    scan_only = FrameScanner(1 << 20, wanted, want_all=want_all)
+    scan_only._one_frame = lambda data: None  # type: ignore[method-assign]
+    assert _frame_per_read(with_lane, fed) == _frame_per_read(scan_only, fed)
+
+
+def test_the_small_read_lane_takes_a_lone_frame_nobody_wants_and_leaves_the_rest_to_the_scan() -> None:
+    """(So the property test above compares the lane with the scan, not the scan with itself.)"""
+    scanner = FrameScanner(1 << 20, frozenset({T.PING}))
+    send = send_frame(60, 5)
+    assert scanner._one_frame(send) == [send]
+    assert scanner._one_frame(send + PING) is None      # more than one frame
+    assert scanner._one_frame(send[:-1]) is None        # not whole
+    assert scanner._one_frame(PING) is None             # wanted: handed out as a Frame by the scan
