@@ -958,9 +958,12 @@ def print_table(columns: dict[str, dict[str, float] | None], samples: Samples) -
 
 
 def print_rounds(samples: Samples, phase: float) -> None:
-    """pulsar-tap over haproxy (and over the baseline) round by round, with their median and min."""
-    pairs = [(f"tap/{bottom}", bottom) for bottom in ("haproxy", "baseline") if bottom in samples]
-    if not pairs or "pulsar-tap" not in samples:
+    """pulsar-tap over haproxy (and over the baseline, and the baseline over haproxy) round by round, with
+    their median and min."""
+    pairs = [(f"{top}/{bottom}".replace("pulsar-tap", "tap"), top, bottom)
+             for top, bottom in (("pulsar-tap", "haproxy"), ("pulsar-tap", "baseline"), ("baseline", "haproxy"))
+             if top in samples and bottom in samples]
+    if not pairs:
         return
     keys = [key for key in samples["pulsar-tap"] if len(samples["pulsar-tap"][key]) > 1
             and not key.startswith("frames/s")]  # (the same ratios as MiB/s)
@@ -968,11 +971,11 @@ def print_rounds(samples: Samples, phase: float) -> None:
         return
     print(f"per-round ratios ({len(samples['pulsar-tap'][keys[0]])} interleaved rounds, phases of {phase:.2g}s; "
           "the table's ratios are their medians)")
-    for label, bottom in pairs:
+    for label, top, bottom in pairs:
         for key in keys:
-            ratios = round_ratios(samples, "pulsar-tap", bottom, key)
+            ratios = round_ratios(samples, top, bottom, key)
             if ratios is not None:
-                print(f"  {label:<13}{key:<20}" + " ".join(f"{ratio:5.2f}" for ratio in ratios)
+                print(f"  {label:<17}{key:<20}" + " ".join(f"{ratio:5.2f}" for ratio in ratios)
                       + f"   median {median(ratios):.2f}  min {min(ratios):.2f}")
 
 
