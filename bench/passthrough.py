@@ -808,11 +808,14 @@ def start_paths(stack: contextlib.ExitStack, target: int, workdir: Path, reports
             paths[PULSAR_PROXY_2] = None
             break
         warm_up(paths[name][0], reports)  # type: ignore[index]
+    # (each pulsar-tap in a directory of its own: its ready file)
     if args.baseline is not None:
         if not (args.baseline / "proxy" / "__init__.py").is_file():
             raise SystemExit(f"--baseline {args.baseline}: no proxy/ package there")
-        paths["baseline"] = stack.enter_context(pulsar_tap(target, workdir, None, args.baseline))
-    paths["pulsar-tap"] = stack.enter_context(pulsar_tap(target, workdir,
+        (workdir / "baseline").mkdir()
+        paths["baseline"] = stack.enter_context(pulsar_tap(target, workdir / "baseline", None, args.baseline))
+    (workdir / "tap").mkdir()
+    paths["pulsar-tap"] = stack.enter_context(pulsar_tap(target, workdir / "tap",
                                                          None if args.profile_arm else args.profile))
     print("paths started: " + ", ".join(name for name, path in paths.items() if path is not None), flush=True)
     return paths
