@@ -5,7 +5,8 @@ Measures, through each path to the same stand-in broker:
 - passthrough throughput, one way: SEND frames of 100 B, 1 KiB, 16 KiB and 512 KiB
   (whole-frame sizes) written in 1 MiB writes; MiB/s and frames/s, timed from the
   client's first write to the broker's last byte;
-- round-trip latency: p50/p99 of sequential SEND -> SEND_RECEIPT on one connection;
+- round-trip latency: p50/p99 of sequential SEND -> SEND_RECEIPT on one connection per
+  path, every path's round trips taken in turn (:func:`interleaved_latency`);
 - concurrency: 200 connections each doing sequential round trips; round trips/s.
 
 haproxy runs ``mode tcp`` with one thread (Debian's package; skipped with a note if
@@ -17,15 +18,25 @@ it, after a warm-up for its JIT; pulsar-tap runs with no rules, no recording and
 telemetry off.  The stand-in broker and the load client are plain ``selectors`` loops
 in their own processes, identical for every path, so the ratios compare the proxies.
 
+Every path is started first and stays up; throughput (each size) and concurrency then run
+in ``--interleave`` rounds (10), each round running each phase through every path one after
+another (their order rotated each round), a phase lasting ``--duration`` / rounds.  The
+machine's speed swings (two cores shared by client, sink and proxy; other work on it), so
+a ratio is taken round by round, between phases that ran seconds apart: the table shows
+each path's median over the rounds and the median of the per-round ratios, and a section
+after it each round's tap/haproxy (and tap/baseline) ratio with their median and min.
+Latency runs after the rounds, path by path.
+
     .venv/bin/python bench/passthrough.py              # the full run (about a minute)
     .venv/bin/python bench/passthrough.py --quick      # shorter phases
+    .venv/bin/python bench/passthrough.py --interleave 8 --duration 4   # more, longer rounds
     .venv/bin/python bench/passthrough.py --profile /tmp/tap.prof   # pulsar-tap under cProfile
     .venv/bin/python bench/passthrough.py --no-pulsar-proxy         # without the two JVM arms
     .venv/bin/python bench/passthrough.py --observers               # only the observer arms (below)
     .venv/bin/python bench/passthrough.py --interleaved --baseline /tmp/main   # latency only, every
         path's round trips taken in turn (a shared machine's load shifts between phases)
     .venv/bin/python bench/passthrough.py --baseline /tmp/main      # also the pulsar-tap of another
-        checkout (e.g. ``git archive main | tar -x -C /tmp/main``), measured just before this one:
+        checkout (e.g. ``git archive main | tar -x -C /tmp/main``), measured in the same rounds:
         a before/after from the same run, as the ``tap/baseline`` column
 
 Observer arms (``--observers`` runs only these; a full run ends with them): pulsar-tap
@@ -809,44 +820,137 @@ def print_observers(results: dict[str, dict[str, float]]) -> None:
 
 # -- the run ---------------------------------------------------------------------------------
 def cpu_seconds(pid: int | None) -> float:
-    """User + system CPU time a process has used so far (0 without a process)."""
+    """CPU time the threads of a process have used so far (0 without a process).
+
+    (From the scheduler's nanoseconds per thread: the clock ticks of /proc/PID/stat, 10 ms,
+    were 5 % of a short phase's CPU.)
+    """
     if pid is None:
         return 0.0
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that just ended
+            total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e9
 
 
-def measure(port: int, reports: Any, args: argparse.Namespace, pid: int | None = None) -> dict[str, float]:
-    """Every phase through ``port``; with ``pid``, also the proxy's CPU time per round trip."""
-    results: dict[str, float] = {}
-    if args.only in (None, "throughput"):
-        for label, size in SIZES:
-            mib, frames = throughput(port, reports, size, args.duration)
-            results[f"MiB/s {label}"] = mib
-            results[f"frames/s {label}"] = frames
-    if args.only in (None, "latency"):
-        cpu_before = cpu_seconds(pid)
-        p50, p99 = latency(port, args.rounds)
-        results["p50 us"] = p50
-        results["p99 us"] = p99
-        results["proxy CPU us/rt seq"] = (cpu_seconds(pid) - cpu_before) / (args.rounds + 200) * 1e6
+def start_paths(stack: contextlib.ExitStack, target: int, workdir: Path, reports: Any,
+                args: argparse.Namespace) -> dict[str, tuple[int, int | None] | None]:
+    """Start every path to the stand-in broker at once (stopped when ``stack`` closes): name -> (port,
+    proxy pid), in the table's order; None for a path that cannot run here."""
+    paths: dict[str, tuple[int, int | None] | None] = {"direct": (target, None)}
+    paths["haproxy"] = stack.enter_context(haproxy(target, workdir))
+    if paths["haproxy"] is None:
+        print("haproxy was not found: its column is left out (install Debian's haproxy)")
+    for name, level in ((PULSAR_PROXY_0, 0), (PULSAR_PROXY_2, 2)):
+        paths[name] = None
+        if args.no_pulsar_proxy:
+            continue
+        paths[name] = stack.enter_context(pulsar_proxy(target, workdir, level))
+        if paths[name] is None:
+            print("Apache Pulsar's proxy is not installed (bash scripts/setup.sh): its columns are left out")
+            paths[PULSAR_PROXY_2] = None
+            break
+        warm_up(paths[name][0], reports)  # type: ignore[index]
+    # (each pulsar-tap in a directory of its own: its ready file)
+    if args.baseline is not None:
+        if not (args.baseline / "proxy" / "__init__.py").is_file():
+            raise SystemExit(f"--baseline {args.baseline}: no proxy/ package there")
+        (workdir / "baseline").mkdir()
+        paths["baseline"] = stack.enter_context(pulsar_tap(target, workdir / "baseline", None, args.baseline))
+    (workdir / "tap").mkdir()
+    paths["pulsar-tap"] = stack.enter_context(pulsar_tap(target, workdir / "tap",
+                                                         None if args.profile_arm else args.profile))
+    print("paths started: " + ", ".join(name for name, path in paths.items() if path is not None), flush=True)
+    return paths
+
+
+#: the measures of the concurrency phase (after latency in the table)
+CONCURRENCY = ("concurrent rt/s", "proxy CPU us/rt conc")
+#: per path, per measure: one sample per interleaved round
+Samples = dict[str, dict[str, list[float]]]
+
+
+def measure_interleaved(paths: dict[str, tuple[int, int | None]], reports: Any,
+                        args: argparse.Namespace) -> Samples:
+    """Throughput (each size) and concurrency through every path, interleaved.
+
+    Each of ``args.interleave`` rounds runs each phase through every path one after
+    another (the paths' order rotated by one each round), a phase lasting ``duration /
+    interleave`` seconds: the paths compared in a round ran seconds apart, so a slow
+    stretch of the machine lowers one round's samples of all of them, and the median of
+    the per-round ratios (:func:`round_ratios`) does not rest on it.
+    """
+    samples: Samples = {name: {} for name in paths}
+    phase = args.duration / args.interleave
+    names = list(paths)
+    concurrent_cpu = dict.fromkeys(names, 0.0)
+    concurrent_trips = dict.fromkeys(names, 0.0)
+    for round_index in range(args.interleave):
+        shift = round_index % len(names)
+        order = names[shift:] + names[:shift]
+        if args.only in (None, "throughput"):
+            for label, size in SIZES:
+                for name in order:
+                    port, pid = paths[name]
+                    cpu_before = cpu_seconds(pid)
+                    mib, frames = throughput(port, reports, size, phase)
+                    cpu = cpu_seconds(pid) - cpu_before
+                    samples[name].setdefault(f"MiB/s {label}", []).append(mib)
+                    samples[name].setdefault(f"frames/s {label}", []).append(frames)
+                    samples[name].setdefault(f"CPU us/MiB {label}", []).append(
+                        cpu / (SENT_FRAMES[-1] * size / (1024 * 1024)) * 1e6)
+        if args.only in (None, "concurrency"):
+            for name in order:
+                port, pid = paths[name]
+                cpu_before = cpu_seconds(pid)
+                rate = concurrency(port, CONCURRENT_CONNECTIONS, phase)
+                concurrent_cpu[name] += cpu_seconds(pid) - cpu_before
+                concurrent_trips[name] += rate * phase
+                samples[name].setdefault("concurrent rt/s", []).append(rate)
+        print(f"round {round_index + 1} of {args.interleave} done (load average {os.getloadavg()[0]:.2f})", flush=True)
     if args.only in (None, "concurrency"):
-        cpu_before = cpu_seconds(pid)
-        rate = concurrency(port, CONCURRENT_CONNECTIONS, args.duration)
-        results["concurrent rt/s"] = rate
-        results["proxy CPU us/rt conc"] = (cpu_seconds(pid) - cpu_before) / (rate * args.duration) * 1e6
-    return results
+        for name in names:
+            # (one value: the CPU of every round over the round trips of every round)
+            samples[name]["proxy CPU us/rt conc"] = [concurrent_cpu[name] / concurrent_trips[name] * 1e6]
+    return samples
 
 
-def targets(direct: dict[str, float], haproxy_r: dict[str, float] | None,
-            tap: dict[str, float]) -> list[tuple[str, str, bool | None]]:
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def round_ratios(samples: Samples, top: str, bottom: str, key: str) -> list[float] | None:
+    """``top``'s sample over ``bottom``'s, round by round (None unless both paths have one per round)."""
+    tops, bottoms = samples.get(top, {}).get(key), samples.get(bottom, {}).get(key)
+    if not tops or not bottoms or len(tops) != len(bottoms) or len(tops) < 2 or not all(bottoms):
+        return None
+    return [a / b for a, b in zip(tops, bottoms, strict=True)]
+
+
+def ratio_of(columns: dict[str, dict[str, float] | None], samples: Samples, top: str, bottom: str,
+             key: str) -> float | None:
+    """``top`` over ``bottom`` for ``key``: the median of the per-round ratios where both ran it interleaved,
+    else the ratio of their values (None where a path was not run)."""
+    per_round = round_ratios(samples, top, bottom, key)
+    if per_round is not None:
+        return median(per_round)
+    upper, lower = columns.get(top), columns.get(bottom)
+    if upper is None or lower is None or not lower.get(key):
+        return None
+    return upper[key] / lower[key]
+
+
+def targets(columns: dict[str, dict[str, float] | None], samples: Samples) -> list[tuple[str, str, bool | None]]:
     checks: list[tuple[str, str, bool | None]] = []
+    direct, tap = columns["direct"], columns["pulsar-tap"]
+    assert direct is not None and tap is not None
 
     def ratio_check(key: str, minimum: float) -> None:
-        if haproxy_r is None:
-            checks.append((key, f">= {minimum}x haproxy", None))
-            return
-        checks.append((key, f">= {minimum}x haproxy", tap[key] >= minimum * haproxy_r[key]))
+        ratio = ratio_of(columns, samples, "pulsar-tap", "haproxy", key)
+        checks.append((key, f">= {minimum}x haproxy", None if ratio is None else ratio >= minimum))
 
     ratio_check("MiB/s 1 KiB", 0.6)
     ratio_check("MiB/s 16 KiB", 0.9)
@@ -862,8 +966,9 @@ RATIOS = (("tap/haproxy", "haproxy"), ("tap/pproxy0", PULSAR_PROXY_0), ("tap/ppr
           ("pproxy0/hap", None), ("tap/direct", "direct"))
 
 
-def print_table(columns: dict[str, dict[str, float] | None]) -> None:
-    """One row per measure, one column per path, then the ratios (n/a where a path was not run)."""
+def print_table(columns: dict[str, dict[str, float] | None], samples: Samples) -> None:
+    """One row per measure, one column per path (the median of its rounds where interleaved), then the
+    ratios (medians of the per-round ratios where interleaved; n/a where a path was not run)."""
     names = list(columns)
     keys = list(next(c for c in columns.values() if c is not None))
     baseline = columns.get("baseline")
@@ -875,27 +980,53 @@ def print_table(columns: dict[str, dict[str, float] | None]) -> None:
             column = columns[name]
             row += f"{column[key]:>15,.1f}" if column is not None else f"{'n/a':>15}"
         for _label, base in RATIOS:
-            top = columns.get(PULSAR_PROXY_0 if base is None else "pulsar-tap")
-            bottom = columns.get("haproxy" if base is None else base)
-            ok = top is not None and bottom is not None and bottom[key]
-            row += f"{top[key] / bottom[key]:>12.2f}x" if ok else f"{'n/a':>13}"  # type: ignore[index]
+            top, bottom = (PULSAR_PROXY_0, "haproxy") if base is None else ("pulsar-tap", base)
+            ratio = ratio_of(columns, samples, top, bottom, key)
+            row += f"{ratio:>12.2f}x" if ratio is not None else f"{'n/a':>13}"
         if baseline:
-            tap = columns["pulsar-tap"]
-            assert tap is not None
-            row += f"{tap[key] / baseline[key]:>13.2f}x" if baseline[key] else f"{'n/a':>14}"
+            ratio = ratio_of(columns, samples, "pulsar-tap", "baseline", key)
+            row += f"{ratio:>13.2f}x" if ratio is not None else f"{'n/a':>14}"
         print(row)
+
+
+def print_rounds(samples: Samples, phase: float) -> None:
+    """pulsar-tap over haproxy (and over the baseline, and the baseline over haproxy) round by round, with
+    their median and min."""
+    pairs = [(f"{top}/{bottom}".replace("pulsar-tap", "tap"), top, bottom)
+             for top, bottom in (("pulsar-tap", "haproxy"), ("pulsar-tap", "baseline"), ("baseline", "haproxy"))
+             if top in samples and bottom in samples]
+    if not pairs:
+        return
+    keys = [key for key in samples["pulsar-tap"] if len(samples["pulsar-tap"][key]) > 1
+            and not key.startswith("frames/s")]  # (the same ratios as MiB/s)
+    if not keys:
+        return
+    print(f"per-round ratios ({len(samples['pulsar-tap'][keys[0]])} interleaved rounds, phases of {phase:.2g}s; "
+          "the table's ratios are their medians)")
+    for label, top, bottom in pairs:
+        for key in keys:
+            ratios = round_ratios(samples, top, bottom, key)
+            if ratios is not None:
+                print(f"  {label:<17}{key:<20}" + " ".join(f"{ratio:5.2f}" for ratio in ratios)
+                      + f"   median {median(ratios):.2f}  min {min(ratios):.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--duration", type=float, default=2.0, help="seconds per throughput/concurrency phase")
+    parser.add_argument("--duration", type=float, default=2.0,
+                        help="seconds of each throughput size and of concurrency per path, over all rounds")
+    parser.add_argument("--interleave", type=int, metavar="N",
+                        help="rounds the throughput and concurrency phases run in, every path in each (default 10; "
+                             "3 with --quick)")
     parser.add_argument("--rounds", type=int, default=5000, help="sequential round trips for latency")
-    parser.add_argument("--quick", action="store_true", help="0.7 s phases, 2000 round trips")
+    parser.add_argument("--quick", action="store_true", help="0.7 s per phase and path, 2000 round trips")
     parser.add_argument("--profile", metavar="FILE", help="run pulsar-tap under cProfile, write stats to FILE")
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
     parser.add_argument("--baseline", metavar="DIR", type=Path,
-                        help="also measure the pulsar-tap of this checkout (its proxy/ package), just before")
+                        help="also measure the pulsar-tap of this checkout (its proxy/ package), in the same rounds")
     parser.add_argument("--only", choices=("throughput", "latency", "concurrency"), help="run one phase")
+    parser.add_argument("--sizes", metavar="BYTES,...", help="throughput frame sizes (default 100,1024,16384,524288;"
+                        " the targets need all four)")
     parser.add_argument("--observers", action="store_true",
                         help="run only the observer arms (pulsar-tap plain, recording, metrics, traces, rules)")
     parser.add_argument("--py-spy", metavar="FILE",
@@ -919,7 +1050,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.duration, args.rounds = 0.7, 2000
+    if args.interleave is None:
+        args.interleave = 3 if args.quick else 10
+    if args.interleave < 1:
+        parser.error("--interleave must be at least 1")
     OBSERVER_SIZES[:] = [(size_label(int(size)), int(size)) for size in args.observer_sizes.split(",")]
+    if args.sizes:
+        SIZES[:] = [(size_label(int(size)), int(size)) for size in args.sizes.split(",")]
 
     context = multiprocessing.get_context("fork")
     reports = context.Queue()
@@ -943,8 +1080,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             workdir = Path(tmp)
-            print(f"cpus: {os.cpu_count()}; load average {os.getloadavg()[0]:.2f}; phases of {args.duration:g}s; "
-                  f"{args.rounds} round trips", flush=True)
+            print(f"cpus: {os.cpu_count()}; load average {os.getloadavg()[0]:.2f}; {args.duration:g}s per phase "
+                  f"and path in {args.interleave} interleaved rounds; {args.rounds} round trips", flush=True)
             if args.interleaved:
                 with contextlib.ExitStack() as running:
                     arms: dict[str, tuple[int, int | None]] = {"direct": (target, None)}
@@ -961,40 +1098,23 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             if args.observers:
                 observers = measure_observers(target, reports, workdir, otlp_listen.getsockname()[1], args)
-            columns["direct"] = None
             if not args.observers:
-                columns["direct"] = measure(target, reports, args)
-                print("direct done", flush=True)
-            columns["haproxy"] = None
-            if not args.observers:
-                with haproxy(target, workdir) as running:
-                    if running is None:
-                        print("haproxy was not found: its column is left out (install Debian's haproxy)")
-                    else:
-                        columns["haproxy"] = measure(running[0], reports, args, running[1])
-                        print("haproxy done", flush=True)
-            for name, level in ((PULSAR_PROXY_0, 0), (PULSAR_PROXY_2, 2)):
-                columns[name] = None
-                if args.no_pulsar_proxy or args.observers:
-                    continue
-                with pulsar_proxy(target, workdir, level) as running:
-                    if running is None:
-                        print("Apache Pulsar's proxy is not installed (bash scripts/setup.sh): "
-                              "its columns are left out")
-                        break
-                    warm_up(running[0], reports)
-                    columns[name] = measure(running[0], reports, args, running[1])
-                    print(f"{name} done", flush=True)
-            if args.baseline is not None and not args.observers:
-                if not (args.baseline / "proxy" / "__init__.py").is_file():
-                    parser.error(f"--baseline {args.baseline}: no proxy/ package there")
-                with pulsar_tap(target, workdir, None, args.baseline) as (port, pid):
-                    columns["baseline"] = measure(port, reports, args, pid)
-                    print("baseline done", flush=True)
-            if not args.observers:
-                with pulsar_tap(target, workdir, None if args.profile_arm else args.profile) as (port, pid):
-                    columns["pulsar-tap"] = measure(port, reports, args, pid)
-                    print("pulsar-tap done", flush=True)
+                with contextlib.ExitStack() as running_paths:
+                    paths = start_paths(running_paths, target, workdir, reports, args)
+                    running = {name: path for name, path in paths.items() if path is not None}
+                    samples = measure_interleaved(running, reports, args)
+                    # (latency too with every path's round trips taken in turn: see interleaved_latency)
+                    latency_rows = interleaved_latency(running, args.rounds) if args.only in (None, "latency") else {}
+                    print("latency done", flush=True)
+                    for name, path in paths.items():
+                        if path is None:
+                            columns[name] = None
+                            continue
+                        medians = {key: median(values) for key, values in samples[name].items()}
+                        latency_row = latency_rows.get(name, {})
+                        # (the rows in the table's order: throughput, latency, concurrency)
+                        columns[name] = {key: value for key, value in medians.items() if key not in CONCURRENCY} | \
+                            latency_row | {key: value for key, value in medians.items() if key in CONCURRENCY}
             if not args.observers and not args.no_observers and args.only in (None, "throughput"):
                 observers = measure_observers(target, reports, workdir, otlp_listen.getsockname()[1], args)
     finally:
@@ -1005,11 +1125,11 @@ def main(argv: list[str] | None = None) -> int:
         otlp_listen.close()
     if not args.observers:
         print()
-        print_table(columns)
-        direct, tap = columns["direct"], columns["pulsar-tap"]
-        assert direct is not None and tap is not None
+        print_table(columns, samples)
         print()
-        for key, target_text, ok in (targets(direct, columns["haproxy"], tap) if args.only is None else []):
+        print_rounds(samples, args.duration / args.interleave)
+        print()
+        for key, target_text, ok in (targets(columns, samples) if args.only is None and not args.sizes else []):
             verdict = "n/a (no haproxy)" if ok is None else ("met" if ok else "MISSED")
             print(f"target {key:<18} {target_text:<18} {verdict}")
     if observers is not None:

@@ -66,7 +66,7 @@ from proxy.errors import ProtocolError
 from proxy.protocol.session import Direction
 from proxy.server.reactor import Reactor
 from proxy.server.redirects import LookupFailed, LookupLinks
-from proxy.server.transport import RECV_SIZE, SocketTransport, Transport
+from proxy.server.transport import READY_STREAK, RECV_SIZE, SocketTransport, Transport
 from proxy.server.upstream import UpstreamUnavailable
 
 if TYPE_CHECKING:
@@ -456,7 +456,7 @@ class _ReactorPump:
             return False
         relay, pipeline, direction = self.relay, self.relay.pipeline, self.direction
         try:
-            for _ in range(8):
+            for _ in range(READY_STREAK):
                 if self.from_client and relay.draining and pipeline.scanners[TO_BROKER].at_frame_boundary:
                     self._hand_over(_Stop())
                     return False
