@@ -91,6 +91,9 @@ class SpanWriter:
         self.tracer = tracer
         self.sample = sample
         self._rng = rng or random.Random(0)
+        #: the generator's draws: :meth:`sampled` is ``sample >= 1.0 or draw() < sample`` (the data path in
+        #: bulk draws so itself, in the same order, and adds what it skipped to ``spans_skipped``)
+        self.draw = self._rng.random
         self._connections: dict[int, trace.Span] = {}
         self._redirects: OrderedDict[str, tuple[SpanContext, int]] = OrderedDict()
         self.spans_written = 0
@@ -269,7 +272,7 @@ class SpanWriter:
 
     # -- helpers --------------------------------------------------------------------------
     def _sampled(self) -> bool:
-        return self.sample >= 1.0 or self._rng.random() < self.sample
+        return self.sample >= 1.0 or self.draw() < self.sample
 
     def _parent_and_links(self, conn_id: int, traces: Sequence[TraceContext]) -> tuple[Context, list[Link]]:
         connection = self._connections.get(conn_id)
