@@ -29,7 +29,7 @@ from proxy.errors import ProtocolError
 from proxy.protocol.commands import T, type_name
 from proxy.protocol.frame import Frame, peek_type
 from proxy.protocol.session import Direction
-from proxy.telemetry.bulk import FRAME_HEAD, RECEIPT_COMMAND, SEND_COMMAND, varint_value
+from proxy.telemetry.bulk import COMMON_RECEIPT_COMMAND, FRAME_HEAD, RECEIPT_COMMAND, SEND_COMMAND, varint_value
 from proxy.telemetry.data_path import receipt_fields, searchable, send_fields
 from proxy.telemetry.metrics import ProxyMetrics
 from proxy.telemetry.tracer import Peer, SpanWriter
@@ -221,6 +221,7 @@ class Telemetry:
     def _receipts(self, timeline: ConnectionTimeline, conn_id: int, data: bytes | memoryview, pos: int,
                   received_ns: int, forwarded_ns: int, origin: str, broker: str | None) -> int:
         end_of_data, head, match = len(data), FRAME_HEAD.unpack_from, RECEIPT_COMMAND.fullmatch
+        common = COMMON_RECEIPT_COMMAND.fullmatch
         book, spans = timeline.book, self.spans
         entries, other_keys = book.entries, book.other_keys
         bulk = timeline.connected
@@ -233,12 +234,15 @@ class Telemetry:
         # the latencies of the last topic seen (consecutive receipts are mostly of one topic)
         last_topic: object = _NO_TOPIC
         last_latencies: list[float] = []
+        # the latency of the SENDs received at ``sent_ns`` (a run's SENDs share their instant)
+        sent_ns, seconds = -1, 0.0
         while end_of_data - pos >= 8:
             total, cmd_size = head(data, pos)
             end = pos + total + 4
             if end > end_of_data:
                 break
-            found = match(data, pos + 8, pos + 8 + cmd_size) if bulk else None
+            cmd_end = pos + 8 + cmd_size
+            found = (common(data, pos + 8, cmd_end) or match(data, pos + 8, cmd_end)) if bulk else None
             if found is not None and data[pos + 11] == cmd_size - 4:
                 key, id_size, message_id = found.group(1, 2, 3)
                 if (id_size is None or id_size[0] == len(message_id)) and not (
@@ -247,8 +251,10 @@ class Telemetry:
                     entry = entries.pop(key, None)
                     if entry is not None:
                         topic = entry[4]
-                        waited = forwarded_ns - entry[0]
-                        seconds = (waited if waited > 0 else 0) / 1e9
+                        if entry[0] != sent_ns:
+                            sent_ns = entry[0]
+                            waited = forwarded_ns - sent_ns
+                            seconds = (waited if waited > 0 else 0) / 1e9
                         if topic is not last_topic:
                             last_topic = topic
                             last_latencies = latencies.setdefault(topic, [])

@@ -32,6 +32,7 @@ joins a W3C trace follows that trace's sampled flag instead.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -303,14 +304,23 @@ class SpanWriter:
 
 
 def _peer_attributes(attributes: dict[str, AttributeValue], peer: Peer) -> None:
+    attributes.update(_peer_items(peer))
+
+
+@functools.lru_cache(maxsize=4096)
+def _peer_items(peer: Peer) -> tuple[tuple[str, AttributeValue], ...]:
+    """A connection's address attributes, in order (parsed once per connection: two ``urlsplit`` per span
+    were ~15 % of a request span's cost)."""
+    items: list[tuple[str, AttributeValue]] = []
     client = _host_port(peer.client)
     if client is not None:
-        attributes["client.address"], attributes["client.port"] = client
+        items += (("client.address", client[0]), ("client.port", client[1]))
     broker = _host_port(peer.broker)
     if broker is not None:
-        attributes["server.address"], attributes["server.port"] = broker
+        items += (("server.address", broker[0]), ("server.port", broker[1]))
     if peer.broker:
-        attributes["pulsar.broker"] = peer.broker
+        items.append(("pulsar.broker", peer.broker))
+    return tuple(items)
 
 
 def _rule_events(span: trace.Span, rules: Sequence[FiredRule]) -> None:
