@@ -86,7 +86,7 @@ log = structlog.get_logger("pulsar_tap.recording")
 
 
 async def _gather(receive: trio.MemoryReceiveChannel[QueueItem], batch: list[QueueItem], deadline: float,
-                  took: Callable[[QueueItem], None], hurry: trio.Event) -> bool:
+                  took: Callable[[QueueItem], None], hurry: trio.Event | None = None) -> bool:
     """Add the records waiting in the queue to ``batch`` until it is full (in records, or in the bytes of
     runs), then once more those that came by ``deadline`` (or by ``hurry``: the run ring is filling up),
     calling ``took`` with each; True at end of channel.
@@ -112,8 +112,11 @@ async def _gather(receive: trio.MemoryReceiveChannel[QueueItem], batch: list[Que
             return False  # full
         if last_look:
             break
-        with trio.move_on_at(deadline):
-            await hurry.wait()
+        if hurry is None:
+            await trio.sleep_until(deadline)
+        else:
+            with trio.move_on_at(deadline):
+                await hurry.wait()
     return False
 
 

@@ -82,8 +82,7 @@ async def test_a_batch_for_the_writer_holds_a_bounded_number_of_run_bytes() -> N
         send.send_nowait(RunItem(1, 1, 0, run, 0, index << 20))
     batch: list[object] = [receive.receive_nowait()]
     taken: list[object] = []
-    ended = await recorder._gather(receive, batch, trio.current_time() + 10, taken.append,  # type: ignore[arg-type]
-                                   trio.Event())
+    ended = await recorder._gather(receive, batch, trio.current_time() + 10, taken.append)  # type: ignore[arg-type]
     assert not ended
     assert len(batch) == recorder._BATCH_BYTES // len(run)
     assert taken == batch[1:]  # each record taken off the queue is reported (its room is free again)
