@@ -43,6 +43,8 @@ from proxy.recording.segment import varint
 _KEY: Final = rb"(?:[\x00-\x7f]|[\x80-\xff]{1,8}[\x01-\x7f])"
 #: any varint protobuf reads as a 64-bit value: at most 10 bytes, the tenth 0 or 1
 _VARINT: Final = rb"(?:[\x80-\xff]{0,8}[\x00-\x7f]|[\x80-\xff]{9}[\x00\x01])"
+#: a varint of up to 9 bytes (_VARINT's first form)
+_SHORT_VARINT: Final = rb"[\x80-\xff]{0,8}[\x00-\x7f]"
 #: num_messages as the per-frame path accepts it (< 2**31): minimal here, at most 4 bytes (< 2**28)
 _COUNT: Final = rb"(?:[\x00-\x7f]|[\x80-\xff]{1,3}[\x01-\x7f])"
 
@@ -56,6 +58,16 @@ RECEIPT_COMMAND: Final = re.compile(
     rb"\x08\x07\x3a[\x00-\x7f](\x08" + _KEY + rb"\x10" + _KEY + rb")(?:\x1a([\x00-\x7f])(\x08" + _VARINT
     + rb"\x10" + _VARINT + rb"(?:\x18" + _VARINT + rb")?(?:\x20" + _VARINT + rb")??(?:\x30" + _VARINT
     + rb")??))?(?:\x20" + _VARINT + rb")?")
+
+#: the receipt brokers send (Apache Pulsar's and the embedded one): RECEIPT_COMMAND's groups for the commands
+#: it matches, tried first (~0.2-0.4 us a receipt cheaper: RECEIPT_COMMAND's optional fields and lazy
+#: quantifiers cost the engine more than the rest of a receipt's work).  It takes a subset of what
+#: RECEIPT_COMMAND takes (a message id of ledgerId and entryId in varints of up to 9 bytes, then perhaps
+#: highest_sequence_id), and RECEIPT_COMMAND, which reads a ``20`` after the message id as
+#: highest_sequence_id first, finds the same groups there
+COMMON_RECEIPT_COMMAND: Final = re.compile(
+    rb"\x08\x07\x3a[\x00-\x7f](\x08" + _KEY + rb"\x10" + _KEY + rb")\x1a([\x00-\x7f])(\x08" + _SHORT_VARINT
+    + rb"\x10" + _SHORT_VARINT + rb")(?:\x20" + _SHORT_VARINT + rb")?")
 
 #: a frame's TOTAL_SIZE and CMD_SIZE
 FRAME_HEAD: Final = struct.Struct(">II")
@@ -98,5 +110,5 @@ def key_of(producer_id: int, sequence_id: int) -> bytes:
     return b"\x08" + varint(producer_id) + b"\x10" + varint(sequence_id)
 
 
-__all__ = ["FRAME_HEAD", "RECEIPT_COMMAND", "SEND_COMMAND", "BookEntry", "SendBook", "key_ids", "key_of",
-           "varint_value"]
+__all__ = ["COMMON_RECEIPT_COMMAND", "FRAME_HEAD", "RECEIPT_COMMAND", "SEND_COMMAND", "BookEntry", "SendBook",
+           "key_ids", "key_of", "varint_value"]

@@ -11,11 +11,15 @@ field layout, a nested message this reader does not check, an oversized varint)
 answers None and the caller takes the full path, so the fast path never decides
 differently from it.  :func:`plain_metadata` tells whether a payload's metadata
 says it is uncompressed (then a byte search rules trace context out), reading it as
-the full path does.
+the full path does; :func:`searchable` answers the same question for the data path
+without protobuf for metadata that cannot name a compression at all (the common case:
+an unsampled request should cost next to nothing, and the parse was most of what a
+SEND cost while tracing).
 """
 
 from __future__ import annotations
 
+import re
 import struct
 from typing import Final
 
@@ -156,19 +160,52 @@ def plain_metadata(raw: bytes | memoryview, cmd_end: int, frame_end: int = -1) -
     """
     if frame_end < 0:
         frame_end = len(raw)
+    span = _metadata_span(raw, cmd_end, frame_end)
+    return None if span is None else _parsed_plain(raw, *span)
+
+
+#: bytes MessageMetadata's ``compression`` (field 8, a varint: tag 0x40) cannot be encoded without: its
+#: tag in one byte (40), or padded (a varint padded with zero groups ends in 00; protobuf refuses tags
+#: longer than 5 bytes or beyond 32 bits, so no other spelling reads as field 8).  A 00 elsewhere (a
+#: field of value 0) only sends the metadata to the parser; one character class searches fastest
+_COMPRESSION_TAG_MAY_BE_IN: Final = re.compile(rb"[\x00\x40]").search
+
+
+def searchable(raw: bytes | memoryview, cmd_end: int, frame_end: int) -> bool:
+    """True when a byte search of the frame for ``traceparent`` tells whether it carries trace context.
+
+    The full path (``tracker._trace_contexts``) finds trace context that the search cannot
+    see only in an entry of a compressed batch, when the metadata parses and names a
+    compression.  Metadata with no byte sequence that could be ``compression``'s tag cannot
+    (nor can metadata that does not parse: the full path finds nothing in it then): no
+    protobuf parse for it.  Otherwise :func:`plain_metadata` decides (True: uncompressed).
+    """
+    span = _metadata_span(raw, cmd_end, frame_end)
+    if span is None:
+        return False
+    start, end = span
+    if _COMPRESSION_TAG_MAY_BE_IN(raw, start, end) is None:
+        return True
+    return _parsed_plain(raw, start, end) is True
+
+
+def _metadata_span(raw: bytes | memoryview, cmd_end: int, frame_end: int) -> tuple[int, int] | None:
+    """(start, end) of the MessageMetadata of the payload section from ``cmd_end``; None: not readable."""
     if frame_end - cmd_end >= 10 and raw[cmd_end] == 0x0E and raw[cmd_end + 1] == 0x01:
         start = cmd_end + 10  # the common layout: no broker entry metadata before the checksum
         end = start + _SIZE.unpack_from(raw, cmd_end + 6)[0]
-        if end > frame_end:
-            return None
-    else:
-        try:
-            layout = check_payload(raw, cmd_end, frame_end, frame_end)
-        except ProtocolError:
-            return None
-        if isinstance(layout, int):
-            return None
-        start, end = layout.metadata_start, layout.metadata_end
+        return None if end > frame_end else (start, end)
+    try:
+        layout = check_payload(raw, cmd_end, frame_end, frame_end)
+    except ProtocolError:
+        return None
+    if isinstance(layout, int):
+        return None
+    return layout.metadata_start, layout.metadata_end
+
+
+def _parsed_plain(raw: bytes | memoryview, start: int, end: int) -> bool | None:
+    """Whether the MessageMetadata at ``raw[start:end]`` says uncompressed; None: protobuf cannot read it."""
     metadata = _metadata.take()
     try:
         metadata.ParseFromString(raw[start:end])

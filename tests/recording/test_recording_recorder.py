@@ -519,3 +519,27 @@ def test_a_batch_of_record_parts_rotates_segments_exactly_where_whole_records_do
         files.close(b"")
         written[name] = [(tmp_path / name / segment).read_bytes() for segment in files.segments]
     assert len(written["whole"]) >= 4 and written["parts"] == written["whole"]
+
+
+async def test_runs_trickling_in_go_to_the_writer_a_gathering_window_at_a_time(tmp_path: Path) -> None:
+    """A client below saturation hands the recorder a run per read: they reach the writer process in one batch
+    per gathering window (each batch costs the proxy's loop a few turns, which interrupt the relays), unless
+    the run ring fills up first: then the window ends early and nothing is refused for want of room."""
+    run = b"".join(f.raw for f in session(sends=3) if f.direction == "to_broker")
+    for queue_bytes, most_batches in ((64 << 20, 4), (4 * len(run), 25)):
+        async with Recorder(RecordConfig(dir=tmp_path / str(queue_bytes), queue_bytes=queue_bytes)) as recorder:
+            batches: list[int] = []
+            write_batch = recorder._write_batch
+
+            async def counting(batch: list[object], write: object = write_batch, sizes: list[int] = batches) -> None:
+                sizes.append(len(batch))
+                await write(batch)  # type: ignore[operator]
+
+            recorder._write_batch = counting  # type: ignore[method-assign,assignment]
+            recorder.open_connection(1, ("127.0.0.1", 1), ("127.0.0.1", 2), None, BASE_NS)
+            for index in range(20):  # ~0.2 s of runs, 10 ms apart
+                assert recorder.record_run(1, "to_broker", BASE_NS + index, run, 0, index * len(run))
+                await trio.sleep(0.01)
+        frames = list(open_recordings(recorder.path).frames())
+        assert len(frames) == 20 * count_frame_starts(run, 0) and recorder.stats.frames_dropped == 0
+        assert 1 <= len(batches) <= most_batches, batches
