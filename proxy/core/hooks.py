@@ -53,7 +53,7 @@ class ConnectionInfo:
     broker_url: str | None  # the upstream broker URL (None until routed)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class FrameContext:
     """What a hook knows about a frame besides its bytes."""
 
@@ -99,7 +99,7 @@ class NoRules:
         del conn_id
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class FrameEvent:
     """One frame crossing the proxy, as observers receive it."""
 
@@ -116,7 +116,7 @@ class FrameEvent:
     marks: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RunEvent:
     """Bytes the proxy passed through unchanged, as received, for observers that take runs.
 

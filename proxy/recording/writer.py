@@ -125,7 +125,7 @@ def _address(addr: Address) -> rpb.Address | None:
 
 
 # Queue items: ("frame", FrameItem) or ("opened"/"closed", Record)
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class FrameItem:
     conn_id: int
     direction: int
@@ -135,7 +135,7 @@ class FrameItem:
     rules: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RunItem:
     """Bytes passed through unchanged: whole frames, perhaps cut at either end (see ``record_run``).
 
