@@ -332,7 +332,7 @@ class Relay:
                 actions = self.pipeline.release_due(self._clock())
                 self._held_room.set()  # a reader waiting on a full queue goes on
                 if actions:
-                    await self._carry_out(actions)
+                    await self._carry_out(_one_write_per_direction(actions))
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             self.end(_Ending(f"write of held frames failed: {exc}"))
 
@@ -373,6 +373,26 @@ class Relay:
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                     self.end(_Ending(f"keepalive write failed: {exc}"))
                     return
+
+
+def _one_write_per_direction(actions: list[Action]) -> list[Action]:
+    """Held frames released together, as one write per direction (where the first of them was).
+
+    They leave the hold queue all at once, so the relay takes the next bytes read as following
+    them; written one ``send`` each, the socket's write lock could pass to those newer bytes
+    between two of them (a client slower than the broker: the stream came out of order).
+    """
+    merged: dict[Direction, Send] = {}
+    out: list[Action] = []
+    for action in actions:
+        if type(action) is Send and not action.slice_bytes:
+            first = merged.get(action.direction)
+            if first is not None:
+                first.data.extend(action.data)
+                continue
+            action = merged[action.direction] = Send(action.direction, list(action.data))
+        out.append(action)
+    return out
 
 
 _HANGUP: Final = select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR
