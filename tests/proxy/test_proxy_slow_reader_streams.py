@@ -107,3 +107,44 @@ async def test_a_slow_reader_behind_delayed_frames_reads_exactly_what_the_broker
     first_difference = next((at for at in range(0, len(received), 4096)
                              if received[at:at + 4096] != broker.sent[at:at + 4096]), None)
     assert first_difference is None, f"the stream differs from byte {first_difference} on"
+
+
+ANSWER_EVERY_SEND = """
+rules:
+  - name: refuse-sends
+    match: {command: [SEND]}
+    action: {error: {code: PersistenceError}}
+"""
+
+
+@pytest.mark.parametrize("reactor", [True, False], ids=["reactor", "task-per-direction"])
+async def test_answers_the_proxy_gives_a_slow_reader_land_between_the_brokers_frames(
+        nursery: trio.Nursery, reactor: bool) -> None:
+    """The client sends while the broker's stream backs up: the SEND_ERRORs the proxy answers with
+    go between whole frames of that stream, never inside one written in part."""
+    broker = StreamingBroker(frames=160, size=200_000)
+    await nursery.start(broker.serve)
+    config = ProxyConfig(upstream=ServiceUrl.parse(f"pulsar://127.0.0.1:{broker.port}"),
+                         listen=HostPort("127.0.0.1", 0), limits=LimitsConfig(drain_seconds=0.5))
+    hook = RulesHook(RulesEngine(load_rules_text(ANSWER_EVERY_SEND, "refuse-sends.yaml")))
+    server: ProxyServer = await nursery.start(ProxyServer(config, hook=hook, reactor=reactor).run)
+    decoder = FrameDecoder(1 << 20)
+    messages: list[bytes] = []
+    refused = sends = 0
+    with trio.fail_after(30):
+        client = await trio.open_tcp_stream("127.0.0.1", server.main_address.port)
+        client.socket.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 32 * 1024)
+        await client.send_all(encode_command(api.CommandConnect(client_version="slow", protocol_version=21)))
+        while len(messages) < broker.frames or refused < sends:
+            if sends < 2000:
+                await client.send_all(encode_payload_command(
+                    api.CommandSend(producer_id=1, sequence_id=sends),
+                    api.MessageMetadata(producer_name="p", sequence_id=sends, publish_time=1), b"x"))
+                sends += 1
+            for frame in decoder.receive(await client.receive_some(64 * 1024)):  # raises on a torn frame
+                if frame.type == T.MESSAGE:
+                    messages.append(frame.raw)
+                elif frame.type == T.SEND_ERROR:
+                    refused += 1
+        await client.aclose()
+    assert b"".join(messages) == broker.sent[len(broker.sent) - sum(map(len, messages)):]
