@@ -80,20 +80,27 @@ async def nursery() -> AsyncIterator[trio.Nursery]:
         n.cancel_scope.cancel()
 
 
+async def slow_client_through_proxy(nursery: trio.Nursery, broker: StreamingBroker, rules: str,
+                                    reactor: bool) -> tuple[ProxyServer, trio.SocketStream]:
+    """The broker, a proxy with ``rules`` in front of it, and a client with a small receive buffer, connected."""
+    await nursery.start(broker.serve)
+    config = ProxyConfig(upstream=ServiceUrl.parse(f"pulsar://127.0.0.1:{broker.port}"),
+                         listen=HostPort("127.0.0.1", 0), limits=LimitsConfig(drain_seconds=0.5))
+    hook = RulesHook(RulesEngine(load_rules_text(rules, "rules.yaml")))
+    server: ProxyServer = await nursery.start(ProxyServer(config, hook=hook, reactor=reactor).run)
+    client = await trio.open_tcp_stream("127.0.0.1", server.main_address.port)
+    client.socket.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 32 * 1024)
+    await client.send_all(encode_command(api.CommandConnect(client_version="slow", protocol_version=21)))
+    return server, client
+
+
 @pytest.mark.parametrize("reactor", [True, False], ids=["reactor", "task-per-direction"])
 async def test_a_slow_reader_behind_delayed_frames_reads_exactly_what_the_broker_wrote(
         nursery: trio.Nursery, reactor: bool) -> None:
     broker = StreamingBroker(frames=160, size=200_000)
-    await nursery.start(broker.serve)
-    config = ProxyConfig(upstream=ServiceUrl.parse(f"pulsar://127.0.0.1:{broker.port}"),
-                         listen=HostPort("127.0.0.1", 0), limits=LimitsConfig(drain_seconds=0.5))
-    hook = RulesHook(RulesEngine(load_rules_text(DELAY_SOME_MESSAGES, "slow-messages.yaml")))
-    server: ProxyServer = await nursery.start(ProxyServer(config, hook=hook, reactor=reactor).run)
+    server, client = await slow_client_through_proxy(nursery, broker, DELAY_SOME_MESSAGES, reactor)
     received = bytearray()
     with trio.fail_after(30):
-        client = await trio.open_tcp_stream("127.0.0.1", server.main_address.port)
-        client.socket.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 32 * 1024)
-        await client.send_all(encode_command(api.CommandConnect(client_version="slow", protocol_version=21)))
         while not server.relays:  # noqa: ASYNC110 - the proxy accepts in its own time
             await trio.sleep(0.001)
         # a small hold queue fills and empties often: the release and the relay's newer bytes meet
@@ -123,18 +130,11 @@ async def test_answers_the_proxy_gives_a_slow_reader_land_between_the_brokers_fr
     """The client sends while the broker's stream backs up: the SEND_ERRORs the proxy answers with
     go between whole frames of that stream, never inside one written in part."""
     broker = StreamingBroker(frames=160, size=200_000)
-    await nursery.start(broker.serve)
-    config = ProxyConfig(upstream=ServiceUrl.parse(f"pulsar://127.0.0.1:{broker.port}"),
-                         listen=HostPort("127.0.0.1", 0), limits=LimitsConfig(drain_seconds=0.5))
-    hook = RulesHook(RulesEngine(load_rules_text(ANSWER_EVERY_SEND, "refuse-sends.yaml")))
-    server: ProxyServer = await nursery.start(ProxyServer(config, hook=hook, reactor=reactor).run)
+    _, client = await slow_client_through_proxy(nursery, broker, ANSWER_EVERY_SEND, reactor)
     decoder = FrameDecoder(1 << 20)
     messages: list[bytes] = []
     refused = sends = 0
     with trio.fail_after(30):
-        client = await trio.open_tcp_stream("127.0.0.1", server.main_address.port)
-        client.socket.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 32 * 1024)
-        await client.send_all(encode_command(api.CommandConnect(client_version="slow", protocol_version=21)))
         while len(messages) < broker.frames or refused < sends:
             if sends < 2000:
                 await client.send_all(encode_payload_command(
