@@ -283,6 +283,7 @@ class Relay:
                 await self._carry_out(actions)
 
     async def _carry_out(self, actions: list[Action]) -> None:
+        actions = self._queue_writes(actions)
         for action in actions:
             if type(action) is Send:
                 target = self.upstream if action.direction is TO_BROKER else self.client
@@ -300,6 +301,29 @@ class Relay:
                 self.end(_Ending(action.reason, reset=action.reset, hostile=action.hostile,
                                  level="warning" if action.hostile else "info"))
                 await trio.lowlevel.checkpoint()
+
+    def _queue_writes(self, actions: list[Action]) -> list[Action]:
+        """Queue the plain-socket writes among ``actions`` on their sockets now; each Send left is
+        then a ``send([])`` that returns once they are written.
+
+        The pipeline places what it originates (an answer on the broker's behalf, a PING, held
+        frames released) between whole frames of the stream as it has emitted it so far, so
+        every socket must take its writes in the order they were emitted, whichever task
+        carries them out: written as each task reaches them, a later write could overtake one
+        waiting behind a slow socket and land inside a frame (the audit saw a SEND_ERROR inside
+        a MESSAGE sent in part).  The queued pieces may be views of a receive buffer: the task
+        reads nothing more until its ``send([])`` calls return.
+        """
+        queued: list[Action] | None = None
+        for index, action in enumerate(actions):
+            if type(action) is Send and action.data and not action.slice_bytes:
+                target = self.upstream if action.direction is TO_BROKER else self.client
+                if type(target) is SocketTransport:
+                    target.queue_write(action.data)
+                    if queued is None:
+                        queued = list(actions)
+                    queued[index] = Send(action.direction, [])
+        return actions if queued is None else queued
 
     async def _held(self, action: Hold) -> None:
         """Frames were held: make sure the release task wakes for them; wait while the queue is full."""
@@ -481,7 +505,7 @@ class _ReactorPump:
             return False
 
     def _write_now(self, actions: list[Action]) -> list[Action] | None:
-        """Carry out the leading writes that need no wait; the rest goes to the task."""
+        """Carry out the leading writes that need no wait; the rest goes to the task (its writes queued now)."""
         relay = self.relay
         for index, action in enumerate(actions):
             if type(action) is not Send or action.slice_bytes:
@@ -489,9 +513,9 @@ class _ReactorPump:
             target = relay.upstream if action.direction is TO_BROKER else relay.client
             left = target.try_send(action.data) if type(target) is SocketTransport else None
             if left is None:
-                return actions[index:]
-            if left:
-                return [Send(action.direction, left), *actions[index + 1:]]
+                return relay._queue_writes(actions[index:])
+            if left:  # (the transport owes the rest; what follows queues behind it)
+                return [Send(action.direction, []), *relay._queue_writes(actions[index + 1:])]
         return None
 
 

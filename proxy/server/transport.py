@@ -114,6 +114,8 @@ class SocketTransport:
         self._closed = False
         self._ready_streak = 0
         self._drained = False
+        #: what ``try_send`` could not write at once: owed before anything else is written
+        self._owed: list[Piece | bytes] = []
         # Held only between a receive and the next wait: idle connections hold no buffer.
         self._buffer: bytearray | None = None
 
@@ -151,10 +153,26 @@ class SocketTransport:
 
     def try_send(self, pieces: list[Piece | bytes]) -> list[Piece | bytes] | None:
         """The reactor's write: what the kernel takes without waiting, and the rest; None (nothing
-        written) while a write waits for the socket (the caller queues behind it with ``send``)."""
-        if self._write_lock.locked():
+        written) while a write waits for the socket (the caller queues behind it with ``send``).
+
+        The rest stays owed here until a ``send`` (any writer's, ``send([])`` too) writes it
+        first: until the caller's task takes the write over, another writer (a keepalive, the
+        other direction's answer to this peer) must not slip in between.
+        """
+        if self._write_lock.locked() or self._owed:
             return None
-        return self._send_now(pieces)
+        rest = self._send_now(pieces)
+        if rest:
+            self._owed = list(rest)  # (its own list: queue_write extends it)
+        return rest
+
+    def queue_write(self, pieces: Sequence[Piece | bytes]) -> None:
+        """Owe ``pieces`` behind what is owed already: the next ``send`` (anyone's) writes them first."""
+        self._owed.extend(pieces)
+
+    def _with_owed(self, pieces: Sequence[Piece | bytes]) -> list[Piece | bytes]:
+        owed, self._owed = self._owed, []
+        return [*owed, *pieces] if owed else list(pieces)
 
     async def receive(self) -> bytes | memoryview:
         sock = self.sock
@@ -201,9 +219,9 @@ class SocketTransport:
             await self._send_sliced(pieces, slice_bytes)
             return
         lock = self._write_lock
-        if lock.locked():
+        if lock.locked() or self._owed:
             async with lock:
-                await self._send_waiting(list(pieces))
+                await self._send_waiting(self._with_owed(pieces))
             return
         rest = self._send_now(pieces if isinstance(pieces, list) else list(pieces))
         if not rest:
@@ -216,6 +234,7 @@ class SocketTransport:
 
     async def _send_sliced(self, pieces: Sequence[Piece | bytes], slice_bytes: int) -> None:
         async with self._write_lock:
+            await self._send_waiting(self._with_owed(()))
             for piece in pieces:
                 view = memoryview(piece)  # type: ignore[arg-type]
                 for start in range(0, len(view), slice_bytes):
@@ -248,6 +267,7 @@ class SocketTransport:
 
     async def send_eof(self) -> None:
         async with self._write_lock:  # after any write still in progress
+            await self._send_waiting(self._with_owed(()))
             with contextlib.suppress(OSError):
                 self.sock.shutdown(socket.SHUT_WR)
 
