@@ -146,7 +146,21 @@ class SocketTransport:
         written) while a write waits for the socket (the caller queues behind it with ``send``)."""
         if self._write_lock.locked():
             return None
-        return self._send_now(pieces)
+        if len(pieces) != 1:
+            return self._send_now(pieces)
+        # one piece (a relayed read's usual write): one send, as _send_now would write it
+        piece = pieces[0]
+        try:
+            sent = self.sock.send(piece)  # type: ignore[arg-type]
+        except BlockingIOError:
+            return pieces
+        except OSError as exc:
+            if self._closed:
+                raise trio.ClosedResourceError("transport closed") from None
+            raise trio.BrokenResourceError(f"send to {self.peer} failed: {exc}") from None
+        if sent == len(piece):  # type: ignore[arg-type]
+            return []
+        return self._send_now([memoryview(piece)[sent:]])  # type: ignore[arg-type]
 
     async def receive(self) -> bytes | memoryview:
         sock = self.sock
