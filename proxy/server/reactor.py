@@ -43,6 +43,8 @@ from typing import Any, Final
 import structlog
 import trio
 
+from proxy.server.transport import ReceiveScratch
+
 #: a handler gets the epoll flags (0 when called again) and returns True when it stopped
 #: early and wants another call
 Handler = Callable[[int], bool]
@@ -64,6 +66,8 @@ class Reactor:
         self._handlers: dict[int, Handler] = {}
         self._again: list[int] = []
         self.rounds = 0
+        #: what its handlers' transports read into (see SocketTransport.try_receive)
+        self.scratch = ReceiveScratch()
         self._scope = trio.CancelScope()
         #: while the reactor waits in Trio's place: the instrument doing it
         self.loop_wait: LoopWait | None = None

@@ -95,6 +95,18 @@ def tune(sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
+class ReceiveScratch:
+    """The receive buffer a reactor's plain-socket transports read into while they hold none of their own.
+
+    (Only read into in the reactor's thread; a read that keeps its bytes takes the buffer with it.)
+    """
+
+    __slots__ = ("buffer",)
+
+    def __init__(self) -> None:
+        self.buffer = bytearray(RECV_SIZE)
+
+
 class SocketTransport:
     """A plain TCP connection on a non-blocking stdlib socket."""
 
@@ -119,26 +131,33 @@ class SocketTransport:
                 _BUFFER_POOL.append(self._buffer)
             self._buffer = None
 
-    def try_receive(self) -> bytes | memoryview | None:
-        """The reactor's receive: the next bytes without waiting; None when there are none yet."""
+    def try_receive(self, scratch: ReceiveScratch) -> bytes | memoryview | None:
+        """The reactor's receive: the next bytes without waiting; None when there are none yet.
+
+        A transport holding no buffer reads into the reactor's ``scratch`` buffer: a small read is
+        copied out of it (as from a buffer of its own), a large one keeps that buffer (the view
+        handed out points into it) and the scratch takes another from the pool.
+        """
         buffer = self._buffer
         if buffer is None:
-            buffer = self._buffer = _BUFFER_POOL.pop() if _BUFFER_POOL else bytearray(RECV_SIZE)
+            buffer = scratch.buffer
         try:
             size = self.sock.recv_into(buffer)
         except BlockingIOError:
-            self._release_buffer()
+            if self._buffer is not None:
+                self._release_buffer()
             return None
         except OSError as exc:
             if self._closed:
                 raise trio.ClosedResourceError("transport closed") from None
             raise trio.BrokenResourceError(f"receive from {self.peer} failed: {exc}") from None
         if size <= _COPY_BELOW:
-            data = bytes(memoryview(buffer)[:size])
-            if len(_BUFFER_POOL) < _BUFFER_POOL_MAX:  # (_release_buffer, inline: the reactor's every hop)
-                _BUFFER_POOL.append(buffer)
-            self._buffer = None
-            return data
+            if self._buffer is not None:
+                self._release_buffer()
+            return bytes(memoryview(buffer)[:size])
+        if self._buffer is None:
+            self._buffer = buffer
+            scratch.buffer = _BUFFER_POOL.pop() if _BUFFER_POOL else bytearray(RECV_SIZE)
         return memoryview(buffer)[:size]
 
     def try_send(self, pieces: list[Piece | bytes]) -> list[Piece | bytes] | None:

@@ -174,3 +174,34 @@ async def test_the_reactors_one_piece_write_hands_back_what_the_kernel_did_not_t
     assert right.recv(16) == b"end"
     await transport.aclose()
     right.close()
+
+
+async def test_reads_into_the_reactors_scratch_buffer_never_overwrite_bytes_a_large_read_handed_out() -> None:
+    """Transports without a buffer read into the reactor's scratch: a small read comes out as a copy, a large
+    one as a view that keeps its buffer (the scratch takes another), so later reads of any transport
+    through the same scratch leave that view's bytes as they were."""
+    from proxy.server.transport import ReceiveScratch, SocketTransport
+
+    scratch = ReceiveScratch()
+    pairs = [socket.socketpair() for _ in range(2)]
+    first, second = (SocketTransport(near, peer="test") for near, _ in pairs)
+    large = bytes(range(256)) * 200  # 51 200 bytes: more than a small read
+    pairs[0][1].sendall(large)
+    pairs[1][1].sendall(b"small")
+    with trio.fail_after(10):
+        await trio.lowlevel.wait_readable(pairs[0][0])
+        await trio.lowlevel.wait_readable(pairs[1][0])
+    got = first.try_receive(scratch)
+    assert isinstance(got, memoryview) and bytes(got) == large
+    assert got.obj is not scratch.buffer  # the read kept its buffer; the scratch has another
+    assert second.try_receive(scratch) == b"small"
+    pairs[1][1].sendall(b"x" * len(large))
+    with trio.fail_after(10):
+        await trio.lowlevel.wait_readable(pairs[1][0])
+    assert bytes(second.try_receive(scratch) or b"") == b"x" * len(large)
+    assert bytes(got) == large
+    assert first.try_receive(scratch) is None and second.try_receive(scratch) is None
+    for transport in (first, second):
+        await transport.aclose()
+    for _, far in pairs:
+        far.close()
