@@ -125,6 +125,12 @@ class SocketTransport:
     def local_address(self) -> str:
         return local_name(self.sock)
 
+    def _failed(self, what: str, exc: OSError) -> trio.ClosedResourceError | trio.BrokenResourceError:
+        """What an OS error of a read or write (``what``: "send to", "receive from") is raised as."""
+        if self._closed:
+            return trio.ClosedResourceError("transport closed")
+        return trio.BrokenResourceError(f"{what} {self.peer} failed: {exc}")
+
     def _release_buffer(self) -> None:
         if self._buffer is not None:
             if len(_BUFFER_POOL) < _BUFFER_POOL_MAX:
@@ -148,9 +154,7 @@ class SocketTransport:
                 self._release_buffer()
             return None
         except OSError as exc:
-            if self._closed:
-                raise trio.ClosedResourceError("transport closed") from None
-            raise trio.BrokenResourceError(f"receive from {self.peer} failed: {exc}") from None
+            raise self._failed("receive from", exc) from None
         if size <= _COPY_BELOW:
             if self._buffer is not None:
                 self._release_buffer()
@@ -174,9 +178,7 @@ class SocketTransport:
         except BlockingIOError:
             return pieces
         except OSError as exc:
-            if self._closed:
-                raise trio.ClosedResourceError("transport closed") from None
-            raise trio.BrokenResourceError(f"send to {self.peer} failed: {exc}") from None
+            raise self._failed("send to", exc) from None
         if sent == len(piece):  # type: ignore[arg-type]
             return []
         return self._send_now([memoryview(piece)[sent:]])  # type: ignore[arg-type]
@@ -202,9 +204,7 @@ class SocketTransport:
                 await trio.lowlevel.wait_readable(sock)
                 continue
             except OSError as exc:
-                if self._closed:
-                    raise trio.ClosedResourceError("transport closed") from None
-                raise trio.BrokenResourceError(f"receive from {self.peer} failed: {exc}") from None
+                raise self._failed("receive from", exc) from None
             if size < RECV_SIZE:
                 self._drained = True
             else:
@@ -256,9 +256,7 @@ class SocketTransport:
             except BlockingIOError:
                 return pieces
             except OSError as exc:
-                if self._closed:
-                    raise trio.ClosedResourceError("transport closed") from None
-                raise trio.BrokenResourceError(f"send to {self.peer} failed: {exc}") from None
+                raise self._failed("send to", exc) from None
             if len(pieces) == 1 and sent == len(pieces[0]):  # type: ignore[arg-type]
                 return []  # (one piece, all of it written: a relayed small read's usual case)
             pieces = _advance(pieces, sent)
