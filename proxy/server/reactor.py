@@ -43,6 +43,8 @@ from typing import Any, Final
 import structlog
 import trio
 
+from proxy.server.transport import ReceiveScratch
+
 #: a handler gets the epoll flags (0 when called again) and returns True when it stopped
 #: early and wants another call
 Handler = Callable[[int], bool]
@@ -64,6 +66,8 @@ class Reactor:
         self._handlers: dict[int, Handler] = {}
         self._again: list[int] = []
         self.rounds = 0
+        #: what its handlers' transports read into (see SocketTransport.try_receive)
+        self.scratch = ReceiveScratch()
         self._scope = trio.CancelScope()
         #: while the reactor waits in Trio's place: the instrument doing it
         self.loop_wait: LoopWait | None = None
@@ -132,20 +136,31 @@ class Reactor:
 
     def wait_in_trios_place(self, timeout: float, loop: LoopWait) -> None:
         """Trio is about to sleep up to ``timeout`` s: serve the relay sockets until it has something to do."""
-        # (this loop runs once per hop: what it reads of objects is read once, here)
+        # (this loop runs once per hop: what it reads of objects is read once, here; and a round
+        # with nobody to call again is served right here, as _serve serves it, a call level less)
         poll, loop_fd, runq, clock = self._epoll.poll, loop.epoll_fd, loop.runq, time.perf_counter
+        handlers = self._handlers
         until = clock() + timeout
         wait = 0.0 if self._again else timeout
         while True:
             events = poll(wait)
             loop_ready = False
-            for index, (fd, _) in enumerate(events):
-                if fd == loop_fd:
-                    loop_ready = True
-                    del events[index]
-                    break
-            if events or self._again:
+            if self._again:
+                for index, (fd, _) in enumerate(events):
+                    if fd == loop_fd:
+                        loop_ready = True
+                        del events[index]
+                        break
                 self._serve(events)
+            elif events:
+                self.rounds += 1
+                for fd, flags in events:
+                    if fd == loop_fd:
+                        loop_ready = True
+                        continue
+                    handler = handlers.get(fd)
+                    if handler is not None and handler(flags):
+                        self._again.append(fd)
             if loop_ready or timeout <= 0:
                 return  # Trio's own wait returns at once (or does not block)
             left = until - clock()

@@ -478,13 +478,13 @@ class _ReactorPump:
             self.peer_hung_up = True
         if self.busy:
             return False
-        relay, pipeline, direction = self.relay, self.relay.pipeline, self.direction
+        relay, pipeline, direction, scratch = self.relay, self.relay.pipeline, self.direction, self.reactor.scratch
         try:
             for _ in range(READY_STREAK):
                 if self.from_client and relay.draining and pipeline.scanners[TO_BROKER].at_frame_boundary:
                     self._hand_over(_Stop())
                     return False
-                data = self.source.try_receive()
+                data = self.source.try_receive(scratch)
                 if data is None:
                     return False
                 if not data:

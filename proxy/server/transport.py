@@ -103,6 +103,18 @@ def tune(sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
+class ReceiveScratch:
+    """The receive buffer a reactor's plain-socket transports read into while they hold none of their own.
+
+    (Only read into in the reactor's thread; a read that keeps its bytes takes the buffer with it.)
+    """
+
+    __slots__ = ("buffer",)
+
+    def __init__(self) -> None:
+        self.buffer = bytearray(RECV_SIZE)
+
+
 class SocketTransport:
     """A plain TCP connection on a non-blocking stdlib socket."""
 
@@ -123,32 +135,43 @@ class SocketTransport:
     def local_address(self) -> str:
         return local_name(self.sock)
 
+    def _failed(self, what: str, exc: OSError) -> trio.ClosedResourceError | trio.BrokenResourceError:
+        """What an OS error of a read or write (``what``: "send to", "receive from") is raised as."""
+        if self._closed:
+            return trio.ClosedResourceError("transport closed")
+        return trio.BrokenResourceError(f"{what} {self.peer} failed: {exc}")
+
     def _release_buffer(self) -> None:
         if self._buffer is not None:
             if len(_BUFFER_POOL) < _BUFFER_POOL_MAX:
                 _BUFFER_POOL.append(self._buffer)
             self._buffer = None
 
-    def try_receive(self) -> bytes | memoryview | None:
-        """The reactor's receive: the next bytes without waiting; None when there are none yet."""
+    def try_receive(self, scratch: ReceiveScratch) -> bytes | memoryview | None:
+        """The reactor's receive: the next bytes without waiting; None when there are none yet.
+
+        A transport holding no buffer reads into the reactor's ``scratch`` buffer: a small read is
+        copied out of it (as from a buffer of its own), a large one keeps that buffer (the view
+        handed out points into it) and the scratch takes another from the pool.
+        """
         buffer = self._buffer
         if buffer is None:
-            buffer = self._buffer = _BUFFER_POOL.pop() if _BUFFER_POOL else bytearray(RECV_SIZE)
+            buffer = scratch.buffer
         try:
             size = self.sock.recv_into(buffer)
         except BlockingIOError:
-            self._release_buffer()
+            if self._buffer is not None:
+                self._release_buffer()
             return None
         except OSError as exc:
-            if self._closed:
-                raise trio.ClosedResourceError("transport closed") from None
-            raise trio.BrokenResourceError(f"receive from {self.peer} failed: {exc}") from None
+            raise self._failed("receive from", exc) from None
         if size <= _COPY_BELOW:
-            data = bytes(memoryview(buffer)[:size])
-            if len(_BUFFER_POOL) < _BUFFER_POOL_MAX:  # (_release_buffer, inline: the reactor's every hop)
-                _BUFFER_POOL.append(buffer)
-            self._buffer = None
-            return data
+            if self._buffer is not None:
+                self._release_buffer()
+            return bytes(memoryview(buffer)[:size])
+        if self._buffer is None:
+            self._buffer = buffer
+            scratch.buffer = _BUFFER_POOL.pop() if _BUFFER_POOL else bytearray(RECV_SIZE)
         return memoryview(buffer)[:size]
 
     def try_send(self, pieces: list[Piece | bytes]) -> list[Piece | bytes] | None:
@@ -161,7 +184,19 @@ class SocketTransport:
         """
         if self._write_lock.locked() or self._owed:
             return None
-        rest = self._send_now(pieces)
+        if len(pieces) == 1:  # (a relayed read's usual write: one send, as _send_now would write it)
+            piece = pieces[0]
+            try:
+                sent = self.sock.send(piece)  # type: ignore[arg-type]
+            except BlockingIOError:
+                sent = 0
+            except OSError as exc:
+                raise self._failed("send to", exc) from None
+            if sent == len(piece):  # type: ignore[arg-type]
+                return []
+            rest = self._send_now([memoryview(piece)[sent:]]) if sent else pieces  # type: ignore[arg-type]
+        else:
+            rest = self._send_now(pieces)
         if rest:
             self._owed = list(rest)  # (its own list: queue_write extends it)
         return rest
@@ -195,9 +230,7 @@ class SocketTransport:
                 await trio.lowlevel.wait_readable(sock)
                 continue
             except OSError as exc:
-                if self._closed:
-                    raise trio.ClosedResourceError("transport closed") from None
-                raise trio.BrokenResourceError(f"receive from {self.peer} failed: {exc}") from None
+                raise self._failed("receive from", exc) from None
             if size < RECV_SIZE:
                 self._drained = True
             else:
@@ -250,9 +283,7 @@ class SocketTransport:
             except BlockingIOError:
                 return pieces
             except OSError as exc:
-                if self._closed:
-                    raise trio.ClosedResourceError("transport closed") from None
-                raise trio.BrokenResourceError(f"send to {self.peer} failed: {exc}") from None
+                raise self._failed("send to", exc) from None
             if len(pieces) == 1 and sent == len(pieces[0]):  # type: ignore[arg-type]
                 return []  # (one piece, all of it written: a relayed small read's usual case)
             pieces = _advance(pieces, sent)
