@@ -66,7 +66,7 @@ from proxy.errors import ProtocolError
 from proxy.protocol.session import Direction
 from proxy.server.reactor import Reactor
 from proxy.server.redirects import LookupFailed, LookupLinks
-from proxy.server.transport import READY_STREAK, RECV_SIZE, SocketTransport, Transport
+from proxy.server.transport import READY_STREAK, RECV_SIZE, SocketTransport, StreamTransport, Transport
 from proxy.server.upstream import UpstreamUnavailable
 
 if TYPE_CHECKING:
@@ -303,7 +303,7 @@ class Relay:
                 await trio.lowlevel.checkpoint()
 
     def _queue_writes(self, actions: list[Action]) -> list[Action]:
-        """Queue the plain-socket writes among ``actions`` on their sockets now; each Send left is
+        """Queue the writes among ``actions`` on their sockets (plain or TLS) now; each Send left is
         then a ``send([])`` that returns once they are written.
 
         The pipeline places what it originates (an answer on the broker's behalf, a PING, held
@@ -318,7 +318,7 @@ class Relay:
         for index, action in enumerate(actions):
             if type(action) is Send and action.data and not action.slice_bytes:
                 target = self.upstream if action.direction is TO_BROKER else self.client
-                if type(target) is SocketTransport:
+                if type(target) is SocketTransport or type(target) is StreamTransport:
                     target.queue_write(action.data)
                     if queued is None:
                         queued = list(actions)

@@ -339,6 +339,8 @@ class StreamTransport:
         self._raw_socket = raw_socket
         self._write_lock = trio.Lock()
         self._closed = False
+        #: writes queued in the order they were emitted (``queue_write``): the next ``send`` writes them first
+        self._owed: list[bytes] = []
 
     @property
     def local_address(self) -> str:
@@ -350,9 +352,16 @@ class StreamTransport:
         except trio.BrokenResourceError as exc:
             raise trio.BrokenResourceError(f"receive from {self.peer} failed: {exc.__cause__ or exc}") from None
 
+    def queue_write(self, pieces: Sequence[Piece | bytes]) -> None:
+        """Owe ``pieces`` (copied) behind what is owed already: the next ``send`` (anyone's) writes them first."""
+        self._owed.append(b"".join(pieces))  # type: ignore[arg-type]
+
     async def send(self, pieces: Sequence[Piece | bytes], slice_bytes: int = 0) -> None:
         data = b"".join(pieces)  # type: ignore[arg-type]
         async with self._write_lock:
+            await self._send_owed()
+            if not data:
+                return
             if slice_bytes > 0:
                 for start in range(0, len(data), slice_bytes):
                     await self.stream.send_all(data[start:start + slice_bytes])
@@ -360,9 +369,16 @@ class StreamTransport:
             else:
                 await self.stream.send_all(data)
 
+    async def _send_owed(self) -> None:
+        """(Holding the write lock.)"""
+        if self._owed:
+            owed, self._owed = self._owed, []
+            await self.stream.send_all(b"".join(owed))
+
     async def send_eof(self) -> None:
         if isinstance(self.stream, trio.abc.HalfCloseableStream):  # a memory stream in tests
             async with self._write_lock:
+                await self._send_owed()
                 await self.stream.send_eof()
             return
         # TLS has no half-close here: the caller ends the connection instead.

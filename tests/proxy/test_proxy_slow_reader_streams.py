@@ -11,6 +11,7 @@ time, and between two of them the write lock went to the relay's newer bytes.)
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator
 
 import pytest
@@ -80,25 +81,35 @@ async def nursery() -> AsyncIterator[trio.Nursery]:
         n.cancel_scope.cancel()
 
 
-async def slow_client_through_proxy(nursery: trio.Nursery, broker: StreamingBroker, rules: str,
-                                    reactor: bool) -> tuple[ProxyServer, trio.SocketStream]:
-    """The broker, a proxy with ``rules`` in front of it, and a client with a small receive buffer, connected."""
+#: the ways the proxy relays: its reactor, a task per direction, and a client over TLS (written by tasks only)
+PATHS = pytest.mark.parametrize("path", ["reactor", "task-per-direction", "tls"])
+
+
+async def slow_client_through_proxy(nursery: trio.Nursery, broker: StreamingBroker, rules: str, path: str,
+                                    request: pytest.FixtureRequest) -> tuple[ProxyServer, trio.abc.Stream]:
+    """The broker, a proxy with ``rules`` in front of it, and a client with a small receive buffer, connected
+    (over TLS on the ``tls`` path)."""
     await nursery.start(broker.serve)
+    tls = request.getfixturevalue("tls_material") if path == "tls" else None
     config = ProxyConfig(upstream=ServiceUrl.parse(f"pulsar://127.0.0.1:{broker.port}"),
-                         listen=HostPort("127.0.0.1", 0), limits=LimitsConfig(drain_seconds=0.5))
+                         listen=HostPort("127.0.0.1", 0), limits=LimitsConfig(drain_seconds=0.5),
+                         **({"tls": tls.server_tls()} if tls is not None else {}))
     hook = RulesHook(RulesEngine(load_rules_text(rules, "rules.yaml")))
-    server: ProxyServer = await nursery.start(ProxyServer(config, hook=hook, reactor=reactor).run)
-    client = await trio.open_tcp_stream("127.0.0.1", server.main_address.port)
-    client.socket.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 32 * 1024)
+    server: ProxyServer = await nursery.start(ProxyServer(config, hook=hook, reactor=path != "task-per-direction").run)
+    tcp = await trio.open_tcp_stream("127.0.0.1", server.main_address.port)
+    tcp.socket.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 32 * 1024)
+    client: trio.abc.Stream = tcp
+    if tls is not None:
+        client = trio.SSLStream(tcp, ssl.create_default_context(cafile=tls.ca_file), server_hostname="localhost")
     await client.send_all(encode_command(api.CommandConnect(client_version="slow", protocol_version=21)))
     return server, client
 
 
-@pytest.mark.parametrize("reactor", [True, False], ids=["reactor", "task-per-direction"])
+@PATHS
 async def test_a_slow_reader_behind_delayed_frames_reads_exactly_what_the_broker_wrote(
-        nursery: trio.Nursery, reactor: bool) -> None:
+        nursery: trio.Nursery, path: str, request: pytest.FixtureRequest) -> None:
     broker = StreamingBroker(frames=160, size=200_000)
-    server, client = await slow_client_through_proxy(nursery, broker, DELAY_SOME_MESSAGES, reactor)
+    server, client = await slow_client_through_proxy(nursery, broker, DELAY_SOME_MESSAGES, path, request)
     received = bytearray()
     with trio.fail_after(30):
         while not server.relays:  # noqa: ASYNC110 - the proxy accepts in its own time
@@ -124,13 +135,13 @@ rules:
 """
 
 
-@pytest.mark.parametrize("reactor", [True, False], ids=["reactor", "task-per-direction"])
+@PATHS
 async def test_answers_the_proxy_gives_a_slow_reader_land_between_the_brokers_frames(
-        nursery: trio.Nursery, reactor: bool) -> None:
+        nursery: trio.Nursery, path: str, request: pytest.FixtureRequest) -> None:
     """The client sends while the broker's stream backs up: the SEND_ERRORs the proxy answers with
     go between whole frames of that stream, never inside one written in part."""
     broker = StreamingBroker(frames=160, size=200_000)
-    _, client = await slow_client_through_proxy(nursery, broker, ANSWER_EVERY_SEND, reactor)
+    _, client = await slow_client_through_proxy(nursery, broker, ANSWER_EVERY_SEND, path, request)
     decoder = FrameDecoder(1 << 20)
     messages: list[bytes] = []
     refused = sends = 0
