@@ -359,24 +359,6 @@ def throughput(port: int, reports: Any, frame_size: int, duration: float,
     return received / seconds / (1024 * 1024), sent_frames / seconds
 
 
-def latency(port: int, rounds: int) -> tuple[float, float]:
-    """(p50, p99) of sequential SEND -> SEND_RECEIPT, in microseconds."""
-    frame = send_frame(100)
-    sock = open_session(port, "echo")
-    samples: list[int] = []
-    for index in range(rounds + 200):
-        begin = time.perf_counter_ns()
-        sock.sendall(frame)
-        got = 0
-        while got < len(RECEIPT):
-            got += len(sock.recv(4096))
-        if index >= 200:  # warm-up excluded
-            samples.append(time.perf_counter_ns() - begin)
-    sock.close()
-    samples.sort()
-    return samples[len(samples) // 2] / 1000, samples[int(len(samples) * 0.99)] / 1000
-
-
 def interleaved_latency(arms: dict[str, tuple[int, int | None]], rounds: int) -> dict[str, dict[str, float]]:
     """p50/p99 (us) and CPU us per round trip of each arm (name -> port, pid), measured together.
 
@@ -519,7 +501,7 @@ def pulsar_proxy(target: int, workdir: Path, log_level: int) -> Iterator[tuple[i
 def warm_up(port: int, reports: Any) -> None:
     """A JVM's JIT compiles the hot paths in the first seconds: run each phase briefly first."""
     throughput(port, reports, 1024, 1.0)
-    latency(port, 2000)
+    interleaved_latency({"warm-up": (port, None)}, 2000)
     concurrency(port, CONCURRENT_CONNECTIONS, 1.0)
 
 
