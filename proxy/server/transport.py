@@ -252,11 +252,12 @@ class SocketTransport:
             await self._send_sliced(pieces, slice_bytes)
             return
         lock = self._write_lock
-        if lock.locked() or self._owed:
+        if lock.locked():
             async with lock:
                 await self._send_waiting(self._with_owed(pieces))
             return
-        rest = self._send_now(pieces if isinstance(pieces, list) else list(pieces))
+        # (nobody is writing: what is owed goes first, without a trip through the lock)
+        rest = self._send_now(self._with_owed(pieces) if self._owed or not isinstance(pieces, list) else pieces)
         if not rest:
             return
         lock.acquire_nowait()  # no await since the check: nobody can have slipped in
