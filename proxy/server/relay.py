@@ -355,6 +355,9 @@ class Relay:
                     continue
                 actions = self.pipeline.release_due(self._clock())
                 self._held_room.set()  # a reader waiting on a full queue goes on
+                # A released frame that joined its stream lane behind a delayed one is held again:
+                # this loop finds it by its due (a Hold here would wait for room only it can make).
+                actions = [action for action in actions if type(action) is not Hold]
                 if actions:
                     await self._carry_out(actions)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:

@@ -161,3 +161,31 @@ async def test_while_draining_the_brokers_late_answer_still_reaches_the_client(
             assert [f.command.send.sequence_id for f in frames_of(broker, T.SEND)] == [5]
             relay.begin_drain()
             assert await receipts_with_times(client, decoder, 1, start) == [(5, pytest.approx(0.3, abs=1e-6))]
+
+
+async def test_a_throttled_frame_released_behind_a_delay_while_the_hold_queue_is_full_does_not_stall(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """The release task moves a throttled SEND behind a delayed PING in the stream lane while the queue
+    is at its bound: it must not wait for room that only it can make (it used to: nothing left again)."""
+    hook = rules_hook("rules:\n"
+                      "  - {name: ping-late, match: {command: [PING]}, action: {delay: {ms: 1000}}}\n"
+                      "  - {name: ten-per-second, match: {command: [SEND]}, "
+                      "action: {throttle: {messages_per_second: 10}}}\n")
+    broker = FakeBroker()
+    with trio.fail_after(60):
+        async with memory_relay(broker, hook=hook) as (client, relay):
+            decoder = await connected(client)
+            # the four throttled SENDs fit; the PING behind them fills the queue (the reader waits)
+            relay.pipeline.held.byte_limit = 4 * len(send_frame(0, 10)) + 1
+            start = trio.current_time()
+            await client.send_all(b"".join(send_frame(seq, 10) for seq in range(5)))
+            await trio.testing.wait_all_tasks_blocked()
+            await client.send_all(encode_command(api.CommandPing()))
+            arrived: list[tuple[str, float]] = []
+            while len(arrived) < 6:
+                for frame in await receive_frames(client, decoder, 1):
+                    name = "pong" if frame.type == T.PONG else str(frame.command.send_receipt.sequence_id)
+                    arrived.append((name, trio.current_time() - start))
+    # the first SEND passes at once; the others were due 0.1-0.4 s but queue behind the PING held to 1 s
+    assert arrived == [("0", 0.0), ("pong", 1.0), ("1", 1.0), ("2", 1.0), ("3", 1.0), ("4", 1.0)]
+    assert len(frames_of(broker, T.PING)) == 1
