@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from collections.abc import AsyncIterator
 
 import pytest
 import structlog
@@ -31,13 +30,6 @@ async def start(nursery: trio.Nursery, broker: FakeBroker, reactor: bool = True,
                          limits=LimitsConfig(**{"drain_seconds": 0.5, **limits}))  # type: ignore[arg-type]
     server: ProxyServer = await nursery.start(ProxyServer(config, reactor=reactor).run)
     return server
-
-
-@pytest.fixture
-async def nursery() -> AsyncIterator[trio.Nursery]:
-    async with trio.open_nursery() as n:
-        yield n
-        n.cancel_scope.cancel()
 
 
 @pytest.mark.parametrize("reactor", [True, False], ids=["reactor", "task-per-direction"])

@@ -12,7 +12,6 @@ time, and between two of them the write lock went to the relay's newer bytes.)
 from __future__ import annotations
 
 import ssl
-from collections.abc import AsyncIterator
 
 import pytest
 import trio
@@ -72,13 +71,6 @@ class StreamingBroker:
             await stream.send_all(frame)
         self.done = True
         await trio.sleep_forever()
-
-
-@pytest.fixture
-async def nursery() -> AsyncIterator[trio.Nursery]:
-    async with trio.open_nursery() as n:
-        yield n
-        n.cancel_scope.cancel()
 
 
 #: the ways the proxy relays: its reactor, a task per direction, and a client over TLS (written by tasks only)

@@ -9,7 +9,6 @@ through Trio, with the same traffic.
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator
 
 import pytest
 import trio
@@ -23,13 +22,6 @@ from proxy.server.app import ProxyServer
 from proxy.server.reactor import Reactor
 
 T = api.BaseCommand.Type
-
-
-@pytest.fixture
-async def nursery() -> AsyncIterator[trio.Nursery]:
-    async with trio.open_nursery() as n:
-        yield n
-        n.cancel_scope.cancel()
 
 
 async def start(nursery: trio.Nursery, broker: FakeBroker) -> ProxyServer:
