@@ -191,16 +191,22 @@ def scanner_verdict(chunks: list[bytes], wanted: frozenset[int], want_all: bool,
     scanner = FrameScanner(limit, wanted, want_all=want_all)
     passed = bytearray()
     frames: list[Frame] = []
+
+    def take(pieces: list[Any]) -> None:
+        nonlocal passed
+        for piece in pieces:
+            if isinstance(piece, Frame):
+                frames.append(piece)
+                passed += piece.raw
+            else:
+                passed += piece
+
     try:
         for chunk in chunks:
-            for piece in scanner.feed(chunk):
-                if isinstance(piece, Frame):
-                    frames.append(piece)
-                    passed += piece.raw
-                else:
-                    passed += piece
+            take(scanner.feed(chunk))
         scanner.close()
     except ProtocolError as exc:
+        take(scanner.passed_before_error)  # what of the failing read goes on before the error
         return bytes(passed), frames, f"{type(exc).__name__}: {exc}"
     return bytes(passed), frames, None
 
@@ -218,10 +224,12 @@ def check_frames(data: bytes, cuts: list[int], flags: int) -> None:
         raise Mismatch("the scanner let through bytes that are not a prefix of the input")
     if decoder_error is None and (passed != data or decoded != data):
         raise Mismatch("a clean stream did not come through whole")
-    if len(passed) > len(decoded) and decoder_error is not None and "closed mid-frame" not in decoder_error:
-        # the decoder returned every frame before the failing one: nothing of that one may pass
-        # (only a frame whose checks passed streams through, and a peer may stop in its middle)
-        raise Mismatch(f"the scanner let through {len(passed) - len(decoded)} bytes of the failing frame")
+    if decoder_error is not None and "closed mid-frame" not in decoder_error and passed != decoded:
+        # the decoder returned every frame before the failing one: exactly those pass, nothing of
+        # that one (only a frame whose checks passed streams through, and a peer may stop in its middle)
+        if len(passed) > len(decoded):
+            raise Mismatch(f"the scanner let through {len(passed) - len(decoded)} bytes of the failing frame")
+        raise Mismatch(f"the scanner held back {len(decoded) - len(passed)} bytes of the good frames before it")
     expected = [f for f in _frames_of(decoded) if want_all or f.type in wanted]
     if [f.raw for f in frames] != [f.raw for f in expected][:len(frames)]:
         raise Mismatch("the scanner handed out other frames than the wanted ones")

@@ -6,7 +6,8 @@ returned actions in order: :class:`Send` bytes to a side, :class:`OpenUpstream`
 before the CONNECT goes out, :class:`Hold` (bytes put aside in
 :attr:`ConnectionPipeline.held` until a time: a rule's delay — which holds the
 frame and whatever follows it in its direction until the frame's own time, see
-``holding`` — a lane's throttle, or a deferred frame), :class:`Close`.  :meth:`ConnectionPipeline.tick`
+``holding`` — a lane's throttle, or a deferred frame), :class:`Close`, :class:`Fail`
+(a read's good frames came before a bad one: raise its error once they are sent).  :meth:`ConnectionPipeline.tick`
 drives keepalive and :meth:`ConnectionPipeline.release_due` hands back the held
 frames whose time has come.  Nothing here awaits, reads a clock or touches a socket.
 
@@ -131,7 +132,14 @@ class Close:
     hostile: bool = False
 
 
-Action = Send | OpenUpstream | Hold | FollowRedirect | Close
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """The bytes broke the protocol after the actions before this one: raise ``error`` once they are done."""
+
+    error: ProtocolError
+
+
+Action = Send | OpenUpstream | Hold | FollowRedirect | Close | Fail
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,12 +230,27 @@ class ConnectionPipeline:
         self.bytes_in[direction] += len(data)
         scanner = self.scanners[direction]
         lead = scanner.passing_through if self._runs else 0
-        pieces = scanner.feed(data)
+        try:
+            pieces = scanner.feed(data)
+        except ProtocolError as exc:
+            # The whole frames of this read before the bad one passed every check: they go
+            # on as if the read had ended there (a broker would have taken them), then the
+            # error ends the connection.
+            passed = scanner.passed_before_error
+            if not passed:
+                raise
+            actions = self._receive_pieces(direction, passed, lead, now_ns)
+            actions.append(Fail(exc))
+            return actions
         if len(pieces) == 1 and type(pieces[0]) is not Frame and not self._injections_waiting \
                 and not self.held.lane_busy(direction):
             if self._runs:
                 self._publish_run(direction, pieces[0], lead, now_ns)
             return [Send(direction, pieces)]  # the fast path: nothing to look at, nothing held
+        return self._receive_pieces(direction, pieces, lead, now_ns)
+
+    def _receive_pieces(self, direction: Direction, pieces: list[Piece], lead: int, now_ns: int) -> list[Action]:
+        """What the scanner handed out of a read: each wanted Frame looked at, the rest sent as it is."""
         actions: list[Action] = []
         run: list[Piece | bytes] = []
         for piece in pieces:

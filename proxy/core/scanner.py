@@ -169,6 +169,9 @@ class FrameScanner:
         self.want_all = False
         self.barrier: frozenset[int] = frozenset()
         self.frames_scanned = 0
+        #: when ``feed`` raised: what it had handed out of that read before the bad frame began,
+        #: whole frames that passed every check (and the rest of a frame passing through)
+        self.passed_before_error: list[Piece] = []
         #: frames still to check one by one before a row of one size is tried again
         self._walk = 0
         self.set_wanted(wanted, want_all=want_all)
@@ -220,7 +223,9 @@ class FrameScanner:
     def feed(self, data: bytes | memoryview) -> list[Piece]:
         """Scan received bytes; returns pass-through slices and wanted Frames, in order.
 
-        Slices may reference ``data``: use them before the next call.
+        Slices may reference ``data``: use them before the next call.  On a frame that fails a
+        check it raises that check's error (and again on every later call); what it would have
+        handed out of ``data`` before that frame is then in :attr:`passed_before_error`.
         """
         if self._error is not None:
             raise self._error
@@ -229,6 +234,7 @@ class FrameScanner:
             if alone is not None:
                 return alone
         out: list[Piece] = []
+        scan_from = scan_out = -1
         try:
             pos, end = 0, len(data)
             while pos < end and (self._skip or self._carry):
@@ -240,6 +246,7 @@ class FrameScanner:
                 else:
                     pos = self._complete_carry(data, pos, out)
             if pos < end:
+                scan_from, scan_out = pos, len(out)
                 self._scan(data, pos, out)
             self._checks.verify()
             if self._widened:  # a barrier frame widened the wants for the rest of this feed only
@@ -253,6 +260,9 @@ class FrameScanner:
                 error = earlier
             self._checks.clear()
             self._error = error
+            if scan_from >= 0:  # (a carried frame that fails is the read's first: nothing passed before it)
+                self.passed_before_error = out[:scan_out] + _up_to_bad_frame(
+                    data, scan_from, out[scan_out:], self.max_frame_bytes)
             raise error from None
         return out
 
@@ -517,6 +527,43 @@ class FrameScanner:
             start += step
         checks.pending.append(view[start:] if start else fields)
         return checks.pending.append
+
+
+def _up_to_bad_frame(data: bytes | memoryview, start: int, pieces: list[Piece], limit: int) -> list[Piece]:
+    """``pieces`` (what a scan of ``data`` from ``start`` handed out, in order) cut, or completed
+    with the run it had not handed out yet, where the first frame that fails a check begins.
+
+    The scan checks commands in batches, so when one fails its run may already hold that frame
+    and those after it: the frames are walked again one by one, every check each (only ever
+    after an error).  Nothing is kept if the walk finds no bad frame (it always should).
+    """
+    pos, end = start, len(data)
+    try:
+        while pos < end:
+            head = check_frame(data, pos, end, limit)
+            if isinstance(head, int):
+                return []
+            pos += head.frame_size
+        return []
+    except ProtocolError:
+        pass
+    keep = pos - start
+    kept: list[Piece] = []
+    for piece in pieces:
+        if not keep:
+            break
+        if isinstance(piece, Frame):
+            size = len(piece.raw)
+        else:
+            size = len(piece)
+            if size > keep:  # (a run of passed-through frames; a Frame is never cut: it ends before)
+                piece = memoryview(piece)[:keep]
+                size = keep
+        kept.append(piece)
+        keep -= size
+    if keep:  # the run the scan had not handed out yet when it stopped (frames nobody wants)
+        kept.append(memoryview(data)[pos - keep:pos])
+    return kept
 
 
 def _same_frames(data: bytes | memoryview, pos: int, size: int, cmd_size: int,

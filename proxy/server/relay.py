@@ -57,6 +57,7 @@ from proxy.core.pipeline import (
     Action,
     Close,
     ConnectionPipeline,
+    Fail,
     FollowRedirect,
     Hold,
     OpenUpstream,
@@ -301,6 +302,8 @@ class Relay:
                 self.end(_Ending(action.reason, reset=action.reset, hostile=action.hostile,
                                  level="warning" if action.hostile else "info"))
                 await trio.lowlevel.checkpoint()
+            elif type(action) is Fail:
+                raise action.error  # (what came before it is written: the pump ends the connection)
 
     def _queue_writes(self, actions: list[Action]) -> list[Action]:
         """Queue the writes among ``actions`` on their sockets (plain or TLS) now; each Send left is

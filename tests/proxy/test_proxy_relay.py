@@ -13,6 +13,7 @@ import socket
 import pytest
 import structlog
 import trio
+import trio.testing
 from proxy_fake_broker import CONNECT, FakeBroker, handshake, receive_frames, send_frame
 
 from proxy.config.proxy_config import HostPort, LimitsConfig, ProxyConfig, ServiceUrl
@@ -315,3 +316,39 @@ async def test_frames_the_session_table_refuses_pass_unchanged_and_the_closing_l
         assert await _logged_closing_reasons(logs) == ["client closed the connection"]
     [closed] = [entry for entry in logs if entry.get("event") == "connection closed"]
     assert closed["protocol_violations"] == 1
+
+
+def _spoilt_send(seq: int) -> bytes:
+    """A SEND whose header and payload section pass the scan's quick look but whose command lacks
+    its required sequence_id (its tag made field 15's): caught only when the read's commands are
+    parsed together, after the frames before and after it were scanned."""
+    frame = bytearray(send_frame(seq, 10))
+    assert frame[14] == 0x10  # sequence_id's tag, after size, cmd size, 08 06 32 LEN and producer_id's 08 01
+    frame[14] = 0x78
+    return bytes(frame)
+
+
+@pytest.mark.parametrize("bad", ["garbage", "spoilt-command"])
+@pytest.mark.parametrize("at", [0, 1, 300, 599])
+@pytest.mark.parametrize("reactor", [True, False], ids=["reactor", "task-per-direction"])
+async def test_the_frames_before_a_bad_one_in_the_same_write_reach_the_broker(
+        nursery: trio.Nursery, bad: str, at: int, reactor: bool) -> None:
+    """As a broker reading frame by frame would, the proxy passes on every whole frame before the
+    bad one (not a byte of it or after it), then closes the connection with one warning."""
+    broker = FakeBroker()
+    server = await start(nursery, broker, reactor)
+    sends = [send_frame(seq, 10) for seq in range(600)]
+    spoilt = b"\xde\xad\xbe\xef" * 4 if bad == "garbage" else _spoilt_send(at)
+    with structlog.testing.capture_logs() as logs, trio.fail_after(10):
+        stream, decoder = await handshake(server.main_address.port)
+        await stream.send_all(b"".join(sends[:at]) + spoilt + b"".join(sends[at:]))
+        receipts = []
+        with contextlib.suppress(trio.BrokenResourceError):
+            while data := await stream.receive_some(1 << 16):  # until the proxy closes
+                receipts += [frame.command.send_receipt.sequence_id for frame in decoder.receive(data)]
+        await stream.aclose()
+        await trio.testing.wait_all_tasks_blocked(0.05)  # the broker has read all it will get
+    assert bytes(broker.received) == CONNECT + b"".join(sends[:at])
+    assert receipts == list(range(len(receipts))) and len(receipts) <= at  # (those the broker answered in time)
+    [dropped] = [entry for entry in logs if entry["log_level"] == "warning"]
+    assert dropped["event"] == "dropped hostile client" and " broke the protocol: " in str(dropped["reason"])
