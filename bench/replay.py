@@ -1,6 +1,6 @@
 """Recording and replay throughput, with the official client and the embedded broker.
 
-    .venv/bin/python bench/replay.py [--messages N] [--size BYTES]
+    .venv/bin/python bench/replay.py [--messages N] [--size BYTES] [--rounds 3]
 
 1. Proxy passthrough with recording off vs on: the official client produces N
    messages (batching on, LZ4) through a pulsar-tap proxy and consumes them back,
