@@ -1,14 +1,17 @@
 """Recording and replay throughput, with the official client and the embedded broker.
 
-    .venv/bin/python bench/replay.py [--messages N] [--size BYTES]
+    .venv/bin/python bench/replay.py [--messages N] [--size BYTES] [--rounds 3]
 
 1. Proxy passthrough with recording off vs on: the official client produces N
    messages (batching on, LZ4) through a pulsar-tap proxy and consumes them back,
-   through a plain proxy and through a recording one in turn, ``--rounds`` times (each set up as
-   ``pulsar-tap run`` sets it up, with and without ``record: {dir}``); prints
-   messages/s and MB/s of each run, its ratio on/off, and the CPU seconds each arm
-   took: this process (the client's threads, the broker and the proxy) and the
-   recording's writer process; then the ratio of the best run of each arm.
+   through a plain proxy and through a recording one (each set up as ``pulsar-tap run``
+   sets it up, with and without ``record: {dir}``), in ``--rounds`` rounds, the arms'
+   order rotated each round (:mod:`interleave`); prints messages/s and MB/s of each
+   run and the CPU seconds of each part from the first send to the last arrival (the
+   proxy's relay thread, its other threads, the recording's writer process, the
+   embedded broker's thread, the client: the rest of this process); then each round's
+   ratio on/off, their median and minimum, and the CPU per message of each part
+   (median of the rounds) with the total's ratio off/on, the steadier figure.
 2. Broker-side replay: a fresh official consumer receives the last recording's messages
    from ``replay --serve`` (in-process); messages/s.
 3. Client-side replay at ``--speed 0`` into a fresh embedded broker; messages/s.
@@ -24,14 +27,17 @@ import argparse
 import os
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import trio
 
 # run from a checkout without an install: import the repository's own package
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from interleave import CpuParts, Round, report, rotated  # (a module of bench/: the script's directory)
 
 from proxy.broker.cluster import ClusterConfig
 from proxy.broker.embedded import ThreadedCluster
@@ -43,9 +49,15 @@ from proxy.replay.replayer import replay_recording
 from proxy.server.threaded import ThreadedStack
 from proxy.testing.rig import ThreadedReplayServer
 
+#: the names of the proxy's and the broker's threads (their CPU time is told apart by them)
+PROXY_THREAD: Final = "pulsar-tap-bench-proxy"
+BROKER_THREAD: Final = "pulsar-tap-broker"
 
-def produce_and_consume(url: str, topic: str, messages: int, size: int) -> tuple[float, tuple[int, float]]:
-    """The official client produces ``messages`` and consumes them: (start, (received, last arrival))."""
+
+def produce_and_consume(url: str, topic: str, messages: int, size: int,
+                        parts: CpuParts) -> tuple[tuple[float, tuple[int, float]], dict[str, float]]:
+    """The official client produces ``messages`` and consumes them: ((start, (received, last arrival)), CPU
+    seconds per part from the first send to the last arrival)."""
     import pulsar
 
     payload = b"x" * size
@@ -54,11 +66,13 @@ def produce_and_consume(url: str, topic: str, messages: int, size: int) -> tuple
         consumer = client.subscribe(topic, "bench", receiver_queue_size=1000)
         producer = client.create_producer(topic, batching_enabled=True, batching_max_messages=500,
                                           compression_type=pulsar.CompressionType.LZ4, block_if_queue_full=True)
+        parts.start()
         start = time.perf_counter()
         for _ in range(messages):
             producer.send_async(payload, None)
         producer.flush()
-        return start, receive_all(consumer, messages)
+        received = receive_all(consumer, messages)
+        return (start, received), parts.stop()
     finally:
         client.close()
 
@@ -95,26 +109,26 @@ def rate(run: tuple[float, tuple[int, float]], size: int) -> tuple[str, float]:
             f"({messages} messages in {seconds:.2f} s)"), per_second
 
 
-def cpu_seconds() -> tuple[float, float]:
-    """CPU seconds (user + system) of this process so far, and of its children reaped so far."""
-    times = os.times()
-    return times.user + times.system, times.children_user + times.children_system
-
-
-def proxied_run(upstream: str, record_dir: str | None, topic: str, messages: int,
-                size: int) -> tuple[tuple[float, tuple[int, float]], tuple[float, float], Path | None]:
+def proxied_run(upstream: str, record_dir: str | None, topic: str, messages: int, size: int,
+                broker_tids: frozenset[int]) -> tuple[tuple[float, tuple[int, float]], dict[str, float], Path | None]:
     """:func:`produce_and_consume` through a proxy stack (recording into ``record_dir`` when given): the run,
-    the CPU seconds of this process and of the recording's writer process, and the recording's path."""
+    the CPU seconds per part from its first send to its last arrival (see :class:`interleave.CpuParts`),
+    and the recording's path."""
     config = ProxyConfig(upstream=ServiceUrl.parse(upstream), listen=HostPort("127.0.0.1", 0),
                          limits=LimitsConfig(drain_seconds=0.5),
                          record=None if record_dir is None else RecordConfig(dir=record_dir))
-    before = cpu_seconds()
-    with ThreadedStack(config, name="pulsar-tap-bench-proxy") as proxy:
+    with ThreadedStack(config, name=PROXY_THREAD) as proxy:
         assert proxy.stack is not None
         path = proxy.stack.recording_path
-        run = produce_and_consume(proxy.service_url, topic, messages, size)
-    after = cpu_seconds()  # (the writer process has ended: its time is in the children's)
-    return run, (after[0] - before[0], after[1] - before[1]), path
+        parts = CpuParts(native_id(PROXY_THREAD), broker_tids=broker_tids)
+        run, cpu = produce_and_consume(proxy.service_url, topic, messages, size, parts)
+    return run, cpu, path
+
+
+def native_id(name: str) -> int:
+    """The thread id of this process's (Python) thread called ``name``."""
+    return next(thread.native_id for thread in threading.enumerate()
+                if thread.name == name and thread.native_id is not None)
 
 
 def main() -> int:
@@ -122,34 +136,32 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=300_000)
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=3,
-                        help="runs of each arm, off and on in turn (default 3); the ratio compares the best of each")
+                        help="rounds of the two arms, their order rotated each round (default 3)")
     args = parser.parse_args()
     n, size = args.messages, args.size
     print(f"load average at the start: {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
     cluster = ThreadedCluster(ClusterConfig(brokers=1)).start()
     try:
         with tempfile.TemporaryDirectory() as directory:
-            off_rates, on_rates = [], []
+            broker_tids = frozenset({native_id(BROKER_THREAD)})
+            rounds: list[dict[str, Round]] = []
             path: Path | None = None
             topic = ""
             for round_number in range(1, args.rounds + 1):
-                off, off_cpu, _ = proxied_run(cluster.service_url, None,
-                                              f"persistent://public/default/bench-off-{round_number}", n, size)
-                topic = f"persistent://public/default/bench-on-{round_number}"
-                on, on_cpu, path = proxied_run(cluster.service_url, directory, topic, n, size)
-                off_text, off_rate = rate(off, size)
-                on_text, on_rate = rate(on, size)
-                off_rates.append(off_rate)
-                on_rates.append(on_rate)
-                print(f"round {round_number}: proxy passthrough, recording off: {off_text}; "
-                      f"CPU s: {off_cpu[0]:.2f} this process")
-                print(f"round {round_number}: proxy passthrough, recording on:  {on_text}; "
-                      f"CPU s: {on_cpu[0]:.2f} this process, {on_cpu[1]:.2f} writer process")
-                print(f"round {round_number}: ratio on/off: {on_rate / off_rate:.2f}", flush=True)
+                runs: dict[str, Round] = {}
+                for arm in rotated(("off", "on"), round_number - 1):
+                    arm_topic = f"persistent://public/default/bench-{arm}-{round_number}"
+                    run, cpu, arm_path = proxied_run(cluster.service_url, directory if arm == "on" else None,
+                                                     arm_topic, n, size, broker_tids)
+                    if arm == "on":
+                        path, topic = arm_path, arm_topic
+                    text, per_second = rate(run, size)
+                    runs[arm] = Round(per_second, cpu, run[1][0])
+                    print(f"round {round_number}: proxy passthrough, recording {arm + ':':<4} {text}; CPU s: "
+                          + ", ".join(f"{part} {seconds:.2f}" for part, seconds in cpu.items()), flush=True)
+                rounds.append(runs)
             assert path is not None
-            # best of the rounds per arm: other load on the machine, and the slow runs both arms have now and
-            # then (more CPU seconds in this process for the same messages), slow a run down, never speed one up
-            print(f"ratio on/off (best of {args.rounds} rounds each): {max(on_rates) / max(off_rates):.2f}")
+            report(rounds, ("off", "on"), baseline="off")
             book = AnswerBook.from_conversations(build_conversations(open_recordings(path).frames()).values())
             with ThreadedReplayServer(book) as server:
                 served = consume(server.service_url, topic, "bench", n)

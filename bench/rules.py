@@ -6,9 +6,13 @@ matches 1 % of the SENDs (``probability: 0.01``), the rest as above.
 Two tables, each as throughput and as a ratio to 0 rules:
 
 1. **through the proxy**: ``pulsar-tap broker`` and ``pulsar-tap run --rules FILE``
-   in their own processes on loopback; the official client in this process
-   publishes ``--messages`` unbatched 100-byte messages with ``send_async`` (up to
-   1000 in flight) and flushes; messages/s from first send to last receipt.  The
+   in their own processes on loopback (a fresh proxy per run); the official client in
+   this process publishes ``--messages`` unbatched 100-byte messages with ``send_async``
+   (up to 1000 in flight) and flushes; messages/s from first send to last receipt.  The
+   arms run in ``--rounds`` rounds, their order rotated each round (:mod:`interleave`):
+   printed are each round's ratio to 0 rules, their median and minimum, and the CPU per
+   message (median of the rounds) of the proxy's Trio thread, its other threads, the
+   broker and the client, with the total's ratio to 0 rules', the steadier figure.  The
    rules name SEND and SEND_RECEIPT but topics the producer is not on, so the relay
    passes that connection's SENDs and receipts through undecoded (the engine's
    per-connection interest), and of the 1 % rule's SENDs decodes only those it fires on;
@@ -28,7 +32,7 @@ The non-matching rules name commands these frames are, but topics they are not (
 expensive case: the topic has to be resolved and the glob tried), alternating
 delay/drop/error/mark actions.
 
-Usage: ``.venv/bin/python bench/rules.py [--seconds 1.0] [--messages 20000] [--engine-only]``.
+Usage: ``.venv/bin/python bench/rules.py [--seconds 1.0] [--messages 20000] [--rounds 3] [--engine-only]``.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ from pathlib import Path
 
 # bench/ holds a proxy.py of its own: the repository root must come first
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from interleave import CpuParts, Round, report, rotated  # (a module of bench/: the script's directory)
 
 from proxy.config.proxy_config import ServiceUrl
 from proxy.core.hooks import ConnectionInfo
@@ -208,8 +214,9 @@ def process(*args: str) -> Iterator[subprocess.Popen[bytes]]:
             proc.wait()
 
 
-def publish_rate(service_url: str, messages: int) -> float:
-    """Messages/s the official client publishes through ``service_url`` (unbatched, async)."""
+def publish_rate(service_url: str, messages: int, parts: CpuParts) -> Round:
+    """Messages/s the official client publishes through ``service_url`` (unbatched, async), and the CPU
+    seconds of each part (``parts``) meanwhile."""
     import pulsar
 
     client = pulsar.Client(service_url, operation_timeout_seconds=15,
@@ -221,6 +228,7 @@ def publish_rate(service_url: str, messages: int) -> float:
         producer.send(b"warm-up")
         done = threading.Semaphore(0)
         payload = b"x" * 100
+        parts.start()
         start = time.perf_counter()
         for _ in range(messages):
             producer.send_async(payload, lambda result, _id: done.release())
@@ -228,26 +236,33 @@ def publish_rate(service_url: str, messages: int) -> float:
         for _ in range(messages):
             if not done.acquire(timeout=30):
                 raise RuntimeError("a send did not complete")
-        return messages / (time.perf_counter() - start)
+        elapsed = time.perf_counter() - start
+        return Round(messages / elapsed, parts.stop(), messages)
     finally:
         client.close()
 
 
-def measure_through_proxy(counts: tuple[int | str, ...], messages: int) -> dict[int | str, float]:
-    """msgs/s per arm: a number of non-matching rules, or ``"10+1%"`` (see :func:`one_matching`)."""
-    broker_port, rates = free_port(), {}
-    with tempfile.TemporaryDirectory() as tmp, process("broker", "--listen", f"127.0.0.1:{broker_port}"):
+def measure_through_proxy(arms: tuple[int | str, ...], messages: int, rounds: int) -> list[dict[int | str, Round]]:
+    """Per round, each arm's run: a number of non-matching rules, or ``"10+1%"`` (see :func:`one_matching`); a
+    fresh proxy process per run, one broker process for all, the arms' order rotated each round."""
+    broker_port, results = free_port(), []
+    with tempfile.TemporaryDirectory() as tmp, process("broker", "--listen", f"127.0.0.1:{broker_port}") as broker:
         wait_listening(broker_port)
-        for count in counts:
-            rule_file = Path(tmp) / f"rules-{count}.yaml"
-            text = one_matching(10) if count == "10+1%" else rules_text(int(count))
-            rule_file.write_text(text.replace("[FLOW, ACK]", "[SEND_RECEIPT]"), encoding="utf-8")
-            port = free_port()
-            with process("run", "--listen", f"127.0.0.1:{port}", "--upstream", f"pulsar://127.0.0.1:{broker_port}",
-                         "--rules", str(rule_file), "--log-level", "error"):
-                wait_listening(port)
-                rates[count] = publish_rate(f"pulsar://127.0.0.1:{port}", messages)
-    return rates
+        for round_ in range(rounds):
+            runs: dict[int | str, Round] = {}
+            for arm in rotated(arms, round_):
+                rule_file = Path(tmp) / f"rules-{arm}.yaml"
+                text = one_matching(10) if arm == "10+1%" else rules_text(int(arm))
+                rule_file.write_text(text.replace("[FLOW, ACK]", "[SEND_RECEIPT]"), encoding="utf-8")
+                port = free_port()
+                with process("run", "--listen", f"127.0.0.1:{port}", "--upstream", f"pulsar://127.0.0.1:{broker_port}",
+                             "--rules", str(rule_file), "--log-level", "error") as proxy:
+                    wait_listening(port)
+                    # (the proxy's Trio loop runs in its main thread)
+                    parts = CpuParts(proxy.pid, proxy_pid=proxy.pid, broker_pid=broker.pid)
+                    runs[arm] = publish_rate(f"pulsar://127.0.0.1:{port}", messages, parts)
+            results.append(runs)
+    return results
 
 
 def main() -> None:
@@ -255,16 +270,18 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=1.0, help="time per engine measurement (default 1.0)")
     parser.add_argument("--messages", type=int, default=20_000, help="messages per proxy measurement")
     parser.add_argument("--engine-only", action="store_true", help="skip the measurement through the proxy")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of the arms through the proxy, their order rotated each round (default 3)")
     parser.add_argument("--read-kib", type=int, default=64,
                         help="KiB of SENDs per read in the pipeline table (default 64; the relay reads up to 256)")
     args = parser.parse_args()
     if not args.engine_only:
-        rates = measure_through_proxy((0, 10, 100, "10+1%"), args.messages)
+        load = os.getloadavg()[0]
+        proxy_arms: tuple[int | str, ...] = (0, 10, 100, "10+1%")
+        rounds = measure_through_proxy(proxy_arms, args.messages, args.rounds)
         print(f"through the proxy (official client, unbatched 100 B sends), non-matching rules "
-              f"(load average {os.getloadavg()[0]:.2f}); 10+1%: one of 10 rules marks 1 % of the SENDs")
-        print(f"{'rules':>6} {'msgs/s':>12} {'ratio':>7}")
-        for count, rate in rates.items():
-            print(f"{count:>6} {rate:>12,.0f} {rate / rates[0]:>7.2f}")
+              f"(load average {load:.2f} at the start); 10+1%: one of 10 rules marks 1 % of the SENDs")
+        report(rounds, proxy_arms, baseline=0, parts=("proxy thread", "other proxy", "broker", "client"))
         print()
     print(f"relay pipeline alone (CPU per frame: SENDs and their receipts in {args.read_kib} KiB reads, each "
           f"direction alone; load average {os.getloadavg()[0]:.2f}); ratio: the plain proxy's cost over the arm's; "

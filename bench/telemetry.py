@@ -11,15 +11,17 @@ Two measurements:
   frame for it); the
   official client produces ``--messages`` messages of ``--size`` bytes with
   batching off (one SEND and one SEND_RECEIPT per message, the worst case for
-  per-frame telemetry) through it.  Modes are interleaved over ``--repeat``
-  rounds and the best round of each is kept.  Printed: messages/s, the ratio to
-  ``off``, and the events the observer queue dropped (telemetry falling behind
-  shows there, never as slower traffic).  On two cores the proxy is not saturated
-  at these rates: the broker, the client and the proxy share the CPU, so what
-  telemetry spends per message is taken from all of them; the CPU time per message
-  (median over the rounds) of the proxy's thread, of the rest of this process (the
-  client) and of the broker process is printed too, less noisy on a busy machine
-  than the rates.
+  per-frame telemetry) through it.  Modes run in ``--repeat``
+  rounds, their order rotated each round (:mod:`interleave`).  Printed per mode: the
+  median messages/s, each round's ratio to ``off`` in that round, their median and
+  minimum, and per round the events the observer queue dropped (telemetry falling
+  behind shows there, never as slower traffic) and the request spans exported.  On
+  two cores the proxy is not saturated at these rates: the broker, the client and
+  the proxy share the CPU, so what telemetry spends per message is taken from all of
+  them; the CPU time per message (median over the rounds) of the proxy's relay
+  thread, of its other threads (the span exporter's), of the broker process and of
+  the client (the rest of this process) is printed too, with the total as a ratio to
+  ``off``'s: less noisy on a busy machine than the rates.
 - ``observer``: the sans-IO core alone: a scripted session of SEND/SEND_RECEIPT
   frames fed straight into :class:`proxy.telemetry.Telemetry` one by one (the full
   path), and the same frames as the relay hands passed-through bytes over: runs of
@@ -39,7 +41,6 @@ import argparse
 import contextlib
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -63,6 +64,11 @@ from proxy.protocol.frame import Frame, encode_command, encode_payload_command, 
 from proxy.protocol.session import Direction
 from proxy.server.app import ProxyServer
 from proxy.telemetry import ExportSettings, TelemetryPipeline, build_telemetry
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from interleave import CpuParts, Round, report, rotated  # (a module of bench/)
+
+sys.path.pop(0)
 
 MODES = ("off", "noop-observer", "noop-frames", "metrics", "traces-100%", "traces-1%")
 
@@ -107,22 +113,6 @@ def pipeline_for(mode: str) -> TelemetryPipeline | None:
 
 
 # -- through the proxy ------------------------------------------------------------------------
-def thread_cpu_seconds(thread: threading.Thread) -> float:
-    """CPU time a running thread has used so far."""
-    assert thread.ident is not None
-    return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
-
-
-def process_cpu_seconds(pid: int) -> float:
-    """CPU time of another process so far (Linux: its threads' schedstat, in ns; else 0)."""
-    total = 0
-    with contextlib.suppress(OSError):
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError):
-                total += int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0])
-    return total / 1e9
-
-
 class ProxyThread:
     def __init__(self, server: ProxyServer) -> None:
         self.server = server
@@ -167,9 +157,9 @@ def start_broker(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def produce_through(service_url: str, mode: str, messages: int, size: int, round_: int,
-                    broker_pid: int | None = None) -> tuple[float, int, int, tuple[float, float, float]]:
-    """(messages/s, observer events dropped, spans exported, CPU seconds of the proxy's thread, of
-    the rest of this process and of the broker while the messages went through) for one mode."""
+                    broker_pid: int | None = None) -> tuple[Round, int, int]:
+    """One mode's run: its :class:`Round` (messages/s, CPU seconds per part while the messages went
+    through), the observer events dropped and the spans exported."""
     import pulsar
 
     pipeline = pipeline_for(mode)
@@ -184,6 +174,8 @@ def produce_through(service_url: str, mode: str, messages: int, size: int, round
     payload = b"x" * size
     proxy = ProxyThread(server)
     with proxy as url:
+        assert proxy.thread.native_id is not None
+        parts = CpuParts(proxy.thread.native_id, broker_pid=broker_pid)
         client = pulsar.Client(url, operation_timeout_seconds=30, log_conf_file_path=None,
                                logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
         try:
@@ -191,16 +183,13 @@ def produce_through(service_url: str, mode: str, messages: int, size: int, round
                                               batching_enabled=False, max_pending_messages=2000,
                                               block_if_queue_full=True, send_timeout_millis=20_000)
             producer.send(payload)  # warm-up: lookup, connection, producer
-            cpu_before = (thread_cpu_seconds(proxy.thread), time.process_time(),
-                          process_cpu_seconds(broker_pid) if broker_pid is not None else 0.0)
+            parts.start()
             started = time.perf_counter()
             for _ in range(messages):
                 producer.send_async(payload, None)
             producer.flush()
             elapsed = time.perf_counter() - started
-            proxy_cpu = thread_cpu_seconds(proxy.thread) - cpu_before[0]
-            cpu = (proxy_cpu, time.process_time() - cpu_before[1] - proxy_cpu,
-                   process_cpu_seconds(broker_pid) - cpu_before[2] if broker_pid is not None else 0.0)
+            cpu = parts.stop()
             producer.close()
         finally:
             client.close()
@@ -210,19 +199,20 @@ def produce_through(service_url: str, mode: str, messages: int, size: int, round
         pipeline.force_flush()
         pipeline.shutdown()
         spans = pipeline.telemetry.spans.spans_written if pipeline.telemetry.spans else 0
-    return messages / elapsed, dropped, spans, cpu
+    return Round(messages / elapsed, cpu, messages), dropped, spans
 
 
 def bench_proxy(messages: int, size: int, repeat: int) -> None:
-    best: dict[str, tuple[float, int, int]] = {}
-    cpu: dict[str, list[tuple[float, float, float]]] = {}
+    rounds: list[dict[str, Round]] = []
+    notes: dict[str, list[tuple[int, int]]] = {}
     for round_ in range(repeat):
-        for mode in MODES:
+        runs: dict[str, Round] = {}
+        for mode in rotated(MODES, round_):
             # a fresh broker per run: no run inherits another's topics, memory or trouble
             with tempfile.TemporaryDirectory() as tmp:
                 broker, service_url = start_broker(Path(tmp))
                 try:
-                    rate, dropped, spans, used = produce_through(service_url, mode, messages, size, round_,
+                    runs[mode], dropped, spans = produce_through(service_url, mode, messages, size, round_,
                                                                  broker.pid)
                 except Exception as exc:  # e.g. the client's flush timing out: report, go on
                     print(f"{mode}: round {round_} failed: {exc!r}", file=sys.stderr)
@@ -230,24 +220,13 @@ def bench_proxy(messages: int, size: int, repeat: int) -> None:
                 finally:
                     broker.terminate()
                     broker.wait(10)
-            cpu.setdefault(mode, []).append(used)
-            if mode not in best or rate > best[mode][0]:
-                best[mode] = (rate, dropped, spans)
-    base = best["off"][0] if "off" in best else float("nan")
-    print(f"through the proxy: {messages} messages of {size} B, batching off, best of {repeat} "
-          f"(CPU count {os.cpu_count()}); CPU us per message, median of the rounds: the proxy's thread, "
-          "the client (the rest of this process), the broker")
-    print(f"{'mode':<14}{'msgs/s':>10}{'ratio':>8}{'dropped events':>16}{'request spans':>15}"
-          f"{'proxy us':>10}{'client us':>11}{'broker us':>11}")
-    for mode in MODES:
-        if mode not in best:
-            print(f"{mode:<14}{'failed':>10}")
-            continue
-        rate, dropped, spans = best[mode]
-        proxy_us, client_us, broker_us = (statistics.median(part) / messages * 1e6
-                                          for part in zip(*cpu[mode], strict=True))
-        print(f"{mode:<14}{rate:>10.0f}{rate / base:>8.2f}{dropped:>16}{spans:>15}"
-              f"{proxy_us:>10.1f}{client_us:>11.1f}{broker_us:>11.1f}")
+            notes.setdefault(mode, []).append((dropped, spans))
+        rounds.append(runs)
+    print(f"through the proxy: {messages} messages of {size} B, batching off (CPU count {os.cpu_count()}); "
+          "dropped: observer events the queue dropped, spans: request spans exported (per round)")
+    report(rounds, MODES, baseline="off", parts=("proxy thread", "other proxy", "broker", "client"),
+           extra={mode: f"  dropped {' '.join(str(d) for d, _ in runs)} spans {' '.join(str(s) for _, s in runs)}"
+                  for mode, runs in notes.items()})
 
 
 # -- the observer alone -----------------------------------------------------------------------

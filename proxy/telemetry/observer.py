@@ -40,6 +40,9 @@ TRACEPARENT_BYTES: Final = TRACEPARENT.encode()
 _TRACEPARENT_IN: Final = re.compile(re.escape(TRACEPARENT_BYTES)).search
 #: no topic at all (not even None): what the bulk path's last-topic caches hold before the first frame
 _NO_TOPIC: Final = object()
+#: the directions' label values (``Direction.value`` is a property call, ~0.1 us, twice a message in bulk)
+_TO_BROKER: Final = Direction.TO_BROKER.value
+_TO_CLIENT: Final = Direction.TO_CLIENT.value
 #: frame types (the byte after a canonical command's ``08``) that :meth:`Telemetry.passed` may take
 _DATA_PATH: Final = frozenset((T.SEND, T.SEND_RECEIPT))
 
@@ -202,20 +205,21 @@ class Telemetry:
         return pos
 
     def _count_sends(self, frames: int, size: int, messages: dict[str | None, int], origin: str) -> None:
-        metrics = self._count_bulk(frames, size, "SEND", Direction.TO_BROKER, origin)
+        metrics = self._count_bulk(frames, size, "SEND", _TO_BROKER, origin)
         if metrics is not None:
             for topic, count in messages.items():
                 metrics.message_count("SEND", topic, count)
 
-    def _count_bulk(self, frames: int, size: int, command: str, direction: Direction,
+    def _count_bulk(self, frames: int, size: int, command: str, direction: str,
                     origin: str) -> ProxyMetrics | None:
-        """Counts ``frames`` frames of ``size`` bytes taken in bulk; the metrics for their per-topic figures."""
+        """Counts ``frames`` frames of ``size`` bytes taken in bulk (``direction``: its label value); the
+        metrics for their per-topic figures."""
         if not frames:
             return None
         self.frames_seen += frames
         metrics = self.metrics
         if metrics is not None:
-            metrics.frame(command, direction.value, origin, size, frames)
+            metrics.frame(command, direction, origin, size, frames)
         return metrics
 
     def _receipts(self, timeline: ConnectionTimeline, conn_id: int, data: bytes | memoryview, pos: int,
@@ -282,7 +286,7 @@ class Telemetry:
                         skipped: int) -> None:
         if skipped and self.spans is not None:
             self.spans.spans_skipped += skipped
-        metrics = self._count_bulk(frames, size, "SEND_RECEIPT", Direction.TO_CLIENT, origin)
+        metrics = self._count_bulk(frames, size, "SEND_RECEIPT", _TO_CLIENT, origin)
         if metrics is not None:
             for topic, seconds in latencies.items():
                 metrics.requests("SEND", topic, "ok", seconds)

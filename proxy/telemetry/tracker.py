@@ -205,6 +205,10 @@ class ConnectionTimeline:
         self.frames_not_understood = 0
         #: SENDs read in bulk, not yet filed with the session (see proxy.telemetry.bulk)
         self.book = SendBook()
+        #: :meth:`bulk_producer`'s answers for the session's producers by id varint, until they may change
+        #: (any frame the session observes, its close): a run of one SEND, below saturation the common
+        #: case, had looked its producer up anew
+        self._bulk_producers: dict[bytes, tuple[bool, str | None]] = {}
 
     @property
     def outstanding_permits(self) -> int:
@@ -232,6 +236,7 @@ class ConnectionTimeline:
             # original (if any) is already accounted for, and the client waits on no answer to it.
             out.loose_rules = rules
             return out
+        self._bulk_producers.clear()
         try:
             observation = self.session.observe(frame, direction, received_ns)
         except ProtocolError:
@@ -309,6 +314,7 @@ class ConnectionTimeline:
         if self.book.entries:
             self.settle()
         out = FrameOutcome()
+        self._bulk_producers.clear()
         for pair in self.session.close(now_ns):
             timing = self._timings.pop(_key_of(pair), None)
             out.exchanges.append(Exchange(self.conn_id, pair, timing, None, None, None,
@@ -350,10 +356,13 @@ class ConnectionTimeline:
         A geo-replicator's SENDs carry replication details read from the payload (see
         :meth:`fast_send_ready`).
         """
-        producer = self.session.producers.get(varint_value(producer_id))
-        if producer is None:
-            return True, None
-        return not is_replicator(producer.producer_name), producer.topic
+        known = self._bulk_producers.get(producer_id)
+        if known is None:
+            producer = self.session.producers.get(varint_value(producer_id))
+            if producer is None:
+                return True, None  # (not kept: ids a client makes up would grow the cache without bound)
+            known = self._bulk_producers[producer_id] = (not is_replicator(producer.producer_name), producer.topic)
+        return known
 
     def bulk_exchange(self, key: bytes, entry: BookEntry, received_ns: int, forwarded_ns: int,
                       origin: str) -> Exchange:

@@ -160,3 +160,22 @@ def test_an_empty_histogram_is_left_out_as_the_sdk_leaves_it_out(clock: FrozenCl
 def test_proxy_metrics_refuses_a_reader_that_would_leave_the_histogram_out() -> None:
     with pytest.raises(TypeError, match="does not fold in the latency histogram"):
         ProxyMetrics(extra_readers=[InMemoryMetricReader()])
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_requests_in_groups_count_as_each_request_alone(clock: FrozenClock, seed: int) -> None:
+    """``ProxyMetrics.requests`` (a run's receipts of one topic at once: groups of one, below saturation, take a
+    shorter way) records what ``request`` of each value in turn records: the same text, sums bit for bit."""
+    rng = random.Random(seed)
+    one_by_one, grouped = ProxyMetrics(), ProxyMetrics()
+    for _ in range(400):
+        topic = rng.choice(("persistent://public/default/a", "persistent://public/default/b", None))
+        values = [_values(rng) for _ in range(rng.choice((1, 1, 1, 2, 7)))]
+        for value in values:
+            one_by_one.request("SEND", topic, "ok", value)
+        grouped.requests("SEND", topic, "ok", values)
+    text = grouped.prometheus_text()
+    assert text == one_by_one.prometheus_text()
+    assert 'seconds_count{command="SEND",outcome="ok",topic="persistent://public/default/a"}' in text
+    one_by_one.shutdown()
+    grouped.shutdown()

@@ -41,7 +41,20 @@ def traffic() -> list[tuple[Direction, bytes]]:
     return frames
 
 
-def run_through_pipeline(runs: bool) -> tuple[TelemetryPipeline, InMemorySpanExporter]:
+def sends_and_receipts(first: int, count: int) -> list[tuple[Direction, bytes]]:
+    """``count`` SENDs of producer 1 from sequence id ``first``, each answered before the next."""
+    metadata = api.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1)
+    frames = []
+    for seq in range(first, first + count):
+        frames.append((TO_BROKER, encode_payload_command(api.CommandSend(producer_id=1, sequence_id=seq),
+                                                         metadata, b"x" * 20)))
+        frames.append((TO_CLIENT, encode_command(api.CommandSendReceipt(
+            producer_id=1, sequence_id=seq, message_id=api.MessageIdData(ledgerId=1, entryId=seq)))))
+    return frames
+
+
+def run_through_pipeline(runs: bool, frames: list[tuple[Direction, bytes]] | None = None,
+                         ) -> tuple[TelemetryPipeline, InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
     built = build_telemetry(span_exporter=exporter, seed=1)
     observer = built.observer
@@ -53,7 +66,7 @@ def run_through_pipeline(runs: bool) -> tuple[TelemetryPipeline, InMemorySpanExp
         now_ns=0, publish=events.append, observations=False, runs=runs)
     rng = random.Random(3)
     now = 1_000
-    for direction, raw in traffic():
+    for direction, raw in traffic() if frames is None else frames:
         # each frame arrives in a few reads cut anywhere (the clock moves between them)
         pos = 0
         while pos < len(raw):
@@ -86,5 +99,26 @@ def test_runs_give_the_same_spans_and_metrics_as_frames_one_by_one() -> None:
 
     assert described(run_spans) == described(frame_spans)
     assert sum(1 for span in run_spans.get_finished_spans() if span.name.startswith("SEND")) == 300
+    by_frame.shutdown()
+    by_run.shutdown()
+
+
+def test_a_producer_id_reused_on_another_topic_counts_its_sends_there_in_runs_too() -> None:
+    """The bulk path keeps each producer's topic between runs: a producer closed and its id
+    opened again on another topic must count the later SENDs on the new topic, as frames one by
+    one do (the topic of the id looked up again once the session has seen other frames)."""
+    other = "persistent://public/default/runs-other"
+    frames = [*traffic()[:4], *sends_and_receipts(0, 5),
+              (TO_BROKER, encode_command(api.CommandCloseProducer(producer_id=1, request_id=2))),
+              (TO_CLIENT, encode_command(api.CommandSuccess(request_id=2))),
+              (TO_BROKER, encode_command(api.CommandProducer(topic=other, producer_id=1, request_id=3))),
+              (TO_CLIENT, encode_command(api.CommandProducerSuccess(request_id=3, producer_name="p2"))),
+              *sends_and_receipts(5, 7)]
+    by_frame, _ = run_through_pipeline(runs=False, frames=frames)
+    by_run, _ = run_through_pipeline(runs=True, frames=frames)
+    text = by_run.prometheus_text()
+    assert text == by_frame.prometheus_text()
+    assert f'pulsar_tap_messages_total{{command="SEND",topic="{TOPIC}"}} 5' in text
+    assert f'pulsar_tap_messages_total{{command="SEND",topic="{other}"}} 7' in text
     by_frame.shutdown()
     by_run.shutdown()
