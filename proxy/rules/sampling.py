@@ -117,14 +117,7 @@ class RuleSampler:
         if skip >= count:
             return count, None, skip - count
         if self._per_frame is None:
-            at = skip
-            while True:
-                draw, gap = self.settle()
-                if draw is not None:
-                    return at, draw, gap
-                at += gap + 1
-                if at >= count:
-                    return count, None, at - count
+            return self.settle_each(skip, count)
         # One rule whose picks can be settled: asked once whether they can be now (see _settle),
         # its picks in the row are drawn here, in order, as choose() draws them, and counted at once.
         assert self._settle is not None and self._alone is not None
@@ -142,3 +135,14 @@ class RuleSampler:
         self._gaps[0] = gap
         self._settle(self._alone, picks)
         return count, None, at - count
+
+    def settle_each(self, skip: int, count: int) -> tuple[int, SampleDraw | None, int]:
+        """:meth:`settle_row` the general way: each pick of the row settled alone, in order."""
+        at = skip
+        while True:
+            draw, gap = self.settle()
+            if draw is not None:
+                return at, draw, gap
+            at += gap + 1
+            if at >= count:
+                return count, None, at - count

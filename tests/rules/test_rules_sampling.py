@@ -3,7 +3,7 @@
 :meth:`RuleSampler.settle_row` has a lane of its own for one rule whose picks can be
 settled: it asks the engine once whether they can be now, draws every pick of the row in
 one loop and has them counted in one call.  The general path settles pick after pick
-(:meth:`RuleSampler.settle`).  For any probability, seed, ``times``, row and refusal,
+(:meth:`RuleSampler.settle_each`).  For any probability, seed, ``times``, row and refusal,
 both must end where the other does: the same answer, the same hits and matches on the
 rule, the same generation, and the rule's generator at the same point.
 """
@@ -17,7 +17,7 @@ from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.session import Direction, SessionTracker
 from proxy.rules.engine import RulesEngine
 from proxy.rules.loader import load_rules_text
-from proxy.rules.sampling import RuleSampler, SampleDraw
+from proxy.rules.sampling import RuleSampler
 
 T = api.BaseCommand.Type
 
@@ -31,18 +31,6 @@ def one_rule_engine(probability: float, seed: int, times: int | None) -> tuple[R
     interest = engine.connection_interest(Direction.TO_BROKER, 1, "127.0.0.1:5555", SessionTracker(strict=False))
     assert isinstance(interest.sampler, RuleSampler) and interest.sampler.kinds == frozenset({T.SEND})
     return engine, interest.sampler
-
-
-def settled_one_by_one(sampler: RuleSampler, skip: int, count: int) -> tuple[int, SampleDraw | None, int]:
-    """The general path: each pick of the row settled alone, in order."""
-    at = skip
-    while True:
-        draw, gap = sampler.settle()
-        if draw is not None:
-            return at, draw, gap
-        at += gap + 1
-        if at >= count:
-            return count, None, at - count
 
 
 @settings(max_examples=300, deadline=None)
@@ -63,7 +51,7 @@ def test_a_row_settled_at_once_draws_and_counts_as_its_picks_settled_one_by_one(
             skip_fast = skip_slow = skip_fast - count
             continue
         at, draw, gap = fast.settle_row(skip_fast, count)
-        expected = settled_one_by_one(slow, skip_slow, count)
+        expected = slow.settle_each(skip_slow, count)
         assert (at, gap) == expected[::2] and (draw is None) == (expected[1] is None)
         if draw is not None:
             assert expected[1] is not None
