@@ -49,7 +49,7 @@ run.  Here every SEND carries its own sequence id and the stand-in broker answer
 with a SEND_RECEIPT (read and discarded by the load client), so telemetry has requests
 to pair.  As the paths above, every arm's pulsar-tap is started first (each in a directory
 of its own: the recording arm's recordings; the traces arms share the OTLP sink) and stays
-up, and the arms run in ``--observer-rounds`` rounds (5), each running 100 B then 1 KiB
+up, and the arms run in ``--observer-rounds`` rounds (3), each running 100 B then 1 KiB
 through every arm in turn (their order rotated each round), a phase lasting ``--duration``
 / rounds.  The table shows per arm and size the median frames/s of the rounds, the median
 of the per-round ratios to plain and their min, and pulsar-tap's CPU per frame (every thread
@@ -1104,9 +1104,10 @@ def main(argv: list[str] | None = None) -> int:
                              "the recording's writer) with py-spy into FILE (collapsed stacks)")
     parser.add_argument("--observer-sizes", metavar="BYTES,...", default="100,1024",
                         help="frame sizes of the observer arms (default 100,1024)")
-    parser.add_argument("--observer-rounds", type=int, default=5, metavar="N",
-                        help="rounds the observer arms run in, every arm and size in each (default 5; a phase "
-                             "lasts --duration / N)")
+    parser.add_argument("--observer-rounds", type=int, default=3, metavar="N",
+                        help="rounds the observer arms run in, every arm and size in each (default 3; a phase "
+                             "lasts --duration / N; each phase of a telemetry arm waits for its queue to drain, "
+                             "most of the run's time)")
     parser.add_argument("--arms", metavar="NAME,...",
                         help="with --observers: only the arms whose names begin so (and plain), e.g. "
                              "recording,metrics or '100 rules,10 rules'")
