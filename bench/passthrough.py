@@ -47,11 +47,26 @@ set, /metrics scraped once at the end), traces sampled at 1 % and 100 % (``traci
 each as frames/s of 100 B and 1 KiB SEND frames and as a fraction of plain in the same
 run.  Here every SEND carries its own sequence id and the stand-in broker answers each
 with a SEND_RECEIPT (read and discarded by the load client), so telemetry has requests
-to pair.  The recording arm also prints the frames the recorder wrote and dropped, and
-what is left of the frames that passed the proxy (as its two ends counted them: the SENDs
-the sink received, the receipts the load client received — it waits for all of them
-before it closes — and CONNECT, CONNECTED and the closing PING): 0 unless frames were
-lost without being counted.
+to pair.  As the paths above, every arm's pulsar-tap is started first (each in a directory
+of its own: the recording arm's recordings; the traces arms share the OTLP sink) and stays
+up, and the arms run in ``--observer-rounds`` rounds (3), each running 100 B then 1 KiB
+through every arm in turn (their order rotated each round), a phase lasting ``--duration``
+/ rounds.  The table shows per arm and size the median frames/s of the rounds, the median
+of the per-round ratios to plain and their min, and pulsar-tap's CPU per frame (every thread
+and the recording's writer process, from the scheduler's nanoseconds; a telemetry arm's
+phase ends once its observer queue delivered the phase's frames) and plain's CPU per frame
+over the arm's: on a busy machine the steadier figure.  The recording arm also prints the
+frames the recorder wrote and dropped, and what is left of the frames that passed the proxy
+(as its two ends counted them: the SENDs the sink received, the receipts the load client
+received — it waits for all of them before it closes — and CONNECT, CONNECTED and the
+closing PING): 0 unless frames were lost without being counted.  The telemetry arms print
+what share of the SENDs and receipts telemetry saw (coverage), the events it dropped and
+how long the /metrics scrape took.
+
+    .venv/bin/python bench/passthrough.py --observers --no-pulsar-proxy
+    .venv/bin/python bench/passthrough.py --observers --arms '100 rules,10 rules' --observer-rounds 9
+    .venv/bin/python bench/passthrough.py --observers --arms recording --profile-arm recording \\
+        --py-spy /tmp/recording.txt      # py-spy's stacks of that arm's pulsar-tap over the whole run
 """
 
 from __future__ import annotations
@@ -587,11 +602,11 @@ def rules_file(path: Path, count: int, matching: bool) -> Path:
 
 
 def observer_arms(workdir: Path, otlp_port: int) -> list[tuple[str, str]]:
-    """(name, proxy.yaml) of each arm, plain first."""
+    """(name, proxy.yaml) of each arm, plain first; the recording arm records into its own directory."""
     otlp = f"{{exporter: otlp, endpoint: 'http://127.0.0.1:{otlp_port}', protocol: http"
     return [
         ("plain", ""),
-        ("recording", f"record: {{dir: '{workdir / 'recordings'}'}}\n"),
+        ("recording", f"record: {{dir: '{arm_directory(workdir, 'recording') / 'recordings'}'}}\n"),
         ("metrics", "admin: {listen: '127.0.0.1:0'}\n"),
         # (admin only to read /metrics at the end: with an OTLP exporter metrics are on anyway)
         ("traces 1%", f"tracing: {otlp}, sample: 0.01}}\nadmin: {{listen: '127.0.0.1:0'}}\n"),
@@ -599,6 +614,11 @@ def observer_arms(workdir: Path, otlp_port: int) -> list[tuple[str, str]]:
         ("100 rules, none match", f"rules: '{rules_file(workdir / 'rules-100.yaml', 100, False)}'\n"),
         ("10 rules, 1 at 1%", f"rules: '{rules_file(workdir / 'rules-10.yaml', 10, True)}'\n"),
     ]
+
+
+def arm_directory(workdir: Path, name: str) -> Path:
+    """The directory of an observer arm's pulsar-tap: its proxy.yaml, ready file and recordings."""
+    return workdir / ("arm-" + "".join(char if char.isalnum() else "-" for char in name))
 
 
 def _scrape_metrics(ready: Path) -> str:
@@ -623,11 +643,12 @@ def _telemetry_seen(text: str) -> float:
         _metric_sum(text, "pulsar_tap_frames_total", 'command="SEND_RECEIPT"')
 
 
-def _telemetry_settled(ready: Path) -> float:
-    """:func:`_telemetry_seen` once it stops growing (the observer queue delivered its backlog)."""
+def _telemetry_settled(ready: Path, expected: float) -> float:
+    """:func:`_telemetry_seen` once it reaches ``expected`` or stops growing (the observer queue delivered its
+    backlog)."""
     seen = _telemetry_seen(_scrape_metrics(ready))
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    while seen < expected and time.monotonic() < deadline:
         time.sleep(0.3)
         now = _telemetry_seen(_scrape_metrics(ready))
         if now == seen:
@@ -692,74 +713,117 @@ def cpu_by_part(proxy: int, others: dict[str, int]) -> dict[str, float]:
     return parts
 
 
+def proxy_cpu_seconds(pid: int) -> float:
+    """CPU time so far of a pulsar-tap: every thread and its child processes' (the recording's writer)."""
+    return cpu_seconds(pid) + sum(cpu_seconds(child) for child in _children(pid))
+
+
 #: the bench's own processes whose CPU the observer arms report (the sink broker's pid is added in main)
 BENCH_PROCESSES: dict[str, int] = {"client": os.getpid()}
 
 
+@dataclass
+class ObserverRun:
+    """The observer arms' figures: per arm, per measure, one sample per round (``samples``; frames/s, CPU
+    seconds and frames per size, cores per part), and per arm the figures taken once (``notes``: the
+    recording's accounting, telemetry's coverage, /metrics)."""
+    phase: float
+    samples: Samples = field(default_factory=dict)
+    notes: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def py_spy(pid: int, output: str) -> Iterator[None]:
+    """Sample the process ``pid`` (every thread, and its subprocesses: the recording's writer) with py-spy
+    into ``output`` (collapsed stacks) until the block ends."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    # (with the recording's writer process: its stacks open with its own "process" line)
+    sampler = subprocess.Popen([spy, "record", "--pid", str(pid), "--format", "raw", "--threads", "--subprocesses",
+                                "--rate", "200", "-o", output], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield
+    finally:
+        sampler.send_signal(signal.SIGINT)  # py-spy writes what it sampled and exits
+        sampler.wait(30)
+
+
 def measure_observers(target: int, reports: Any, workdir: Path, otlp_port: int,
-                      args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    """frames/s at 100 B and 1 KiB (receipts answered) through pulsar-tap with each observer arm."""
-    results: dict[str, dict[str, float]] = {}
+                      args: argparse.Namespace) -> ObserverRun:
+    """frames/s and pulsar-tap's CPU per frame at each observer size (receipts answered) through pulsar-tap
+    with each observer arm, interleaved.
+
+    Every arm's pulsar-tap is started first and stays up; each of ``args.observer_rounds`` rounds runs
+    each size through every arm one after another (the arms' order rotated by one each round), a phase
+    lasting ``args.duration / observer_rounds``: a slow stretch of the machine lowers one round's samples
+    of every arm, and the per-round ratios to plain (:func:`round_ratios`) do not rest on it.  A telemetry
+    arm's phase ends once its observer queue has delivered what the phase sent (its coverage), so that its
+    backlog is not worked off in the next arm's phase; its CPU per frame includes that.
+    """
     chosen = set(args.arms.split(",")) if args.arms else None
     arms = [(name, text) for name, text in observer_arms(workdir, otlp_port)
             if chosen is None or name == "plain" or any(name.startswith(prefix) for prefix in chosen)]
-    for name, yaml_text in arms * args.observer_rounds:
-        config = workdir / "observer-arm.yaml"
-        config.write_text(yaml_text, encoding="utf-8")
-        row: dict[str, float] = {}
-        shutil.rmtree(workdir / "recordings", ignore_errors=True)
-        SENT_FRAMES.clear()
-        PASSED_FRAMES.clear()
-        with pulsar_tap(target, workdir, args.profile if args.profile_arm == name else None,
-                        config=config) as (port, pid):
-            sampler = None
-            if args.py_spy and args.profile_arm == name:
-                spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-                # (with the recording's writer process: its stacks open with its own "process" line)
-                sampler = subprocess.Popen([spy, "record", "--pid", str(pid), "--format", "raw", "--threads",
-                                            "--subprocesses", "--rate", "200", "-o", args.py_spy],
-                                           stdout=subprocess.DEVNULL,
-                                           stderr=subprocess.DEVNULL)
-            seen_before = 0.0
+    run = ObserverRun(args.duration / args.observer_rounds, {name: {} for name, _ in arms},
+                      {name: {} for name, _ in arms})
+    passed: dict[str, list[int]] = {name: [] for name, _ in arms}
+    with contextlib.ExitStack() as running:
+        started: dict[str, tuple[int, int]] = {}
+        for name, yaml_text in arms:
+            directory = arm_directory(workdir, name)
+            directory.mkdir()
+            (directory / "proxy.yaml").write_text(yaml_text, encoding="utf-8")
+            started[name] = running.enter_context(pulsar_tap(
+                target, directory, args.profile if args.profile_arm == name else None, config=directory / "proxy.yaml"))
+        if args.py_spy and args.profile_arm in started:
+            running.enter_context(py_spy(started[args.profile_arm][1], args.py_spy))
+        print("observer arms started: " + ", ".join(started), flush=True)
+        names = list(started)
+        for round_index in range(args.observer_rounds):
+            shift = round_index % len(names)
             for label, size in OBSERVER_SIZES:
-                sent_before = sum(SENT_FRAMES)
-                cpu_before, wall_before = cpu_by_part(pid, BENCH_PROCESSES), time.perf_counter()
-                row[label] = throughput(port, reports, size, args.duration, receipts=True)[1]
-                wall = time.perf_counter() - wall_before
-                for part, seconds in cpu_by_part(pid, BENCH_PROCESSES).items():
-                    row[f"cpu {part} {label}"] = (seconds - cpu_before.get(part, 0.0)) / wall
-                if name in TELEMETRY_ARMS:  # what telemetry saw of this size's frames, once its queue drained
-                    seen = _telemetry_settled(workdir / "ready.json")
-                    row[f"coverage {label}"] = (seen - seen_before) / max(2 * (sum(SENT_FRAMES) - sent_before), 1)
-                    seen_before = seen
-            if sampler is not None:
-                sampler.send_signal(signal.SIGINT)  # py-spy writes what it sampled and exits
-                sampler.wait(30)
-            if name in TELEMETRY_ARMS:
-                started = time.perf_counter()
-                text = _scrape_metrics(workdir / "ready.json")
-                row["scrape s"] = time.perf_counter() - started
+                for name in names[shift:] + names[:shift]:
+                    _observer_phase(run, name, started[name][0], started[name][1], label, size, reports, workdir)
+                    passed[name].append(PASSED_FRAMES[-1])
+            print(f"observer round {round_index + 1} of {args.observer_rounds} done "
+                  f"(load average {os.getloadavg()[0]:.2f})", flush=True)
+        for name in TELEMETRY_ARMS:
+            if name in started:
+                notes, ready = run.notes[name], arm_directory(workdir, name) / "ready.json"
+                began = time.perf_counter()
+                text = _scrape_metrics(ready)
+                notes["scrape s"] = time.perf_counter() - began
                 if "pulsar_tap_request_duration_seconds" not in text:
                     raise RuntimeError("/metrics has no request latency histogram")
-                row["observed"] = _telemetry_seen(text)
-                row["sent"] = 2 * sum(SENT_FRAMES)
-                row["events dropped"] = _metric_sum(text, "pulsar_tap_dropped_events_total", 'source="observers"')
-        if name == "recording":
-            row["recorded"], row["dropped"], per_connection = _recorded(workdir / "recordings")
-            row["passed"] = sum(PASSED_FRAMES)
-            by_phase = ", ".join(f"{passed - accounted:,}" for passed, accounted in
-                                 zip(PASSED_FRAMES, per_connection, strict=False))
-            print(f"recording round: {_accounting(row)}; not accounted for by phase: {by_phase}", flush=True)
-        best = results.setdefault(name, row)
-        for label, _size in OBSERVER_SIZES:
-            if row[label] > best[label]:
-                best[label] = row[label]
-                best.update({key: value for key, value in row.items() if key not in dict(OBSERVER_SIZES)})
-        print(f"observer arm {name} done: " + "; ".join(
-            f"{label} {row[label]:,.0f} f/s, cpu " + " ".join(
-                f"{key[4:-len(label) - 1]} {value:.2f}" for key, value in row.items()
-                if key.startswith("cpu ") and key.endswith(label)) for label, _ in OBSERVER_SIZES), flush=True)
-    return results
+                notes["observed"] = _telemetry_seen(text)
+                notes["events dropped"] = _metric_sum(text, "pulsar_tap_dropped_events_total", 'source="observers"')
+    if "recording" in started:  # (the recordings' indexes are complete once their proxy stopped)
+        notes = run.notes["recording"]
+        notes["recorded"], notes["dropped"], per_connection = _recorded(
+            arm_directory(workdir, "recording") / "recordings")
+        notes["passed"] = sum(passed["recording"])
+        by_phase = ", ".join(f"{frames - accounted:,}" for frames, accounted in
+                             zip(passed["recording"], per_connection, strict=False))
+        print(f"recording: {_accounting(notes)}; not accounted for by phase: {by_phase}", flush=True)
+    return run
+
+
+def _observer_phase(run: ObserverRun, name: str, port: int, pid: int, label: str, size: int, reports: Any,
+                    workdir: Path) -> None:
+    """One phase of one arm: frames of ``size`` through its pulsar-tap (port, pid) for ``run.phase`` seconds."""
+    row, notes = run.samples[name], run.notes[name]
+    proxy_before = proxy_cpu_seconds(pid)
+    parts_before, wall_before = cpu_by_part(pid, BENCH_PROCESSES), time.perf_counter()
+    row.setdefault(f"frames/s {label}", []).append(throughput(port, reports, size, run.phase, receipts=True)[1])
+    wall = time.perf_counter() - wall_before
+    for part, seconds in cpu_by_part(pid, BENCH_PROCESSES).items():
+        row.setdefault(f"cpu {part} {label}", []).append((seconds - parts_before.get(part, 0.0)) / wall)
+    notes["sent"] = notes.get("sent", 0.0) + 2 * SENT_FRAMES[-1]
+    if name in TELEMETRY_ARMS:  # what telemetry saw of this phase's frames, once its queue drained
+        seen = _telemetry_settled(arm_directory(workdir, name) / "ready.json", notes["sent"])
+        notes[f"seen {label}"] = notes.get(f"seen {label}", 0.0) + seen - notes.get("seen", 0.0)
+        notes[f"sent {label}"] = notes.get(f"sent {label}", 0.0) + 2 * SENT_FRAMES[-1]
+        notes["seen"] = seen
+    row.setdefault(f"CPU s {label}", []).append(proxy_cpu_seconds(pid) - proxy_before)
+    row.setdefault(f"frames {label}", []).append(SENT_FRAMES[-1])
 
 
 def _accounting(row: dict[str, float]) -> str:
@@ -773,30 +837,54 @@ def _accounting(row: dict[str, float]) -> str:
             f"dropped {dropped:,.0f}, not accounted for {passed - recorded - dropped:,.0f})")
 
 
-def print_observers(results: dict[str, dict[str, float]]) -> None:
-    plain = results["plain"]
-    print("observer arms: SEND frames in 1 MiB writes, each answered with a receipt; frames/s (best of the "
-          "rounds) and the fraction of plain pulsar-tap in this run")
-    print(f"{'arm':<24}" + "".join(f"{label + ' f/s':>16}{'x plain':>9}" for label, _ in OBSERVER_SIZES) + "  notes")
-    for name, row in results.items():
-        line = f"{name:<24}" + "".join(f"{row[label]:>16,.0f}{row[label] / plain[label]:>8.2f}x"
-                                       for label, _ in OBSERVER_SIZES)
-        if "recorded" in row:
-            line += f"  {_accounting(row)}"
-        if "observed" in row:
-            by_size = ", ".join(f"{label} {row[f'coverage {label}']:.1%}" for label, _ in OBSERVER_SIZES)
-            line += (f"  coverage {row['observed'] / row['sent']:.1%} ({by_size}): telemetry saw "
-                     f"{row['observed']:,.0f} of {row['sent']:,.0f} SENDs + receipts ({row['events dropped']:,.0f} "
-                     "events dropped)")
-        if "scrape s" in row:
-            line += f"; /metrics scraped in {row['scrape s']:.2f}s"
+def cpu_per_frame(row: dict[str, list[float]], label: str) -> float:
+    """pulsar-tap's CPU microseconds per SEND (and its receipt) of one size, over all rounds."""
+    return sum(row[f"CPU s {label}"]) / sum(row[f"frames {label}"]) * 1e6
+
+
+def print_observers(run: ObserverRun) -> None:
+    samples, plain = run.samples, run.samples["plain"]
+    rounds = len(plain[f"frames/s {OBSERVER_SIZES[0][0]}"])
+    print(f"observer arms: SEND frames in 1 MiB writes, each answered with a receipt; {rounds} interleaved rounds of "
+          f"{run.phase:.2g}s phases.  f/s: the median of the rounds; x plain: the median of the per-round ratios "
+          "to plain pulsar-tap, min: the smallest; CPU us/f: pulsar-tap's CPU (every thread and the writer "
+          "process) per SEND and its receipt over all rounds, cpu x: plain's over the arm's (the steadier figure "
+          "on a busy machine)")
+    print(f"{'arm':<24}" + "".join(f"{label + ' f/s':>14}{'x plain':>8}{'min':>6}{'CPU us/f':>9}{'cpu x':>7}"
+                                   for label, _ in OBSERVER_SIZES))
+    for name, row in samples.items():
+        line = f"{name:<24}"
+        for label, _ in OBSERVER_SIZES:
+            key = f"frames/s {label}"
+            ratios = round_ratios(samples, name, "plain", key) or [median(row[key]) / median(plain[key])]
+            cpu = cpu_per_frame(row, label)
+            line += (f"{median(row[key]):>14,.0f}{median(ratios):>7.2f}x{min(ratios):>5.2f}x"
+                     f"{cpu:>9.2f}{cpu_per_frame(plain, label) / cpu:>6.2f}x")
         print(line)
-    print("CPU per part while each size ran (cores; relay = pulsar-tap's main thread, threads = its others, "
-          "writer = its child processes, client/sink = the bench's load client and stand-in broker):")
-    for name, row in results.items():
+    for name, notes in run.notes.items():
+        if "recorded" in notes:
+            print(f"  {name}: {_accounting(notes)}")
+        if "observed" in notes:
+            by_size = ", ".join(f"{label} {notes[f'seen {label}'] / notes[f'sent {label}']:.1%}"
+                                for label, _ in OBSERVER_SIZES)
+            print(f"  {name}: coverage {notes['observed'] / notes['sent']:.1%} ({by_size}): telemetry saw "
+                  f"{notes['observed']:,.0f} of {notes['sent']:,.0f} SENDs + receipts ({notes['events dropped']:,.0f} "
+                  f"events dropped); /metrics scraped in {notes['scrape s']:.2f}s")
+    if rounds > 1:
+        print("per-round ratios to plain (frames/s):")
+        for name in samples:
+            for label, _ in OBSERVER_SIZES:
+                ratios = round_ratios(samples, name, "plain", f"frames/s {label}")
+                if name != "plain" and ratios is not None:
+                    print(f"  {name:<22}{label:<7}" + " ".join(f"{ratio:5.2f}" for ratio in ratios)
+                          + f"   median {median(ratios):.2f}  min {min(ratios):.2f}")
+    print("CPU per part while each size ran (cores, median of the rounds; relay = pulsar-tap's main thread, "
+          "threads = its others, writer = its child processes, client/sink = the bench's load client and "
+          "stand-in broker):")
+    for name, row in samples.items():
         print(f"  {name:<22}" + "   ".join(
-            f"{label}: " + " ".join(f"{part} {row[key]:.2f}" for key in row if key.startswith("cpu ")
-                                    and key.endswith(label) for part in [key[4:-len(label) - 1]])
+            f"{label}: " + " ".join(f"{key[4:-len(label) - 1]} {median(row[key]):.2f}" for key in row
+                                    if key.startswith("cpu ") and key.endswith(label))
             for label, _ in OBSERVER_SIZES))
 
 
@@ -1016,8 +1104,10 @@ def main(argv: list[str] | None = None) -> int:
                              "the recording's writer) with py-spy into FILE (collapsed stacks)")
     parser.add_argument("--observer-sizes", metavar="BYTES,...", default="100,1024",
                         help="frame sizes of the observer arms (default 100,1024)")
-    parser.add_argument("--observer-rounds", type=int, default=1, metavar="N",
-                        help="run the observer arms N times, interleaved, and keep each arm's best (less noise)")
+    parser.add_argument("--observer-rounds", type=int, default=3, metavar="N",
+                        help="rounds the observer arms run in, every arm and size in each (default 3; a phase "
+                             "lasts --duration / N; each phase of a telemetry arm waits for its queue to drain, "
+                             "most of the run's time)")
     parser.add_argument("--arms", metavar="NAME,...",
                         help="with --observers: only the arms whose names begin so (and plain), e.g. "
                              "recording,metrics or '100 rules,10 rules'")
@@ -1034,8 +1124,8 @@ def main(argv: list[str] | None = None) -> int:
         args.duration, args.rounds = 0.7, 2000
     if args.interleave is None:
         args.interleave = 3 if args.quick else 10
-    if args.interleave < 1:
-        parser.error("--interleave must be at least 1")
+    if args.interleave < 1 or args.observer_rounds < 1:
+        parser.error("--interleave and --observer-rounds must be at least 1")
     OBSERVER_SIZES[:] = [(size_label(int(size)), int(size)) for size in args.observer_sizes.split(",")]
     if args.sizes:
         SIZES[:] = [(size_label(int(size)), int(size)) for size in args.sizes.split(",")]
@@ -1053,7 +1143,7 @@ def main(argv: list[str] | None = None) -> int:
     if broker.pid is not None:
         BENCH_PROCESSES["sink"] = broker.pid
     columns: dict[str, dict[str, float] | None] = {}
-    observers: dict[str, dict[str, float]] | None = None
+    observers: ObserverRun | None = None
     otlp_listen = socket.socket()
     otlp_listen.bind(("127.0.0.1", 0))
     otlp_listen.listen(64)
@@ -1063,7 +1153,8 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             workdir = Path(tmp)
             print(f"cpus: {os.cpu_count()}; load average {os.getloadavg()[0]:.2f}; {args.duration:g}s per phase "
-                  f"and path in {args.interleave} interleaved rounds; {args.rounds} round trips", flush=True)
+                  + (f"and arm in {args.observer_rounds} interleaved rounds" if args.observers else
+                     f"and path in {args.interleave} interleaved rounds; {args.rounds} round trips"), flush=True)
             if args.interleaved:
                 with contextlib.ExitStack() as running:
                     arms: dict[str, tuple[int, int | None]] = {"direct": (target, None)}

@@ -444,11 +444,13 @@ class RulesEngine:
         Such a pick's frame could fire no other rule (the sampler's are the only ones that can
         fire on this connection's frames of its kinds), and its verdict would leave the frame
         unchanged; but while the connection unloads a producer or consumer, its frames are
-        looked at (False).
+        looked at (False).  With ``picks`` 0 it only tells which.
         """
         unloads = self._connections.get(conn_id)
         if unloads is not None and unloads.active:
             return False
+        if not picks:
+            return True
         for state in draw.due:
             match = state.rule.match
             if picks == 1 or state.matches < match.after:

@@ -21,9 +21,8 @@ When nobody observes the connection and the rules due only take note of a hit (`
 counts the hits at the pick (``settle``) and the frame passes through undecoded, in its
 run; the draws, and so the frames hit for a seed, are the same either way.  In a row of
 frames of one size the scanner checks at once, the picks are settled in one call
-(``settle_row``): with one rule, the first as ``settle`` would, then the others drawn in
-one loop and counted together — a settle that succeeded goes on succeeding until a
-frame is handed out.
+(``settle_row``): with one rule, the engine is asked once whether picks can be settled
+now (a settle of none), then the row's picks are drawn in one loop and counted together.
 No clock, no I/O here.
 """
 
@@ -73,9 +72,9 @@ class RuleSampler:
                  settle: Callable[[SampleDraw, int], bool] | None = None) -> None:
         self.kinds = kinds
         self.states = states
-        #: counts the hits of some picks with the same note without their frames, if it can (True);
-        #: None: it never can.  Once it could, it can until a frame of its kinds is handed out (the
-        #: engine refuses only while the connection unloads, which begins only at a frame it looks at)
+        #: counts the hits of some picks with the same note without their frames, if it can (True; asked
+        #: about 0 picks, it only tells whether it can); None: it never can.  (The engine refuses only
+        #: while the connection unloads, which begins only at a frame it looks at.)
         self._settle = settle
         self.passed = SampleDraw(frozenset(states), frozenset())
         #: the common case, one rule: the note of every frame it picks
@@ -115,6 +114,30 @@ class RuleSampler:
         return draw, gap
 
     def settle_row(self, skip: int, count: int) -> tuple[int, SampleDraw | None, int]:
+        if skip >= count:
+            return count, None, skip - count
+        if self._per_frame is None:
+            return self.settle_each(skip, count)
+        # One rule whose picks can be settled: asked once whether they can be now (see _settle),
+        # its picks in the row are drawn here, in order, as choose() draws them, and counted at once.
+        assert self._settle is not None and self._alone is not None
+        if not self._settle(self._alone, 0):
+            draw, gap = self.choose()
+            return skip, draw, gap
+        random, log, log_miss = self.states[0].rng.random, math.log, self._per_frame
+        at, picks = skip, 0
+        while at < count:
+            gap = int(log(1.0 - random()) / log_miss)  # (_gap, inline: a row of 100 B SENDs holds several)
+            if gap > NEVER:
+                gap = NEVER
+            picks += 1
+            at += gap + 1
+        self._gaps[0] = gap
+        self._settle(self._alone, picks)
+        return count, None, at - count
+
+    def settle_each(self, skip: int, count: int) -> tuple[int, SampleDraw | None, int]:
+        """:meth:`settle_row` the general way: each pick of the row settled alone, in order."""
         at = skip
         while True:
             draw, gap = self.settle()
@@ -123,16 +146,3 @@ class RuleSampler:
             at += gap + 1
             if at >= count:
                 return count, None, at - count
-            if self._per_frame is not None:
-                break
-        # One rule, and its pick was settled: so are the others of the row (see _settle), drawn
-        # here as geometric_gap draws them and counted at once.
-        random, log_miss, picks = self.states[0].rng.random, self._per_frame, 0
-        while at < count:
-            gap = _gap(random(), log_miss)
-            picks += 1
-            at += gap + 1
-        self._gaps[0] = gap
-        assert self._settle is not None and self._alone is not None
-        self._settle(self._alone, picks)
-        return count, None, at - count
