@@ -492,32 +492,31 @@ class _ReactorPump:
             self.peer_hung_up = True
         if self.busy:
             return False
-        relay, pipeline, direction, receive, scratch = self.relay, self.pipeline, self.direction, \
-            self.source.try_receive, self.scratch
-        base_ns, elapsed_ns = self.clock.base_ns, self.clock.elapsed_ns
+        # (most calls read once: what they use is read where it is used, not put in locals first)
+        relay, clock = self.relay, self.clock
         try:
             for _ in _STREAK:
-                if self.from_client and relay.draining and pipeline.scanners[TO_BROKER].at_frame_boundary:
+                if self.from_client and relay.draining and self.pipeline.scanners[TO_BROKER].at_frame_boundary:
                     self._hand_over(_Stop())
                     return False
-                data = receive(scratch)
+                data = self.source.try_receive(self.scratch)
                 if not data:
                     if data is None:
                         return False
-                    pipeline.peer_closed(direction)
+                    self.pipeline.peer_closed(self.direction)
                     self._hand_over(_Stop(finished=True))
                     return False
-                actions = pipeline.receive(direction, data, base_ns + elapsed_ns())
+                actions = self.pipeline.receive(self.direction, data, clock.base_ns + clock.elapsed_ns())
                 # (the usual read: one write, of the direction's own target, at once)
                 send = actions[0] if len(actions) == 1 else None
-                if type(send) is Send and send.direction is direction and not send.slice_bytes:
+                if type(send) is Send and send.direction is self.direction and not send.slice_bytes:
                     target = relay.upstream if self.from_client else relay.client
                     left = target.try_send(send.data) if type(target) is SocketTransport else None
                     if left is None:
                         self._hand_over(relay._queue_writes(actions))
                         return False
                     if left:  # (the transport owes the rest)
-                        self._hand_over([Send(direction, [])])
+                        self._hand_over([Send(send.direction, [])])
                         return False
                 else:
                     rest = self._write_now(actions)
