@@ -153,13 +153,13 @@ class Reactor:
                         break
                 self._serve(events)
             elif events:
-                self.rounds += 1
                 for fd, flags in events:
                     try:
                         if handlers[fd](flags):
                             again.append(fd)
                     except KeyError:  # (handlers never raise) Trio's epoll, or a socket unregistered meanwhile
                         loop_ready = loop_ready or fd == loop_fd
+                self.rounds += 1  # (counted after the hop's write, not before it)
             if loop_ready or timeout <= 0:
                 return  # Trio's own wait returns at once (or does not block)
             left = until - clock()
