@@ -507,10 +507,10 @@ class _ReactorPump:
                     self._hand_over(_Stop(finished=True))
                     return False
                 actions = self.pipeline.receive(self.direction, data, clock.base_ns + clock.elapsed_ns())
-                # (the usual read: one write, of the direction's own target, at once)
+                # (the usual read: one write, at once)
                 send = actions[0] if len(actions) == 1 else None
-                if type(send) is Send and send.direction is self.direction and not send.slice_bytes:
-                    target = relay.upstream if self.from_client else relay.client
+                if type(send) is Send and not send.slice_bytes:
+                    target = relay.upstream if send.direction is TO_BROKER else relay.client
                     left = target.try_send(send.data) if type(target) is SocketTransport else None
                     if left is None:
                         self._hand_over(relay._queue_writes(actions))
