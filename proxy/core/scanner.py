@@ -283,22 +283,26 @@ class FrameScanner:
         The common small read (a request, a receipt, one message) costs a third of the scan's
         setup this way.  None when the read is anything else (no effect: the scan takes it).
         """
-        end = len(data)
-        if end < _HEAD_BYTES:
+        # (a read too short for a head, or a payload frame too short for its section, is a
+        # struct.error of the unpack that would have read past its end)
+        try:
+            total, cmd_size, word, fifth = _HEAD.unpack_from(data, 0)
+        except struct.error:
             return None
-        total, cmd_size, word, fifth = _HEAD.unpack_from(data, 0)
+        end = len(data)
         if total + 4 != end or end > self.max_frame_bytes:
             return None
         kind = self._short.get(word - cmd_size, -1) if 3 < cmd_size < 132 else -1
         if kind < 0 and fifth + 5 == cmd_size and fifth < 128:
             kind = self._long.get(word, -1)
         cmd_end = 8 + cmd_size
-        if kind < 0 or kind & _LOOK or cmd_end > end:
+        if kind & _LOOK or cmd_end > end:  # (not found, -1, has every bit)
             return None
         if kind & _PAYLOAD:
-            if end - cmd_end < 10:
+            try:
+                magic, _, metadata_size = _SECTION.unpack_from(data, cmd_end)
+            except struct.error:
                 return None
-            magic, _, metadata_size = _SECTION.unpack_from(data, cmd_end)
             if magic != MAGIC_CHECKSUM or metadata_size > end - cmd_end - 10:
                 return None
         elif cmd_end != end:

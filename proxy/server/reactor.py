@@ -106,7 +106,7 @@ class Reactor:
                         self.loop_wait.remove()
                         self.loop_wait = None
                     # the failed wait may have taken events it did not serve: every handler looks once
-                    self._again = list(self._handlers)
+                    self._again[:] = self._handlers
                 await self._loop()
         finally:
             self._epoll.close()
@@ -125,7 +125,7 @@ class Reactor:
         self.rounds += 1
         if self._again:
             ready = [(fd, 0) for fd in self._again]
-            self._again = []
+            self._again.clear()  # (the same list throughout: the wait loop holds it)
             ready.extend(events)
             events = ready
         handlers = self._handlers
@@ -139,13 +139,13 @@ class Reactor:
         # (this loop runs once per hop: what it reads of objects is read once, here; and a round
         # with nobody to call again is served right here, as _serve serves it, a call level less)
         poll, loop_fd, runq, clock = self._epoll.poll, loop.epoll_fd, loop.runq, time.perf_counter
-        handlers = self._handlers
+        handlers, again = self._handlers, self._again
         until = clock() + timeout
-        wait = 0.0 if self._again else timeout
+        wait = 0.0 if again else timeout
         while True:
             events = poll(wait)
             loop_ready = False
-            if self._again:
+            if again:
                 for index, (fd, _) in enumerate(events):
                     if fd == loop_fd:
                         loop_ready = True
@@ -153,14 +153,13 @@ class Reactor:
                         break
                 self._serve(events)
             elif events:
-                self.rounds += 1
                 for fd, flags in events:
-                    if fd == loop_fd:
-                        loop_ready = True
-                        continue
-                    handler = handlers.get(fd)
-                    if handler is not None and handler(flags):
-                        self._again.append(fd)
+                    try:
+                        if handlers[fd](flags):
+                            again.append(fd)
+                    except KeyError:  # (handlers never raise) Trio's epoll, or a socket unregistered meanwhile
+                        loop_ready = loop_ready or fd == loop_fd
+                self.rounds += 1  # (counted after the hop's write, not before it)
             if loop_ready or timeout <= 0:
                 return  # Trio's own wait returns at once (or does not block)
             left = until - clock()
@@ -168,7 +167,7 @@ class Reactor:
                 # a handler made a task runnable, or the deadline Trio would have woken for came
                 loop.wake()
                 return
-            wait = 0.0 if self._again else left
+            wait = 0.0 if again else left
 
 
 class LoopWait(trio.abc.Instrument):

@@ -102,22 +102,24 @@ class TrioEpochClock:
     place of two and float arithmetic; any other clock (a test's virtual time) is read as Trio reads it.
     """
 
-    __slots__ = ("_base_ns", "_elapsed_ns")
+    __slots__ = ("base_ns", "elapsed_ns")
 
     def __init__(self) -> None:
         clock = trio.lowlevel.current_clock()
         epoch_ns = time.time_ns()
+        #: now is ``base_ns + elapsed_ns()`` (the reactor's hop reads it so, without this call)
+        self.elapsed_ns: Callable[[], int]
         if _TRIOS_SYSTEM_CLOCK is not None and type(clock) is _TRIOS_SYSTEM_CLOCK:
-            self._elapsed_ns: Callable[[], int] = time.perf_counter_ns
-            self._base_ns = epoch_ns - time.perf_counter_ns()
+            self.elapsed_ns = time.perf_counter_ns
+            self.base_ns = epoch_ns - time.perf_counter_ns()
         else:
             # the run's clock itself (what trio.current_time() reads, without the lookups per call)
             trio_now, trio_start = clock.current_time, clock.current_time()
-            self._elapsed_ns = lambda: int((trio_now() - trio_start) * 1e9)
-            self._base_ns = epoch_ns
+            self.elapsed_ns = lambda: int((trio_now() - trio_start) * 1e9)
+            self.base_ns = epoch_ns
 
     def __call__(self) -> int:
-        return self._base_ns + self._elapsed_ns()
+        return self.base_ns + self.elapsed_ns()
 
 
 @dataclass(slots=True)
@@ -144,7 +146,7 @@ class Relay:
     #: "client" or "broker": whose EOF came first (the log names it as the one who closed)
     _first_to_close: str | None = None
     #: now for the pipeline (see "Time" in the module docstring)
-    _clock: Callable[[], int] = field(default_factory=TrioEpochClock)
+    _clock: TrioEpochClock = field(default_factory=TrioEpochClock)
     #: set to wake the release task (new frames held)
     _held_changed: trio.Event | None = None
     #: set by the release task when it has made room in a full hold queue
@@ -406,6 +408,8 @@ class Relay:
 
 
 _HANGUP: Final = select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR
+#: one turn of a direction served by the reactor: READY_STREAK receives at most (iterated, not a range made per call)
+_STREAK: Final = (None,) * READY_STREAK
 
 
 class _Stop(Exception):
@@ -430,6 +434,10 @@ class _ReactorPump:
         self.source = source
         self.reactor = reactor
         self.from_client = direction is TO_BROKER
+        # (read on every hop: each held here, one attribute away)
+        self.pipeline = relay.pipeline
+        self.scratch = reactor.scratch
+        self.clock = relay._clock
         self.busy = True
         self.work: list[Action] | BaseException | None = None
         self._task: trio.lowlevel.Task | None = None
@@ -484,24 +492,37 @@ class _ReactorPump:
             self.peer_hung_up = True
         if self.busy:
             return False
-        relay, pipeline, direction, scratch = self.relay, self.relay.pipeline, self.direction, self.reactor.scratch
+        # (most calls read once: what they use is read where it is used, not put in locals first)
+        relay, clock = self.relay, self.clock
         try:
-            for _ in range(READY_STREAK):
-                if self.from_client and relay.draining and pipeline.scanners[TO_BROKER].at_frame_boundary:
+            for _ in _STREAK:
+                if self.from_client and relay.draining and self.pipeline.scanners[TO_BROKER].at_frame_boundary:
                     self._hand_over(_Stop())
                     return False
-                data = self.source.try_receive(scratch)
-                if data is None:
-                    return False
+                data = self.source.try_receive(self.scratch)
                 if not data:
-                    pipeline.peer_closed(direction)
+                    if data is None:
+                        return False
+                    self.pipeline.peer_closed(self.direction)
                     self._hand_over(_Stop(finished=True))
                     return False
-                actions = pipeline.receive(direction, data, relay._clock())
-                rest = self._write_now(actions)
-                if rest:
-                    self._hand_over(rest)
-                    return False
+                actions = self.pipeline.receive(self.direction, data, clock.base_ns + clock.elapsed_ns())
+                # (the usual read: one write, at once)
+                send = actions[0] if len(actions) == 1 else None
+                if type(send) is Send and not send.slice_bytes:
+                    target = relay.upstream if send.direction is TO_BROKER else relay.client
+                    left = target.try_send(send.data) if type(target) is SocketTransport else None
+                    if left is None:
+                        self._hand_over(relay._queue_writes(actions))
+                        return False
+                    if left:  # (the transport owes the rest)
+                        self._hand_over([Send(send.direction, [])])
+                        return False
+                else:
+                    rest = self._write_now(actions)
+                    if rest:
+                        self._hand_over(rest)
+                        return False
                 if len(data) < RECV_SIZE and not self.peer_hung_up:
                     # A short read emptied the socket; anything newer raises a fresh edge.
                     return False

@@ -109,10 +109,50 @@ class ReceiveScratch:
     (Only read into in the reactor's thread; a read that keeps its bytes takes the buffer with it.)
     """
 
-    __slots__ = ("buffer",)
+    __slots__ = ("buffer", "view")
 
     def __init__(self) -> None:
-        self.buffer = bytearray(RECV_SIZE)
+        self.take(bytearray(RECV_SIZE))
+
+    def take(self, buffer: bytearray) -> None:
+        """Read into ``buffer`` from now on (the one before went with a large read)."""
+        self.buffer = buffer
+        #: a view of the whole buffer: a small read's copy is one slice of it (``view[:size].tobytes()``)
+        self.view = memoryview(buffer)
+
+
+class _WriteLock:
+    """A ``trio.Lock`` whose ``busy`` says, as one attribute read, whether a writer holds or waits for it.
+
+    (The reactor's write asks this once per hop; ``trio.Lock.locked()`` is a call.)  ``busy`` counts
+    holders and waiters: a waiter is only ever behind a holder, and a release hands the lock straight
+    to the next waiter, so it is non-zero exactly while the lock is held.
+    """
+
+    __slots__ = ("_lock", "busy")
+
+    def __init__(self) -> None:
+        self._lock = trio.Lock()
+        self.busy = 0
+
+    def acquire_nowait(self) -> None:
+        self._lock.acquire_nowait()
+        self.busy += 1
+
+    def release(self) -> None:
+        self.busy -= 1
+        self._lock.release()
+
+    async def __aenter__(self) -> None:
+        self.busy += 1
+        try:
+            await self._lock.acquire()
+        except BaseException:
+            self.busy -= 1
+            raise
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.release()
 
 
 class SocketTransport:
@@ -122,7 +162,7 @@ class SocketTransport:
         tune(sock)
         self.sock = sock
         self.peer = peer or peer_name(sock)
-        self._write_lock = trio.Lock()
+        self._write_lock = _WriteLock()
         self._closed = False
         self._ready_streak = 0
         self._drained = False
@@ -154,24 +194,36 @@ class SocketTransport:
         copied out of it (as from a buffer of its own), a large one keeps that buffer (the view
         handed out points into it) and the scratch takes another from the pool.
         """
-        buffer = self._buffer
-        if buffer is None:
-            buffer = scratch.buffer
+        if self._buffer is not None:
+            return self._receive_into_own()
+        buffer = scratch.buffer
         try:
             size = self.sock.recv_into(buffer)
         except BlockingIOError:
-            if self._buffer is not None:
-                self._release_buffer()
             return None
         except OSError as exc:
             raise self._failed("receive from", exc) from None
         if size <= _COPY_BELOW:
-            if self._buffer is not None:
-                self._release_buffer()
-            return bytes(memoryview(buffer)[:size])
-        if self._buffer is None:
-            self._buffer = buffer
-            scratch.buffer = _BUFFER_POOL.pop() if _BUFFER_POOL else bytearray(RECV_SIZE)
+            return scratch.view[:size].tobytes()
+        self._buffer = buffer
+        scratch.take(_BUFFER_POOL.pop() if _BUFFER_POOL else bytearray(RECV_SIZE))
+        return memoryview(buffer)[:size]
+
+    def _receive_into_own(self) -> bytes | memoryview | None:
+        """:meth:`try_receive` into the buffer a large read left this transport holding."""
+        buffer = self._buffer
+        assert buffer is not None
+        try:
+            size = self.sock.recv_into(buffer)
+        except BlockingIOError:
+            self._release_buffer()
+            return None
+        except OSError as exc:
+            raise self._failed("receive from", exc) from None
+        if size <= _COPY_BELOW:
+            data = bytes(memoryview(buffer)[:size])
+            self._release_buffer()
+            return data
         return memoryview(buffer)[:size]
 
     def try_send(self, pieces: list[Piece | bytes]) -> list[Piece | bytes] | None:
@@ -182,7 +234,7 @@ class SocketTransport:
         first: until the caller's task takes the write over, another writer (a keepalive, the
         other direction's answer to this peer) must not slip in between.
         """
-        if self._write_lock.locked() or self._owed:
+        if self._write_lock.busy or self._owed:
             return None
         if len(pieces) == 1:  # (a relayed read's usual write: one send, as _send_now would write it)
             piece = pieces[0]
@@ -252,7 +304,7 @@ class SocketTransport:
             await self._send_sliced(pieces, slice_bytes)
             return
         lock = self._write_lock
-        if lock.locked():
+        if lock.busy:
             async with lock:
                 await self._send_waiting(self._with_owed(pieces))
             return

@@ -489,3 +489,8 @@ def test_the_small_read_lane_takes_a_lone_frame_nobody_wants_and_leaves_the_rest
     assert scanner._one_frame(send + PING) is None      # more than one frame
     assert scanner._one_frame(send[:-1]) is None        # not whole
     assert scanner._one_frame(PING) is None             # wanted: handed out as a Frame by the scan
+    assert scanner._one_frame(send[:12]) is None        # shorter than a frame's head
+    cmd_end = 8 + int.from_bytes(send[4:8], "big")
+    cut_section = (cmd_end + 5 - 4).to_bytes(4, "big") + send[4:cmd_end] + send[cmd_end:cmd_end + 5]
+    assert scanner._one_frame(cut_section) is None      # a SEND whose payload section is cut short
+    assert scanner.frames_scanned == 1                  # (only the lone SEND went through)

@@ -198,3 +198,38 @@ async def test_reads_into_the_reactors_scratch_buffer_never_overwrite_bytes_a_la
         await transport.aclose()
     for _, far in pairs:
         far.close()
+
+
+async def test_the_write_lock_says_busy_while_a_writer_holds_it_or_waits_for_it_across_hand_overs() -> None:
+    """The reactor's write asks ``busy`` instead of ``trio.Lock.locked()``: it must be non-zero exactly
+    while the lock is held — including right after a release that hands the lock to a queued writer
+    that has not run yet, and after a queued writer was cancelled while the lock stays held."""
+    from proxy.server.transport import _WriteLock
+
+    lock = _WriteLock()
+    order: list[str] = []
+    given_up = trio.CancelScope()
+
+    async def writer(name: str, scope: trio.CancelScope) -> None:
+        with scope:
+            async with lock:
+                order.append(name)
+                await trio.lowlevel.checkpoint()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as writers:
+            async with lock:
+                writers.start_soon(writer, "queued", trio.CancelScope())
+                writers.start_soon(writer, "given up", given_up)
+                await trio.testing.wait_all_tasks_blocked()
+                assert lock.busy == 3
+                given_up.cancel()
+                await trio.testing.wait_all_tasks_blocked()
+                assert lock.busy == 2  # the cancelled writer left the queue; the queued one still waits
+            # released: handed straight to the queued writer, which has not run yet
+            assert lock.busy == 1 and order == []
+        assert lock.busy == 0 and order == ["queued"]
+        lock.acquire_nowait()
+        assert lock.busy == 1
+        lock.release()
+        assert lock.busy == 0
