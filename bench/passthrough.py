@@ -93,6 +93,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from interleave import children_of, process_cpu_seconds  # (a module of bench/: the script's directory)
+
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.frame import encode_command, encode_payload_command, frame_from_bytes
 
@@ -685,15 +687,6 @@ def _ticks(stat: Path) -> int:
     return int(fields[11]) + int(fields[12])
 
 
-def _children(pid: int) -> list[int]:
-    """The child processes of ``pid`` (every thread's), from /proc."""
-    found: list[int] = []
-    for children in Path(f"/proc/{pid}/task").glob("*/children"):
-        with contextlib.suppress(OSError):
-            found += [int(child) for child in children.read_text().split()]
-    return found
-
-
 def cpu_by_part(proxy: int, others: dict[str, int]) -> dict[str, float]:
     """CPU seconds so far of pulsar-tap's main thread (the relays and the hub), its other threads
     (OpenTelemetry's exporters, worker threads), its child processes (the recording's writer), and of
@@ -704,7 +697,7 @@ def cpu_by_part(proxy: int, others: dict[str, int]) -> dict[str, float]:
         for task in Path(f"/proc/{proxy}/task").iterdir():
             with contextlib.suppress(OSError):
                 parts["relay" if int(task.name) == proxy else "threads"] += _ticks(task / "stat") / tick
-        for child in _children(proxy):
+        for child in children_of(proxy):
             with contextlib.suppress(OSError):
                 parts["writer"] += _ticks(Path(f"/proc/{child}/stat")) / tick
     for name, pid in others.items():
@@ -715,7 +708,7 @@ def cpu_by_part(proxy: int, others: dict[str, int]) -> dict[str, float]:
 
 def proxy_cpu_seconds(pid: int) -> float:
     """CPU time so far of a pulsar-tap: every thread and its child processes' (the recording's writer)."""
-    return cpu_seconds(pid) + sum(cpu_seconds(child) for child in _children(pid))
+    return cpu_seconds(pid) + sum(cpu_seconds(child) for child in children_of(pid))
 
 
 #: the bench's own processes whose CPU the observer arms report (the sink broker's pid is added in main)
@@ -895,13 +888,7 @@ def cpu_seconds(pid: int | None) -> float:
     (From the scheduler's nanoseconds per thread: the clock ticks of /proc/PID/stat, 10 ms,
     were 5 % of a short phase's CPU.)
     """
-    if pid is None:
-        return 0.0
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError):  # a thread that just ended
-            total += int((task / "schedstat").read_text().split()[0])
-    return total / 1e9
+    return 0.0 if pid is None else process_cpu_seconds(pid)
 
 
 def start_paths(stack: contextlib.ExitStack, target: int, workdir: Path, reports: Any,
