@@ -124,12 +124,10 @@ class RuleSampler:
         if not self._settle(self._alone, 0):
             draw, gap = self.choose()
             return skip, draw, gap
-        random, log, log_miss = self.states[0].rng.random, math.log, self._per_frame
+        random, log_miss = self.states[0].rng.random, self._per_frame
         at, picks = skip, 0
         while at < count:
-            gap = int(log(1.0 - random()) / log_miss)  # (_gap, inline: a row of 100 B SENDs holds several)
-            if gap > NEVER:
-                gap = NEVER
+            gap = _gap(random(), log_miss)
             picks += 1
             at += gap + 1
         self._gaps[0] = gap
