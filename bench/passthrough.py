@@ -43,7 +43,9 @@ Observer arms (``--observers`` runs only these; a full run ends with them): puls
 plain, then with each observer alone — recording (``record: {dir}``), metrics (``admin``
 set, /metrics scraped once at the end), traces sampled at 1 % and 100 % (``tracing:
 {exporter: otlp, sample}`` posting to an OTLP/HTTP sink on loopback that answers 200),
-100 rules that match nothing, 10 rules of which one (``mark``) matches 1 % of SENDs —
+100 rules that match nothing, 10 rules of which one (``mark``) matches 1 % of SENDs, and
+a second plain pulsar-tap ("plain again": its ratio to plain is the noise of the machine
+and of the bench alone, the floor to read the other arms' ratios against) —
 each as frames/s of 100 B and 1 KiB SEND frames and as a fraction of plain in the same
 run.  Here every SEND carries its own sequence id and the stand-in broker answers each
 with a SEND_RECEIPT (read and discarded by the load client), so telemetry has requests
@@ -608,6 +610,8 @@ def observer_arms(workdir: Path, otlp_port: int) -> list[tuple[str, str]]:
     otlp = f"{{exporter: otlp, endpoint: 'http://127.0.0.1:{otlp_port}', protocol: http"
     return [
         ("plain", ""),
+        # (a second plain pulsar-tap: its ratio to plain is what the machine's noise alone gives)
+        ("plain again", ""),
         ("recording", f"record: {{dir: '{arm_directory(workdir, 'recording') / 'recordings'}'}}\n"),
         ("metrics", "admin: {listen: '127.0.0.1:0'}\n"),
         # (admin only to read /metrics at the end: with an OTLP exporter metrics are on anyway)
