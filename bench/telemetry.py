@@ -32,7 +32,7 @@ Spans go to a discarding exporter behind the real batch span processor, so the
 SDK's work is counted but no collector is needed.
 
 Usage: ``.venv/bin/python bench/telemetry.py [--messages 2000] [--size 100]
-[--repeat 3] [--run-frames 200] [--mode proxy|observer|both]``.
+[--repeat 3] [--run-frames 200] [--mode proxy|observer|both] [--arms off,metrics,...]``.
 """
 
 from __future__ import annotations
@@ -52,6 +52,9 @@ from pathlib import Path
 # bench/ holds a proxy.py of its own: keep this script's directory from shadowing the package.
 if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     sys.path.pop(0)
+# The checkout this script lives in is the one measured (as the other benches do): without it, ``proxy`` was
+# whatever the virtualenv's editable install points at, whichever worktree the script was run from.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import trio
 from opentelemetry.sdk.trace import ReadableSpan
@@ -202,12 +205,12 @@ def produce_through(service_url: str, mode: str, messages: int, size: int, round
     return Round(messages / elapsed, cpu, messages), dropped, spans
 
 
-def bench_proxy(messages: int, size: int, repeat: int) -> None:
+def bench_proxy(messages: int, size: int, repeat: int, modes: Sequence[str] = MODES) -> None:
     rounds: list[dict[str, Round]] = []
     notes: dict[str, list[tuple[int, int]]] = {}
     for round_ in range(repeat):
         runs: dict[str, Round] = {}
-        for mode in rotated(MODES, round_):
+        for mode in rotated(modes, round_):
             # a fresh broker per run: no run inherits another's topics, memory or trouble
             with tempfile.TemporaryDirectory() as tmp:
                 broker, service_url = start_broker(Path(tmp))
@@ -224,7 +227,7 @@ def bench_proxy(messages: int, size: int, repeat: int) -> None:
         rounds.append(runs)
     print(f"through the proxy: {messages} messages of {size} B, batching off (CPU count {os.cpu_count()}); "
           "dropped: observer events the queue dropped, spans: request spans exported (per round)")
-    report(rounds, MODES, baseline="off", parts=("proxy thread", "other proxy", "broker", "client"),
+    report(rounds, modes, baseline="off", parts=("proxy thread", "other proxy", "broker", "client"),
            extra={mode: f"  dropped {' '.join(str(d) for d, _ in runs)} spans {' '.join(str(s) for _, s in runs)}"
                   for mode, runs in notes.items()})
 
@@ -320,13 +323,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--run-frames", type=int, default=200,
                         help="frames per run in the observer's runs measurement (default 200)")
     parser.add_argument("--mode", choices=("proxy", "observer", "both"), default="both")
+    parser.add_argument("--arms", default=",".join(MODES),
+                        help=f"the modes measured through the proxy, comma-separated, off among them (default: all: "
+                             f"{','.join(MODES)})")
     args = parser.parse_args(argv)
+    arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
+    if "off" not in arms or not set(arms) <= set(MODES):
+        parser.error(f"--arms: some of {', '.join(MODES)}, off among them")
     print(f"load average at the start: {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
     if args.mode in ("observer", "both"):
         bench_observer(args.messages, args.size, args.repeat)
         bench_observer_runs(args.messages, args.size, args.repeat, args.run_frames)
     if args.mode in ("proxy", "both"):
-        bench_proxy(args.messages, args.size, args.repeat)
+        bench_proxy(args.messages, args.size, args.repeat, arms)
     return 0
 
 

@@ -77,6 +77,18 @@ class RunCutter:
                 self.lost += 1
         return None, pos
 
+    def passes_whole(self, lead: int, stream_pos: int, size: int) -> bool:
+        """True when a run of ``size`` bytes that the caller found to be whole frames is read as it lies.
+
+        Nothing carried and no ``lead``: the cutter moves past the run, as :meth:`begin` (answering
+        ``(None, 0)``) and then :meth:`end` at its end would.  False: nothing changed, take the
+        :meth:`begin` way.  (A relay that reads frames as fast as they come hands over runs of one.)
+        """
+        if lead or self._carry:
+            return False
+        self._next_pos = stream_pos + size
+        return True
+
     def end(self, data: bytes | memoryview, pos: int) -> None:
         """The whole frames of ``data`` ended at ``pos``: carry the rest into the next run."""
         if pos < len(data):

@@ -15,12 +15,16 @@ the bounded queue, never on the relay's path.  It takes the frames the proxy pas
 through unchanged in bulk (``on_run``, see :mod:`proxy.core.run_cutter`), so the
 relay builds no Frame and no event per frame for telemetry, and
 :meth:`Telemetry.passed_run` accounts the SENDs and receipts among them a run at a
-time (:mod:`proxy.telemetry.bulk`); any other frame goes the per-frame way.
+time (:mod:`proxy.telemetry.bulk`); any other frame goes the per-frame way.  While the relay reads
+frames as fast as they come, a run is one frame (a SEND, or a receipt read alone): such a run takes a lane of its own,
+:meth:`Telemetry.passed_send` / :meth:`Telemetry.passed_receipt`, which account it as
+:meth:`Telemetry.passed_run` would without cutting and walking a run.
 """
 
 from __future__ import annotations
 
 import re
+import struct
 from typing import Final
 
 from proxy.core.hooks import ConnectionEvent, ConnectionInfo, FrameEvent, RunEvent
@@ -43,6 +47,8 @@ _NO_TOPIC: Final = object()
 #: the directions' label values (``Direction.value`` is a property call, ~0.1 us, twice a message in bulk)
 _TO_BROKER: Final = Direction.TO_BROKER.value
 _TO_CLIENT: Final = Direction.TO_CLIENT.value
+#: a frame's TOTAL_SIZE (from offset 0) or its CMD_SIZE (from offset 4)
+_SIZE_AT: Final = struct.Struct(">I").unpack_from
 #: frame types (the byte after a canonical command's ``08``) that :meth:`Telemetry.passed` may take
 _DATA_PATH: Final = frozenset((T.SEND, T.SEND_RECEIPT))
 
@@ -203,6 +209,70 @@ class Telemetry:
             pos = stretch = end
         self._count_sends(frames, pos - stretch, messages, origin)
         return pos
+
+    def passed_send(self, conn_id: int, data: bytes | memoryview, received_ns: int, forwarded_ns: int,
+                    broker: str | None) -> None:
+        """:meth:`passed_run` of a run from the client that is one whole frame (from 0 to its end), without the
+        run's walk: a SEND in bulk as :meth:`_sends` takes it, else the frame the per-frame way."""
+        timeline = self._timelines.get(conn_id)
+        if timeline is not None and timeline.connected and (
+                broker is None or self._peers[conn_id].broker == broker) and (
+                self.metrics is not None or self.spans is not None):
+            capacity, forgets = timeline.bulk_capacity()
+            cmd_end = 8 + _SIZE_AT(data, 4)[0]
+            found = SEND_COMMAND.fullmatch(data, 8, cmd_end) if capacity > 0 else None
+            if found is not None and data[11] == cmd_end - 12:
+                key, producer, count = found.group(1, 2, 3)
+                in_bulk, topic = timeline.bulk_producer(producer)
+                entries, other_keys = timeline.book.entries, timeline.book.other_keys
+                end = len(data)
+                if in_bulk and not (other_keys and key in other_keys) and not (
+                        timeline.inspect_trace_context and end > cmd_end and (
+                            _TRACEPARENT_IN(data) is not None or not searchable(data, cmd_end, end))):
+                    number = 1 if count is None else (count[0] if len(count) == 1 else varint_value(count))
+                    entries[key] = (received_ns, forwarded_ns, end, number, topic)
+                    if forgets and len(entries) > capacity:
+                        timeline.bulk_forget_oldest()
+                    self.frames_seen += 1
+                    metrics = self.metrics
+                    if metrics is not None:
+                        metrics.frame("SEND", _TO_BROKER, "client", end)
+                        if number:
+                            metrics.message_count("SEND", topic, number)
+                    return
+        self._one_frame(conn_id, Direction.TO_BROKER, bytes(data), received_ns, forwarded_ns, "client", broker)
+
+    def passed_receipt(self, conn_id: int, data: bytes | memoryview, received_ns: int, forwarded_ns: int,
+                       broker: str | None) -> None:
+        """:meth:`passed_run` of a run from the broker that is one whole frame (from 0 to its end), without the
+        run's walk: a receipt in bulk as :meth:`_receipts` takes it, else the frame the per-frame way."""
+        timeline = self._timelines.get(conn_id)
+        if timeline is not None and timeline.connected and (
+                broker is None or self._peers[conn_id].broker == broker) and (
+                self.metrics is not None or self.spans is not None):
+            cmd_end = 8 + _SIZE_AT(data, 4)[0]
+            found = COMMON_RECEIPT_COMMAND.fullmatch(data, 8, cmd_end) or RECEIPT_COMMAND.fullmatch(data, 8, cmd_end)
+            if found is not None and data[11] == cmd_end - 12:
+                key, id_size, message_id = found.group(1, 2, 3)
+                entries, other_keys = timeline.book.entries, timeline.book.other_keys
+                if (id_size is None or id_size[0] == len(message_id)) and not (
+                        other_keys and key in other_keys and key not in entries):
+                    entry = entries.pop(key, None)
+                    spans, metrics = self.spans, self.metrics
+                    if entry is not None and spans is not None:
+                        if spans.sample >= 1.0 or spans.draw() < spans.sample:
+                            spans.sampled_exchange(timeline.bulk_exchange(key, entry, received_ns, forwarded_ns,
+                                                                          "broker"), self._peers[conn_id])
+                        else:
+                            spans.spans_skipped += 1
+                    self.frames_seen += 1
+                    if metrics is not None:
+                        metrics.frame("SEND_RECEIPT", _TO_CLIENT, "broker", len(data))
+                        if entry is not None:
+                            waited = forwarded_ns - entry[0]
+                            metrics.request("SEND", entry[4], "ok", (waited if waited > 0 else 0) / 1e9)
+                    return
+        self._one_frame(conn_id, Direction.TO_CLIENT, bytes(data), received_ns, forwarded_ns, "broker", broker)
 
     def _count_sends(self, frames: int, size: int, messages: dict[str | None, int], origin: str) -> None:
         metrics = self._count_bulk(frames, size, "SEND", _TO_BROKER, origin)
@@ -399,11 +469,26 @@ class TelemetryObserver:
                              broker=_broker_of(event.connection), marks=event.marks)
 
     def on_run(self, event: RunEvent) -> None:
-        """Frames passed through unchanged: each as a FrameEvent of its own would tell."""
+        """Frames passed through unchanged: each as a FrameEvent of its own would tell.
+
+        A run that is one whole frame (a SEND or a receipt read alone, while the relay reads frames
+        as fast as they come) goes to :meth:`Telemetry.passed_send` / :meth:`Telemetry.passed_receipt`,
+        which do what :meth:`Telemetry.passed_run` does with it without walking a run.
+        """
         conn_id, direction, data = event.connection.conn_id, event.direction, event.data
         cutter = self._cutters.get((conn_id, direction))
         if cutter is None:
             cutter = self._cutters[(conn_id, direction)] = RunCutter()
+        size = len(data)
+        if size >= 8 and _SIZE_AT(data)[0] + 4 == size and cutter.passes_whole(event.lead, event.stream_pos,
+                                                                                  size):
+            if direction is Direction.TO_BROKER:
+                self.telemetry.passed_send(conn_id, data, event.ts_ns, event.forwarded_ns,
+                                           event.connection.broker_url)
+            else:
+                self.telemetry.passed_receipt(conn_id, data, event.ts_ns, event.forwarded_ns,
+                                              event.connection.broker_url)
+            return
         completed, pos = cutter.begin(data, event.lead, event.stream_pos)
         telemetry, broker = self.telemetry, _broker_of(event.connection)
         origin = "client" if direction is Direction.TO_BROKER else "broker"

@@ -533,3 +533,60 @@ async def test_the_hubs_ring_gives_back_a_backlogs_pages_once_it_has_gone_though
             assert hub.queued == 0 and hub._ring is not None and hub._ring.runs == 0
             hub.close()
     assert b"".join(data for _, data in sorted(log)) == run * 9  # type: ignore[misc]
+
+
+class _Failing(_Views):
+    def on_run(self, event: RunEvent) -> None:
+        raise RuntimeError("an observer bug")
+
+
+async def test_an_observer_whose_on_run_raises_is_counted_and_the_others_and_the_ring_go_on() -> None:
+    """The hub hands each run to each observer's ``on_run`` directly: one that raises is counted (and logged),
+    the next observer still gets the run, later runs still come, and the ring's space still comes back."""
+    import trio
+    import trio.testing
+
+    log: list[object] = []
+    hub = ObserverHub([_Failing([]), _Views(log)])
+    info = ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None)
+    frame = sends(1, 10)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(hub.run)
+            for index in range(3):  # lone runs, each handed to the waiting hub, then a backlog of two
+                await trio.testing.wait_all_tasks_blocked()
+                hub.publish(RunEvent(info, TO_BROKER, 0, frame, 0, index * len(frame), 0))
+            hub.publish(RunEvent(info, TO_BROKER, 0, frame, 0, 3 * len(frame), 0))
+            await trio.testing.wait_all_tasks_blocked()
+            assert hub.queued == 0 and hub._ring is not None and hub._ring.runs == 0
+            hub.close()
+    assert hub.observer_errors == 4 and hub.delivered == 4
+    assert log == [(index * len(frame), frame) for index in range(4)]
+
+
+async def test_an_event_waiting_behind_the_one_handed_to_the_hub_goes_in_the_same_turn() -> None:
+    """The hub skips looking in its channel when nothing was put there (a lone run, below saturation the
+    common case), never when something was: an event published after the one handed straight to the
+    waiting hub is delivered in the same turn, the relays (here: a task that marks its turns) not in between."""
+    import trio
+    import trio.testing
+
+    log: list[object] = []
+    hub = ObserverHub([_Views(log)], side_clock=lambda: 0.0)
+    info = ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None)
+    frame = sends(1, 10)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(hub.run)
+            for pair in range(12):  # (the scheduler orders a turn's tasks at random: several tries)
+                await trio.testing.wait_all_tasks_blocked()
+                for index in (2 * pair, 2 * pair + 1):
+                    hub.publish(RunEvent(info, TO_BROKER, 0, frame, 0, index * len(frame), 0))
+                for _ in range(3):
+                    log.append("relay")
+                    await trio.lowlevel.checkpoint()
+            await trio.testing.wait_all_tasks_blocked()
+            hub.close()
+    delivered = [index for index, entry in enumerate(log) if entry != "relay"]
+    assert len(delivered) == 24
+    assert all(second == first + 1 for first, second in zip(delivered[::2], delivered[1::2], strict=True))
