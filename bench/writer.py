@@ -48,6 +48,10 @@ def measure(batches: int) -> dict[str, float]:
                                       api.MessageMetadata(producer_name="p", sequence_id=sequence_id,
                                                           publish_time=1), b"x" * (size - len(empty)))
 
+    from proxy.recording import writer_process
+
+    # (as the writer process does, where it does)
+    getattr(writer_process, "keep_freed_memory", lambda: None)()
     figures: dict[str, float] = {}
     streams: dict[tuple[int, int], RunCutter] = {}
     for label, size in SIZES:
