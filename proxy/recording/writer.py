@@ -62,6 +62,9 @@ DEFAULT_QUEUE_SIZE: Final = 10_000
 #: dropped (and its frames counted).  What the observer hub's queue (64 MiB of runs) and the
 #: recorder's queue (64 MiB) held together when runs went through both.
 DEFAULT_QUEUE_BYTES: Final = 128 * 1024 * 1024
+#: bytes of runs a paced write (``SegmentWriter.write``) encodes and appends between two calls of its pace:
+#: ~6 ms of the writer's CPU at 100 B frames, ~1.5 ms at 1 KiB (bench/writer.py)
+PACE_BYTES: Final = 1024 * 1024
 
 DIRECTIONS: Final[dict[str, int]] = {"to_broker": rpb.TO_BROKER, "to_client": rpb.TO_CLIENT}
 ORIGINS: Final[dict[str, int]] = {"client": rpb.CLIENT, "broker": rpb.BROKER, "proxy": rpb.PROXY}
@@ -346,13 +349,15 @@ class SegmentFiles:
 
 
 def encode_batch(items: Sequence[QueueItem], config: RecordConfig,
-                  streams: dict[tuple[int, int], RunCutter] | None = None
+                  streams: dict[tuple[int, int], RunCutter] | None = None, result: BatchResult | None = None
                   ) -> tuple[list[bytes | memoryview], BatchResult]:
     """Turn queue items into framed records, in order, as the parts to write (runs in the writer process;
-    ``streams`` is its state): a record is one part, or three for a frame of a run (see
-    ``_encode_run_frames``); each part belongs to one record."""
+    ``streams`` is its state), counted in ``result`` (a new one when not given): a record is one part, or
+    three for a frame of a run, and the records of a row of a run's frames of one size are one part (see
+    ``_encode_run_frames``); a part holds whole records or belongs to one."""
     out: list[bytes | memoryview] = []
-    result = BatchResult()
+    if result is None:
+        result = BatchResult()
     if streams is None:
         streams = {}
     for item in items:
@@ -601,10 +606,28 @@ class SegmentWriter:
         #: the cutting state per (connection, direction)
         self._streams: dict[tuple[int, int], RunCutter] = {}
 
-    def write(self, batch: Sequence[QueueItem]) -> BatchResult:
-        """Encode ``batch`` and append it to the segments; what to account for (``RecordingBook.account``)."""
-        records, result = encode_batch(batch, self.config, self._streams)
-        result.bytes_written = self.files.append(records)
+    def write(self, batch: Sequence[QueueItem], pace: Callable[[], None] | None = None) -> BatchResult:
+        """Encode ``batch`` and append it to the segments; what to account for (``RecordingBook.account``).
+
+        With ``pace`` (the writer process's CPU budget) the batch goes in pieces of ``PACE_BYTES`` of
+        runs, ``pace`` called between them: a long batch is held to the writer's share as it goes,
+        not only once it is done.  The same records either way.
+        """
+        result = BatchResult()
+        start = 0
+        while start < len(batch):
+            stop, run_bytes = start, 0
+            while stop < len(batch) and (pace is None or run_bytes < PACE_BYTES):
+                item = batch[stop]
+                if type(item) is RunItem:
+                    run_bytes += len(item.data)
+                stop += 1
+            records, _ = encode_batch(batch[start:stop], self.config, self._streams, result)
+            result.bytes_written += self.files.append(records)
+            del records  # (its rows' memory goes back before the next piece is built)
+            start = stop
+            if pace is not None and start < len(batch):
+                pace()
         result.segments = len(self.files.segments)
         return result
 
@@ -746,7 +769,7 @@ class RecordingBook:
         return data
 
 
-__all__ = ["DEFAULT_MAX_SEGMENT_BYTES", "DEFAULT_QUEUE_BYTES", "DEFAULT_QUEUE_SIZE", "INDEX_NAME", "SEGMENT_SUFFIX",
-           "Address", "BatchResult", "FrameItem", "FrameRecorder", "QueueItem", "RecordConfig", "RecorderStats",
-           "RecordingBook", "RunItem", "SegmentFiles", "SegmentWriter", "encode_batch", "end_streams", "frame_item",
-           "recording_dir_name", "run_item", "segment_name", "write_index"]
+__all__ = ["DEFAULT_MAX_SEGMENT_BYTES", "DEFAULT_QUEUE_BYTES", "DEFAULT_QUEUE_SIZE", "INDEX_NAME", "PACE_BYTES",
+           "SEGMENT_SUFFIX", "Address", "BatchResult", "FrameItem", "FrameRecorder", "QueueItem", "RecordConfig",
+           "RecorderStats", "RecordingBook", "RunItem", "SegmentFiles", "SegmentWriter", "encode_batch", "end_streams",
+           "frame_item", "recording_dir_name", "run_item", "segment_name", "write_index"]
