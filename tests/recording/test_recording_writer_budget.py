@@ -6,6 +6,8 @@ only other wall time that passes.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from proxy.recording.writer_process import CpuBudget
@@ -161,26 +163,23 @@ def test_the_pauses_within_one_write_come_to_no_more_than_the_longest_pause() ->
     assert len(clocks.pauses) == sum(1 for pause in clocks.pauses if pause > 0) and clocks.pauses[-1] > 0
 
 
-def test_a_paced_write_asks_its_pace_between_pieces_and_writes_the_same_segments(tmp_path: object) -> None:
+def test_a_paced_write_asks_its_pace_between_pieces_and_writes_the_same_segments(tmp_path: Path) -> None:
     """``SegmentWriter.write`` with a pace goes in pieces of ``PACE_BYTES`` of runs, calling it between them
     (not after the last: the writer process asks its budget then); the segments are those of one piece."""
-    from pathlib import Path
-
     from proxy.pb import recording_pb2 as rpb
-    from proxy.recording.writer import PACE_BYTES, RecordConfig, RunItem, SegmentWriter
+    from proxy.recording.writer import PACE_BYTES, QueueItem, RecordConfig, RunItem, SegmentWriter
 
-    assert isinstance(tmp_path, Path)
     frame = (96).to_bytes(4, "big") + (2).to_bytes(4, "big") + b"\x08\x06" + b"p" * 90
     run = frame * -(-PACE_BYTES // 4 // len(frame))  # (4 runs make a piece)
-    batch: list[object] = [RunItem(1, rpb.TO_BROKER, index, run, 0, index * len(run)) for index in range(10)]
+    batch: list[QueueItem] = [RunItem(1, rpb.TO_BROKER, index, run, 0, index * len(run)) for index in range(10)]
     batch.insert(3, rpb.Record(closed=rpb.ConnectionClosed(conn_id=2, ts_ns=1)))
     written = {}
     for name, paced in (("paced", True), ("whole", False)):
-        calls: list[int] = []
+        calls: list[None] = []
         path = tmp_path / name / "rec"  # (the recording id, in each segment's header: the same)
         path.mkdir(parents=True)
         writer = SegmentWriter(path, RecordConfig(dir=path, max_segment_bytes=700_000), clock=lambda: 1)
-        result = writer.write(batch, (lambda calls=calls: calls.append(1)) if paced else None)  # type: ignore[arg-type]
+        result = writer.write(batch, (lambda seen=calls: seen.append(None)) if paced else None)
         writer.close(None)
         assert result.frames == 10 * (len(run) // len(frame))
         assert len(calls) == (2 if paced else 0)  # pieces of 4 runs (and the close), 4, 2
