@@ -270,7 +270,11 @@ class CpuBudget:
     def _settle(self, longest: float) -> float:
         """Count the CPU spent since the last call, pausing (``longest`` seconds at most) if in debt; the pause."""
         cpu, wall = self._cpu(), self._wall()
-        credit = min(self._credit + (wall - self._wall_at) * self.share, self._most) - (cpu - self._cpu_at)
+        spent = cpu - self._cpu_at
+        # earned while idle (held to the window's worth), then while working (as if idle came first): a write
+        # longer than the window is not short-changed, and a burst after a quiet spell is the window's worth
+        idle = max(wall - self._wall_at - spent, 0.0)
+        credit = min(self._credit + idle * self.share, self._most) - spent * (1.0 - self.share)
         pause = 0.0
         if credit < 0.0 and longest > 0.0:
             pause = min(-credit / self.share, longest)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.recording.writer_process import CpuBudget
+from proxy.recording.writer_process import CPU_WINDOW_SECONDS, CpuBudget
 
 
 class _Clocks:
@@ -28,7 +28,8 @@ class _Clocks:
         self.wall += seconds
 
 
-def _budget(clocks: _Clocks, share: float = 0.25, window: float = 0.25, max_pause: float = 0.5) -> CpuBudget:
+def _budget(clocks: _Clocks, share: float = 0.25, window: float = CPU_WINDOW_SECONDS,
+            max_pause: float = 0.5) -> CpuBudget:
     return CpuBudget(share, window, max_pause, cpu=lambda: clocks.cpu, wall=lambda: clocks.wall, sleep=clocks.sleep)
 
 
@@ -44,14 +45,18 @@ def test_a_writer_with_a_backlog_takes_its_share_of_a_core_and_no_more(share: fl
     assert budget.paused == pytest.approx(sum(clocks.pauses))
 
 
-def test_a_writer_that_keeps_up_within_its_share_never_pauses() -> None:
-    """The official client's rates: a few short writes a second, each answered at once."""
+@pytest.mark.parametrize(("write_seconds", "every"), [(0.002, 0.02), (0.01, 0.1)])
+def test_a_writer_that_keeps_up_within_its_share_never_pauses(write_seconds: float, every: float) -> None:
+    """The official client's rates: short writes, each answered at once; or a batch per gathering window
+    (the recorder's 100 ms) of a tenth of a core's work, asked between its pieces too."""
     clocks = _Clocks()
     budget = _budget(clocks)
     for _ in range(1000):
-        clocks.work(0.002)
+        for _piece in range(4):
+            clocks.work(write_seconds / 4)
+            budget.paced()
         budget.spent()
-        clocks.wall += 0.02  # waiting for the next batch
+        clocks.wall += every - write_seconds  # waiting for the next batch
     assert clocks.pauses == []
 
 
