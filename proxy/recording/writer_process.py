@@ -22,11 +22,12 @@ start, and a run crosses as its place there.  Runs that are not in a ring travel
 band (pickle protocol 5): copied only into the pipe, and read into one buffer the child keeps.  A
 reply is a size and a pickled ``(ok, value)`` (``value`` the error text when not ok).
 The child runs niced and within a share of one core (:class:`CpuBudget`): at saturation
-it pauses between writes, the run ring fills and the recorder drops and counts runs, so that
-the writer never takes the proxy's CPU.  The child ignores SIGINT and SIGTERM (the proxy
-says when recording ends), is killed when the proxy's thread that started it ends
-(``PR_SET_PDEATHSIG``), and at the end of its input without a close (the proxy is gone)
-closes its segments and leaves the index as the proxy last wrote it.
+it pauses between writes (and between the pieces of a long one), the run ring fills and
+the recorder drops and counts runs, so that the writer never takes the proxy's CPU.  The
+child ignores SIGINT and SIGTERM (the proxy says when recording ends), is killed when the
+proxy's thread that started it ends (``PR_SET_PDEATHSIG``), and at the end of its input
+without a close (the proxy is gone) closes its segments and leaves the index as the proxy
+last wrote it.
 """
 
 from __future__ import annotations
@@ -63,11 +64,16 @@ _PR_SET_PDEATHSIG: Final = 1
 #: the child's niceness: when cores are short, the proxy's traffic goes first and the recorder
 #: drops (and counts) what it cannot write, as it does when its queue is full
 _NICENESS: Final = 10
+#: glibc's ``mallopt`` parameters, and the largest allocation the child takes from its heap (a batch's
+#: rows of records, ~1 MiB each): see ``keep_freed_memory``
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_HEAP_ALLOCATIONS_BELOW: Final = 16 * 1024 * 1024
 #: the most of one core the child takes for writes (see CpuBudget), and the burst it may take at once: what
-#: ``CPU_WINDOW_SECONDS`` earn
+#: ``CPU_WINDOW_SECONDS`` earn (12.5 ms of CPU).  With 0.25 s (62.5 ms) the burst alone took the writer to
+#: ~0.4 of a core over a 0.4 s stretch of saturation after a quiet one
 CPU_SHARE: Final = 0.25
-CPU_WINDOW_SECONDS: Final = 0.25
-#: the longest pause (a sync or a close waits for it): a batch of the whole run ring takes ~0.2 s of CPU
+CPU_WINDOW_SECONDS: Final = 0.05
+#: the longest pause, and the longest the pauses within one write come to (a sync or a close waits for them)
 MAX_PAUSE_SECONDS: Final = 0.5
 
 
@@ -228,8 +234,11 @@ class CpuBudget:
 
     A token bucket: the writer earns ``share`` seconds of CPU per second, holds at most what
     ``window`` seconds earn (a burst after a quiet spell goes at once), and spends what each
-    write took.  A pause is at most ``max_pause`` seconds (a sync or a close waits for it),
-    and so is the debt carried into the next write.
+    write took: :meth:`spent` after a write, :meth:`paced` between the pieces of a long one
+    (``SegmentWriter.write``), so that a batch does not take the writer past its share before
+    it is asked.  A pause is at most ``max_pause`` seconds, and so are the pauses within one
+    write together (a sync or a close waits for a write and the pause after it), and so is
+    the debt carried into the next write.
     """
 
     def __init__(self, share: float = CPU_SHARE, window: float = CPU_WINDOW_SECONDS,
@@ -245,18 +254,50 @@ class CpuBudget:
         self._cpu_at, self._wall_at = cpu(), wall()
         #: seconds paused so far
         self.paused = 0.0
+        #: seconds paused within the write under way (by ``paced``)
+        self._paused_in_write = 0.0
+
+    def paced(self) -> None:
+        """A piece of a write is done: pause if the writer is past what it earned (while this write's pauses
+        come to less than ``max_pause``)."""
+        self._paused_in_write += self._settle(self.max_pause - self._paused_in_write)
 
     def spent(self) -> None:
         """A write is done: pause if it spent more CPU time than the writer had earned."""
+        self._settle(self.max_pause)
+        self._paused_in_write = 0.0
+
+    def _settle(self, longest: float) -> float:
+        """Count the CPU spent since the last call, pausing (``longest`` seconds at most) if in debt; the pause."""
         cpu, wall = self._cpu(), self._wall()
-        credit = min(self._credit + (wall - self._wall_at) * self.share, self._most) - (cpu - self._cpu_at)
-        if credit < 0.0:
-            pause = min(-credit / self.share, self.max_pause)
+        spent = cpu - self._cpu_at
+        # earned while idle (held to the window's worth), then while working (as if idle came first): a write
+        # longer than the window is not short-changed, and a burst after a quiet spell is the window's worth
+        idle = max(wall - self._wall_at - spent, 0.0)
+        credit = min(self._credit + idle * self.share, self._most) - spent * (1.0 - self.share)
+        pause = 0.0
+        if credit < 0.0 and longest > 0.0:
+            pause = min(-credit / self.share, longest)
             self._sleep(pause)
             self.paused += pause
-            credit = max(credit + pause * self.share, -self.max_pause * self.share)
-        self._credit = credit
+        self._credit = max(credit + pause * self.share, -self.max_pause * self.share)
         self._cpu_at, self._wall_at = self._cpu(), self._wall()
+        return pause
+
+
+def keep_freed_memory() -> None:
+    """Have malloc (glibc's) give the next batch the memory the last one freed, instead of fresh pages.
+
+    A batch's records are built in arrays of ~1 MiB (a row per run, see ``writer._encode_row``),
+    held until the batch is written and then freed together: malloc maps each from the kernel and
+    unmaps it when freed, so every batch touched fresh pages, a page fault each (1 KiB frames: ~1 us
+    of the writer's ~2 us per frame).  From the heap, and kept there when freed (up to twice that
+    size), the next batch reuses them.  Elsewhere than glibc: nothing to do.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_MMAP_THRESHOLD, _HEAP_ALLOCATIONS_BELOW)
+        libc.mallopt(_M_TRIM_THRESHOLD, 2 * _HEAP_ALLOCATIONS_BELOW)
 
 
 def _die_with_parent(parent: int) -> None:
@@ -276,6 +317,7 @@ def main(argv: list[str]) -> int:
         run_ring.attach(int(argv[1]))
     with contextlib.suppress(OSError):
         os.nice(_NICENESS)
+    keep_freed_memory()
     requests, replies = sys.stdin.fileno(), os.dup(sys.stdout.fileno())
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print must not garble the replies
     writer: SegmentWriter | None = None
@@ -293,7 +335,7 @@ def main(argv: list[str]) -> int:
             elif writer is None:
                 raise RecordingError("the writer was not started")
             elif kind == _WRITE:
-                answer = writer.write(cast(list[QueueItem], value))
+                answer = writer.write(cast(list[QueueItem], value), budget.paced)
             elif kind == _SYNC:
                 writer.sync(cast(bytes | None, value))
             elif kind == _END_STREAMS:

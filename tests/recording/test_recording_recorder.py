@@ -521,6 +521,81 @@ def test_a_batch_of_record_parts_rotates_segments_exactly_where_whole_records_do
     assert len(written["whole"]) >= 4 and written["parts"] == written["whole"]
 
 
+def _row_stream_frames(blocks: list[tuple[int, int]]) -> list[bytes]:
+    """A stream of rows: per block (kind, frames) that many frames in a row, all of one size unless the kind
+    varies them: SENDs of one payload size, receipts, CONNECTs holding auth data (redacted), commands not in
+    canonical form (a type past one varint byte, or not opening 08), frames of 10 bytes (the least a command
+    takes), SENDs of varying size."""
+    from proxy.pb import PulsarApi_pb2 as api
+    from proxy.protocol.frame import encode_command, encode_payload_command
+
+    def send(sequence_id: int, payload: int) -> bytes:
+        return encode_payload_command(api.CommandSend(producer_id=1, sequence_id=sequence_id),
+                                      api.MessageMetadata(producer_name="p", sequence_id=sequence_id, publish_time=1),
+                                      b"y" * payload)
+
+    def bare(command: bytes) -> bytes:
+        return (len(command) + 4).to_bytes(4, "big") + len(command).to_bytes(4, "big") + command
+
+    connect = encode_command(api.BaseCommand(type=api.BaseCommand.CONNECT, connect=api.CommandConnect(
+        client_version="c", auth_method_name="token", auth_data=b"secret-token", protocol_version=21)))
+    receipt = encode_command(api.BaseCommand(type=api.BaseCommand.SEND_RECEIPT, send_receipt=api.CommandSendReceipt(
+        producer_id=1, sequence_id=5, message_id=api.MessageIdData(ledgerId=1, entryId=2))))
+    makers = [lambda index: send(index % 100, 90), lambda index: send(index % 100, 1000), lambda index: receipt,
+              lambda index: connect, lambda index: bare(b"\x08\x86\x01"), lambda index: bare(b"\x10\x06" * 3),
+              lambda index: bare(b"\x08\x12"), lambda index: send(1, index % 3)]
+    return [makers[kind](index) for kind, count in blocks for index in range(count)]
+
+
+@settings(max_examples=120, deadline=None)
+@given(blocks=st.lists(st.tuples(st.integers(0, 7), st.integers(1, 90)), min_size=1, max_size=8),
+       sizes=st.lists(st.integers(1, 40_000), min_size=1, max_size=5), redact=st.booleans(),
+       include_payloads=st.booleans(), ts_ns=st.integers(0, 2**63 - 1), conn_id=st.integers(0, 2**40))
+def test_rows_of_frames_of_one_size_are_framed_into_the_bytes_of_their_records_one_by_one(
+        blocks: list[tuple[int, int]], sizes: list[int], redact: bool, include_payloads: bool, ts_ns: int,
+        conn_id: int) -> None:
+    """Frames of one size in a row are framed together (one part of records built as columns): whatever the
+    frames, where the runs cut them (inside a size prefix, inside a row), redaction and payloads on or off,
+    the bytes are those of the general record path frame by frame."""
+    from proxy.recording import writer as rec
+
+    frames = _row_stream_frames(blocks)
+    data = b"".join(frames)
+    config = RecordConfig(dir=Path("unused"), redact=redact, include_payloads=include_payloads)
+    general, _ = rec.encode_batch([rec.FrameItem(conn_id, rpb.TO_CLIENT, rpb.BROKER, ts_ns, raw, ()) for raw in frames],
+                                  config)
+    pieces = _cut(data, sizes)
+    items = [rec.RunItem(conn_id, rpb.TO_CLIENT, ts_ns, memoryview(piece), lead, offset)
+             for (offset, piece), lead in zip(pieces, _leads(data, pieces), strict=True)]
+    parts, result = rec.encode_batch(items, config)
+    assert b"".join(parts) == b"".join(general)
+    assert (result.frames, result.per_connection[conn_id]) == (len(frames), [len(frames), len(data)])
+
+
+@settings(max_examples=25, deadline=None)
+@given(blocks=st.lists(st.tuples(st.integers(0, 7), st.integers(1, 90)), min_size=1, max_size=8),
+       max_segment_bytes=st.integers(4_000, 100_000))
+def test_segments_rotate_between_the_records_of_a_row_where_whole_records_do(
+        tmp_path_factory: pytest.TempPathFactory, blocks: list[tuple[int, int]], max_segment_bytes: int) -> None:
+    """A row's records come as one part; a segment still ends between records, at the record where it
+    ends when records come one by one."""
+    from proxy.recording import writer as rec
+
+    frames = _row_stream_frames(blocks) * 2
+    config = RecordConfig(dir=Path("unused"), redact=False, max_segment_bytes=max_segment_bytes)
+    whole, _ = rec.encode_batch([rec.FrameItem(3, rpb.TO_BROKER, rpb.CLIENT, BASE_NS, raw, ()) for raw in frames],
+                                config)
+    parts, _ = rec.encode_batch([rec.RunItem(3, rpb.TO_BROKER, BASE_NS, b"".join(frames), 0, 0)], config)
+    written = {}
+    for name, batch in (("whole", whole), ("parts", parts)):
+        directory = tmp_path_factory.mktemp(name)
+        files = rec.SegmentFiles(directory, "rec-1", config, clock=lambda: 1)
+        assert files.append(batch) + files.append(batch) == 2 * sum(len(part) for part in batch)
+        files.close(b"")
+        written[name] = [(directory / segment).read_bytes() for segment in files.segments]
+    assert written["parts"] == written["whole"]
+
+
 async def test_runs_trickling_in_go_to_the_writer_a_gathering_window_at_a_time(tmp_path: Path) -> None:
     """A client below saturation hands the recorder a run per read: they reach the writer process in one batch
     per gathering window (each batch costs the proxy's loop a few turns, which interrupt the relays), unless

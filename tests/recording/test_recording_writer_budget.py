@@ -6,9 +6,11 @@ only other wall time that passes.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from proxy.recording.writer_process import CpuBudget
+from proxy.recording.writer_process import CPU_WINDOW_SECONDS, CpuBudget
 
 
 class _Clocks:
@@ -26,7 +28,8 @@ class _Clocks:
         self.wall += seconds
 
 
-def _budget(clocks: _Clocks, share: float = 0.25, window: float = 0.25, max_pause: float = 0.5) -> CpuBudget:
+def _budget(clocks: _Clocks, share: float = 0.25, window: float = CPU_WINDOW_SECONDS,
+            max_pause: float = 0.5) -> CpuBudget:
     return CpuBudget(share, window, max_pause, cpu=lambda: clocks.cpu, wall=lambda: clocks.wall, sleep=clocks.sleep)
 
 
@@ -42,14 +45,18 @@ def test_a_writer_with_a_backlog_takes_its_share_of_a_core_and_no_more(share: fl
     assert budget.paused == pytest.approx(sum(clocks.pauses))
 
 
-def test_a_writer_that_keeps_up_within_its_share_never_pauses() -> None:
-    """The official client's rates: a few short writes a second, each answered at once."""
+@pytest.mark.parametrize(("write_seconds", "every"), [(0.002, 0.02), (0.01, 0.1)])
+def test_a_writer_that_keeps_up_within_its_share_never_pauses(write_seconds: float, every: float) -> None:
+    """The official client's rates: short writes, each answered at once; or a batch per gathering window
+    (the recorder's 100 ms) of a tenth of a core's work, asked between its pieces too."""
     clocks = _Clocks()
     budget = _budget(clocks)
     for _ in range(1000):
-        clocks.work(0.002)
+        for _piece in range(4):
+            clocks.work(write_seconds / 4)
+            budget.paced()
         budget.spent()
-        clocks.wall += 0.02  # waiting for the next batch
+        clocks.wall += every - write_seconds  # waiting for the next batch
     assert clocks.pauses == []
 
 
@@ -123,3 +130,63 @@ async def test_records_that_come_while_a_batch_gathers_are_taken_when_its_window
     assert not ended and len(batch) == 1 + 2 + 10 and taken == batch[1:]
     assert waiting_mid_window == [10]  # none taken while the window was open
     assert receive.statistics().current_buffer_used == 1
+
+
+def test_a_writer_paced_within_its_batches_holds_its_share_over_a_short_stretch_of_saturation() -> None:
+    """After a quiet spell, saturation (a bench phase lasts 0.4 s): batches of ~50 ms of CPU, asked between
+    pieces of ~6 ms (``SegmentWriter.write`` with ``paced``).  At any moment the writer has taken no more
+    than its share since saturation began, the burst the window earns and one piece: not a batch whole,
+    and a burst small next to a 0.4 s stretch's share."""
+    from proxy.recording.writer_process import CPU_SHARE, CPU_WINDOW_SECONDS
+
+    clocks = _Clocks()
+    budget = CpuBudget(cpu=lambda: clocks.cpu, wall=lambda: clocks.wall, sleep=clocks.sleep)
+    clocks.wall += 5.0  # quiet: the burst is there in full
+    start, piece, pieces_per_batch = clocks.wall, 0.006, 8
+    while clocks.wall < start + 2.0:
+        for index in range(pieces_per_batch):
+            clocks.work(piece)
+            assert clocks.cpu <= CPU_SHARE * (clocks.wall - start + CPU_WINDOW_SECONDS) + piece + 1e-9
+            (budget.paced if index < pieces_per_batch - 1 else budget.spent)()
+    assert CPU_SHARE * CPU_WINDOW_SECONDS <= CPU_SHARE * 0.4 / 5  # the burst: at most a fifth of 0.4 s's share
+
+
+def test_the_pauses_within_one_write_come_to_no_more_than_the_longest_pause() -> None:
+    """A sync or a close waits for the write under way: a write far past the writer's share pauses between
+    its pieces for ``max_pause`` at most in all, and once more at most after it."""
+    clocks = _Clocks()
+    budget = _budget(clocks, share=0.25, max_pause=0.5)
+    for _ in range(20):
+        clocks.work(0.1)
+        budget.paced()
+    assert sum(clocks.pauses) == pytest.approx(0.5)
+    clocks.work(0.1)
+    budget.spent()
+    assert clocks.pauses[-1] == pytest.approx(0.5) and sum(clocks.pauses) == pytest.approx(1.0)
+    clocks.work(0.01)
+    budget.paced()  # a new write: it may pause again
+    assert len(clocks.pauses) == sum(1 for pause in clocks.pauses if pause > 0) and clocks.pauses[-1] > 0
+
+
+def test_a_paced_write_asks_its_pace_between_pieces_and_writes_the_same_segments(tmp_path: Path) -> None:
+    """``SegmentWriter.write`` with a pace goes in pieces of ``PACE_BYTES`` of runs, calling it between them
+    (not after the last: the writer process asks its budget then); the segments are those of one piece."""
+    from proxy.pb import recording_pb2 as rpb
+    from proxy.recording.writer import PACE_BYTES, QueueItem, RecordConfig, RunItem, SegmentWriter
+
+    frame = (96).to_bytes(4, "big") + (2).to_bytes(4, "big") + b"\x08\x06" + b"p" * 90
+    run = frame * -(-PACE_BYTES // 4 // len(frame))  # (4 runs make a piece)
+    batch: list[QueueItem] = [RunItem(1, rpb.TO_BROKER, index, run, 0, index * len(run)) for index in range(10)]
+    batch.insert(3, rpb.Record(closed=rpb.ConnectionClosed(conn_id=2, ts_ns=1)))
+    written = {}
+    for name, paced in (("paced", True), ("whole", False)):
+        calls: list[None] = []
+        path = tmp_path / name / "rec"  # (the recording id, in each segment's header: the same)
+        path.mkdir(parents=True)
+        writer = SegmentWriter(path, RecordConfig(dir=path, max_segment_bytes=700_000), clock=lambda: 1)
+        result = writer.write(batch, (lambda seen=calls: seen.append(None)) if paced else None)
+        writer.close(None)
+        assert result.frames == 10 * (len(run) // len(frame))
+        assert len(calls) == (2 if paced else 0)  # pieces of 4 runs (and the close), 4, 2
+        written[name] = [(path / segment).read_bytes() for segment in writer.files.segments]
+    assert len(written["whole"]) >= 3 and written["paced"] == written["whole"]
