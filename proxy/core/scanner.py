@@ -64,6 +64,7 @@ from proxy.protocol.validation import (
     check_frame,
     closed_mid_frame,
     frame_size_of,
+    plainly_valid,
 )
 
 #: What the scanner hands out: bytes to pass through unchanged, or a whole wanted Frame.
@@ -310,11 +311,12 @@ class FrameScanner:
         self.frames_scanned += 1  # (counted before its command is checked, as the scan counts)
         if self._walk:
             self._walk -= 1
-        try:
-            self._checks.verify_one(data[10:cmd_end])
-        except ProtocolError as exc:
-            self._error = exc
-            raise exc from None
+        if plainly_valid(data, 10, cmd_end) is None:  # (most are: then no parse)
+            try:
+                self._checks.verify_one(data[10:cmd_end])
+            except ProtocolError as exc:
+                self._error = exc
+                raise exc from None
         return [data]
 
     def _complete_carry(self, data: bytes | memoryview, pos: int, out: list[Piece]) -> int:
