@@ -71,8 +71,9 @@ class HoldQueue:
         self.held_bytes = 0
         self._heap: list[Held] = []
         self._seq = itertools.count()
-        #: per lane: (entries still held, the last entry added)
-        self._lanes: dict[Hashable, tuple[int, Held]] = {}
+        #: per lane: (entries still held, the last entry added); a lane is busy while it is in here
+        #: (the relay's hop asks ``lane in lanes``, a call less than lane_busy; read it, never change it)
+        self.lanes: dict[Hashable, tuple[int, Held]] = {}
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -83,11 +84,11 @@ class HoldQueue:
 
     def lane_busy(self, lane: Hashable) -> bool:
         """True while ``lane`` has frames held (a later frame of it must queue behind them)."""
-        return lane in self._lanes
+        return lane in self.lanes
 
     def last_due(self, lane: Hashable) -> int | None:
         """When the last entry held in ``lane`` leaves (None: the lane is empty)."""
-        entry = self._lanes.get(lane)
+        entry = self.lanes.get(lane)
         return None if entry is None else entry[1].due_ns
 
     def release_at(self, due_ns: int, lane: Hashable | None) -> int:
@@ -104,8 +105,8 @@ class HoldQueue:
         """
         data = [bytes(piece) for piece in frames]
         self.held_bytes += sum(len(piece) for piece in data)
-        if lane is not None and lane in self._lanes:
-            last = self._lanes[lane][1]
+        if lane is not None and lane in self.lanes:
+            last = self.lanes[lane][1]
             if due_ns <= last.due_ns:
                 if lane is direction and not originated and not last.originated:
                     last.frames.extend(data)
@@ -113,8 +114,8 @@ class HoldQueue:
                 due_ns = last.due_ns
         entry = Held(due_ns, next(self._seq), direction, data, lane, originated)
         if lane is not None:
-            count = self._lanes[lane][0] if lane in self._lanes else 0
-            self._lanes[lane] = (count + 1, entry)
+            count = self.lanes[lane][0] if lane in self.lanes else 0
+            self.lanes[lane] = (count + 1, entry)
         heapq.heappush(self._heap, entry)
         return due_ns
 
@@ -128,15 +129,15 @@ class HoldQueue:
             entry = heapq.heappop(self._heap)
             self.held_bytes -= sum(len(piece) for piece in entry.frames)
             if entry.lane is not None:
-                count, last = self._lanes[entry.lane]
+                count, last = self.lanes[entry.lane]
                 if count <= 1:
-                    del self._lanes[entry.lane]
+                    del self.lanes[entry.lane]
                 else:
-                    self._lanes[entry.lane] = (count - 1, last)
+                    self.lanes[entry.lane] = (count - 1, last)
             due.append(entry)
         return due
 
     def clear(self) -> None:
         self._heap.clear()
-        self._lanes.clear()
+        self.lanes.clear()
         self.held_bytes = 0

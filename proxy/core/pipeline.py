@@ -243,7 +243,7 @@ class ConnectionPipeline:
             actions.append(Fail(exc))
             return actions
         if len(pieces) == 1 and type(pieces[0]) is not Frame and not self._injections_waiting \
-                and not self.held.lane_busy(direction):
+                and direction not in self.held.lanes:
             if self._runs:
                 self._publish_run(direction, pieces[0], lead, now_ns)
             return [Send(direction, pieces)]  # the fast path: nothing to look at, nothing held

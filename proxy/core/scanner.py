@@ -64,6 +64,7 @@ from proxy.protocol.validation import (
     check_frame,
     closed_mid_frame,
     frame_size_of,
+    plainly_valid,
 )
 
 #: What the scanner hands out: bytes to pass through unchanged, or a whole wanted Frame.
@@ -226,13 +227,55 @@ class FrameScanner:
         Slices may reference ``data``: use them before the next call.  On a frame that fails a
         check it raises that check's error (and again on every later call); what it would have
         handed out of ``data`` before that frame is then in :attr:`passed_before_error`.
+
+        Its own body is the small-read lane: a read of exactly one whole frame that nobody wants,
+        at a frame boundary, is ``[data]``, as :meth:`_feed` (the scan) hands it out, after the same
+        checks (its fast path's) and the same effects; the common small read (a request, a receipt,
+        one message) costs a third of the scan's setup this way.  (It is this method's body, not a
+        method of its own, because it runs twice per round trip: a call level less.)  Any other
+        read goes to the scan, and so does this one before the lane changed anything.
         """
+        if self._skip or self._carry or self._error is not None:
+            return self._feed(data)
+        # (a read too short for a head, or a payload frame too short for its section, is a
+        # struct.error of the unpack that would have read past its end)
+        try:
+            total, cmd_size, word, fifth = _HEAD.unpack_from(data, 0)
+        except struct.error:
+            return self._feed(data)
+        end = len(data)
+        if total + 4 != end or end > self.max_frame_bytes:
+            return self._feed(data)
+        kind = self._short.get(word - cmd_size, -1) if 3 < cmd_size < 132 else -1
+        if kind < 0 and fifth + 5 == cmd_size and fifth < 128:
+            kind = self._long.get(word, -1)
+        cmd_end = 8 + cmd_size
+        if kind & _LOOK or cmd_end > end:  # (not found, -1, has every bit)
+            return self._feed(data)
+        if kind & _PAYLOAD:
+            try:
+                magic, _, metadata_size = _SECTION.unpack_from(data, cmd_end)
+            except struct.error:
+                return self._feed(data)
+            if magic != MAGIC_CHECKSUM or metadata_size > end - cmd_end - 10:
+                return self._feed(data)
+        elif cmd_end != end:
+            return self._feed(data)
+        self.frames_scanned += 1  # (counted before its command is checked, as the scan counts)
+        if self._walk:
+            self._walk -= 1
+        if plainly_valid(data, 10, cmd_end) is None:  # (most are: then no parse)
+            try:
+                self._checks.verify_one(data[10:cmd_end])
+            except ProtocolError as exc:
+                self._error = exc
+                raise exc from None
+        return [data]
+
+    def _feed(self, data: bytes | memoryview) -> list[Piece]:
+        """:meth:`feed` without its small-read lane: the scan."""
         if self._error is not None:
             raise self._error
-        if not self._skip and not self._carry:
-            alone = self._one_frame(data)
-            if alone is not None:
-                return alone
         out: list[Piece] = []
         scan_from = scan_out = -1
         try:
@@ -275,47 +318,6 @@ class FrameScanner:
         else:
             self._error = closed_mid_frame(self._skip_frame - self._skip, self._skip_frame)
         raise self._error
-
-    def _one_frame(self, data: bytes | memoryview) -> list[Piece] | None:
-        """A read of exactly one whole frame that nobody wants, at a frame boundary: ``[data]``, as
-        :meth:`_scan` hands it out, after the same checks (its fast path's) and the same effects.
-
-        The common small read (a request, a receipt, one message) costs a third of the scan's
-        setup this way.  None when the read is anything else (no effect: the scan takes it).
-        """
-        # (a read too short for a head, or a payload frame too short for its section, is a
-        # struct.error of the unpack that would have read past its end)
-        try:
-            total, cmd_size, word, fifth = _HEAD.unpack_from(data, 0)
-        except struct.error:
-            return None
-        end = len(data)
-        if total + 4 != end or end > self.max_frame_bytes:
-            return None
-        kind = self._short.get(word - cmd_size, -1) if 3 < cmd_size < 132 else -1
-        if kind < 0 and fifth + 5 == cmd_size and fifth < 128:
-            kind = self._long.get(word, -1)
-        cmd_end = 8 + cmd_size
-        if kind & _LOOK or cmd_end > end:  # (not found, -1, has every bit)
-            return None
-        if kind & _PAYLOAD:
-            try:
-                magic, _, metadata_size = _SECTION.unpack_from(data, cmd_end)
-            except struct.error:
-                return None
-            if magic != MAGIC_CHECKSUM or metadata_size > end - cmd_end - 10:
-                return None
-        elif cmd_end != end:
-            return None
-        self.frames_scanned += 1  # (counted before its command is checked, as the scan counts)
-        if self._walk:
-            self._walk -= 1
-        try:
-            self._checks.verify_one(data[10:cmd_end])
-        except ProtocolError as exc:
-            self._error = exc
-            raise exc from None
-        return [data]
 
     def _complete_carry(self, data: bytes | memoryview, pos: int, out: list[Piece]) -> int:
         """Grow the carried frame until its checks pass (and, if it is wanted, until it is whole)."""
