@@ -150,6 +150,17 @@ def test_a_command_without_payload_carrying_extra_bytes_is_malformed() -> None:
         FrameScanner().feed(data)
 
 
+@pytest.mark.parametrize("wanted", [frozenset(), frozenset({T.FLOW})])
+def test_a_command_without_payload_carrying_extra_bytes_is_malformed_in_a_read_of_its_own(
+        wanted: frozenset[int]) -> None:
+    """Unwanted, such a read is the small-read lane's (one whole frame by its sizes); wanted, the scan's: both
+    refuse it."""
+    body = FLOW[8:] + b"junk"
+    data = (len(body) + 4).to_bytes(4, "big") + (len(FLOW) - 8).to_bytes(4, "big") + body
+    with pytest.raises(MalformedFrame):
+        FrameScanner(1 << 20, wanted).feed(data)
+
+
 def test_a_peer_closing_mid_frame_is_reported() -> None:
     scanner = FrameScanner()
     scanner.feed(send_frame(1000)[:500])
