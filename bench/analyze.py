@@ -44,12 +44,16 @@ import argparse
 import itertools
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+# run from any checkout: import its own package, not the one the virtualenv's editable install points at
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from proxy.analytics import compiled
 from proxy.analytics.pipeline import run_pipeline

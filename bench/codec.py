@@ -25,6 +25,10 @@ import struct
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
+
+# run from any checkout: import its own package, not the one the virtualenv's editable install points at
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.frame import FrameDecoder, encode_payload_command, reencode

@@ -12,10 +12,15 @@ measures the recorder alone.
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import trio
+
+# run from any checkout: import its own package, not the one the virtualenv's editable install points at
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.frame import encode_payload_command

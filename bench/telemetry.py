@@ -49,9 +49,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-# bench/ holds a proxy.py of its own: keep this script's directory from shadowing the package.
-if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)
 # The checkout this script lives in is the one measured (as the other benches do): without it, ``proxy`` was
 # whatever the virtualenv's editable install points at, whichever worktree the script was run from.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -325,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--mode", choices=("proxy", "observer", "both"), default="both")
     parser.add_argument("--arms", default=",".join(MODES),
                         help=f"the modes measured through the proxy, comma-separated, off among them (default: all: "
-                             f"{','.join(MODES)})")
+                             f"{','.join(MODES)})".replace("%", "%%"))  # (argparse expands % in help)
     args = parser.parse_args(argv)
     arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
     if "off" not in arms or not set(arms) <= set(MODES):
