@@ -151,13 +151,21 @@ class Telemetry:
         SENDs and receipts in canonical encoding are accounted in bulk (see
         :mod:`proxy.telemetry.bulk`); any other frame goes the per-frame way, in its turn.
         """
-        timeline = self._timelines.get(conn_id)
-        if timeline is None or (broker is not None and self._peers[conn_id].broker != broker) or (
-                self.metrics is None and self.spans is None):
+        timeline = self._bulk_timeline(conn_id, broker)
+        if timeline is None:
             return self._frames_one_by_one(conn_id, direction, data, pos, received_ns, forwarded_ns, origin, broker)
         if direction is Direction.TO_BROKER:
             return self._sends(timeline, conn_id, data, pos, received_ns, forwarded_ns, origin, broker)
         return self._receipts(timeline, conn_id, data, pos, received_ns, forwarded_ns, origin, broker)
+
+    def _bulk_timeline(self, conn_id: int, broker: str | None) -> ConnectionTimeline | None:
+        """The connection's timeline when its SENDs and receipts may be accounted in bulk (it is known, of
+        ``broker`` when one is named, and metrics or spans are on); else None: every frame the per-frame way."""
+        timeline = self._timelines.get(conn_id)
+        if timeline is None or (broker is not None and self._peers[conn_id].broker != broker) or (
+                self.metrics is None and self.spans is None):
+            return None
+        return timeline
 
     def _sends(self, timeline: ConnectionTimeline, conn_id: int, data: bytes | memoryview, pos: int, received_ns: int,
                forwarded_ns: int, origin: str, broker: str | None) -> int:
@@ -214,10 +222,8 @@ class Telemetry:
                     broker: str | None) -> None:
         """:meth:`passed_run` of a run from the client that is one whole frame (from 0 to its end), without the
         run's walk: a SEND in bulk as :meth:`_sends` takes it, else the frame the per-frame way."""
-        timeline = self._timelines.get(conn_id)
-        if timeline is not None and timeline.connected and (
-                broker is None or self._peers[conn_id].broker == broker) and (
-                self.metrics is not None or self.spans is not None):
+        timeline = self._bulk_timeline(conn_id, broker)
+        if timeline is not None and timeline.connected:
             capacity, forgets = timeline.bulk_capacity()
             cmd_end = 8 + _SIZE_AT(data, 4)[0]
             found = SEND_COMMAND.fullmatch(data, 8, cmd_end) if capacity > 0 else None
@@ -246,10 +252,8 @@ class Telemetry:
                        broker: str | None) -> None:
         """:meth:`passed_run` of a run from the broker that is one whole frame (from 0 to its end), without the
         run's walk: a receipt in bulk as :meth:`_receipts` takes it, else the frame the per-frame way."""
-        timeline = self._timelines.get(conn_id)
-        if timeline is not None and timeline.connected and (
-                broker is None or self._peers[conn_id].broker == broker) and (
-                self.metrics is not None or self.spans is not None):
+        timeline = self._bulk_timeline(conn_id, broker)
+        if timeline is not None and timeline.connected:
             cmd_end = 8 + _SIZE_AT(data, 4)[0]
             found = COMMON_RECEIPT_COMMAND.fullmatch(data, 8, cmd_end) or RECEIPT_COMMAND.fullmatch(data, 8, cmd_end)
             if found is not None and data[11] == cmd_end - 12:
