@@ -599,9 +599,13 @@ def test_segments_rotate_between_the_records_of_a_row_where_whole_records_do(
 async def test_runs_trickling_in_go_to_the_writer_a_gathering_window_at_a_time(tmp_path: Path) -> None:
     """A client below saturation hands the recorder a run per read: they reach the writer process in one batch
     per gathering window (each batch costs the proxy's loop a few turns, which interrupt the relays), unless
-    the run ring fills up first: then the window ends early and nothing is refused for want of room."""
+    the run ring fills up first: then the window ends early (a batch per ring's worth, not per window).
+
+    With a ring of a few runs, a writer starved of CPU (niced, on a machine whose cores are busy) may not free
+    room within the 10 ms between runs: a run refused then is counted, never lost (as the queue's drops are)."""
     run = b"".join(f.raw for f in session(sends=3) if f.direction == "to_broker")
-    for queue_bytes, most_batches in ((64 << 20, 4), (4 * len(run), 25)):
+    per_run = count_frame_starts(run, 0)
+    for queue_bytes, batches_allowed in ((64 << 20, range(1, 5)), (4 * len(run), range(4, 26))):
         async with Recorder(RecordConfig(dir=tmp_path / str(queue_bytes), queue_bytes=queue_bytes)) as recorder:
             batches: list[int] = []
             write_batch = recorder._write_batch
@@ -612,9 +616,13 @@ async def test_runs_trickling_in_go_to_the_writer_a_gathering_window_at_a_time(t
 
             recorder._write_batch = counting  # type: ignore[method-assign,assignment]
             recorder.open_connection(1, ("127.0.0.1", 1), ("127.0.0.1", 2), None, BASE_NS)
+            taken = []
             for index in range(20):  # ~0.2 s of runs, 10 ms apart
-                assert recorder.record_run(1, "to_broker", BASE_NS + index, run, 0, index * len(run))
+                taken.append(recorder.record_run(1, "to_broker", BASE_NS + index, run, 0, index * len(run)))
                 await trio.sleep(0.01)
         frames = list(open_recordings(recorder.path).frames())
-        assert len(frames) == 20 * count_frame_starts(run, 0) and recorder.stats.frames_dropped == 0
-        assert 1 <= len(batches) <= most_batches, batches
+        refused = taken.count(False)
+        if queue_bytes == 64 << 20:
+            assert refused == 0  # (the ring holds every run: room is never wanting)
+        assert len(frames) == (20 - refused) * per_run and recorder.stats.frames_dropped == refused * per_run
+        assert len(batches) in batches_allowed, (batches, refused)
