@@ -27,6 +27,16 @@ from proxy.broker.embedded import BrokerClusterFactory, ThreadedCluster
 pytest_plugins = ["pytester"]
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """A pytest-xdist worker is done: write the lines its fixtures reported for the run's output (peers/conftest.py)."""
+    lines = getattr(node, "workeroutput", {}).get("pulsar_tap_report_lines", [])
+    reporter = node.config.pluginmanager.get_plugin("terminalreporter")
+    for line in lines:
+        if reporter is not None:
+            reporter.write_line(line)
+
+
 @pytest.fixture
 def broker_cluster() -> Iterator[BrokerClusterFactory]:
     started: list[ThreadedCluster] = []

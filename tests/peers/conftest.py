@@ -18,9 +18,19 @@ import pytest
 from peers_rig import Upstream, embedded_running, upstream_of
 from real_pulsar import Standalone, make_tls_files, start_standalone
 
+WORKER_LINES = "pulsar_tap_report_lines"  # the key tests/conftest.py reads; a list of lines
+
 
 def _report(config: pytest.Config, line: str) -> None:
-    """A line in the test run's own output (not captured): what the real broker costs, in every CI log."""
+    """A line in the test run's own output (not captured): what the real broker costs, in every CI log.
+
+    In a worker of pytest-xdist (``bash scripts/test.sh`` runs two) the line goes to the controller with the
+    worker's output and is written when the worker is done (tests/conftest.py ``pytest_testnodedown``).
+    """
+    output = getattr(config, "workeroutput", None)
+    if output is not None:
+        output.setdefault(WORKER_LINES, []).append(line.strip())
+        return
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     capture = config.pluginmanager.get_plugin("capturemanager")
     if reporter is None or capture is None:
