@@ -18,11 +18,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from recording_sessions import BASE_NS, record_sessions, session
 
+from proxy.core.hooks import Direction, Origin
 from proxy.core.run_cutter import RunCutter, count_frame_starts
 from proxy.errors import RecordingError
 from proxy.pb import recording_pb2 as rpb
 from proxy.recording.reader import Recording, open_recordings
-from proxy.recording.writer import RecordConfig, recording_dir_name
+from proxy.recording.writer import DIRECTIONS, ORIGINS, RecordConfig, frame_item, recording_dir_name, run_item
 from proxy.server.recorder import Recorder
 
 
@@ -626,3 +627,15 @@ async def test_runs_trickling_in_go_to_the_writer_a_gathering_window_at_a_time(t
             assert refused == 0  # (the ring holds every run: room is never wanting)
         assert len(frames) == (20 - refused) * per_run and recorder.stats.frames_dropped == refused * per_run
         assert len(batches) in batches_allowed, (batches, refused)
+
+
+@pytest.mark.parametrize("direction", [*Direction, "to_broker", "TO_CLIENT", "To_Broker"])
+@pytest.mark.parametrize("origin", [*Origin, "client", "BROKER", "Proxy"])
+def test_queue_items_carry_the_codes_of_directions_and_origins_given_as_members_or_names_in_any_case(
+        direction: str, origin: str) -> None:
+    """The relay passes enum members (looked up as they are, its fast way); a name in another case still
+    finds its code, and the code is the same either way."""
+    direction_code = DIRECTIONS[str(direction).lower()]
+    assert run_item(1, direction, 0, b"x", 0, 0).direction == direction_code
+    item = frame_item(1, direction, origin, 0, b"x", ())
+    assert (item.direction, item.origin) == (direction_code, ORIGINS[str(origin).lower()])
