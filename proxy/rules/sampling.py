@@ -124,12 +124,15 @@ class RuleSampler:
         if not self._settle(self._alone, 0):
             draw, gap = self.choose()
             return skip, draw, gap
-        random, log_miss = self.states[0].rng.random, self._per_frame
+        random, log, log_miss = self.states[0].rng.random, math.log, self._per_frame
         at, picks = skip, 0
-        while at < count:
-            gap = _gap(random(), log_miss)
+        while at < count:  # (each gap as _gap draws it; only the last can exceed NEVER: it ends the row)
+            gap = int(log(1.0 - random()) / log_miss)
             picks += 1
             at += gap + 1
+        if gap > NEVER:
+            at -= gap - NEVER
+            gap = NEVER
         self._gaps[0] = gap
         self._settle(self._alone, picks)
         return count, None, at - count
