@@ -43,7 +43,7 @@ import functools
 import itertools
 import random
 import secrets
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
@@ -198,10 +198,33 @@ class RulesEngine:
         return tuple(state.rule for state in self._states)
 
     def states(self) -> Iterator[RuleState]:
+        self.settle_deferred()
         return iter(self._states)
 
     def hits(self) -> dict[str, int]:
+        self.settle_deferred()
         return {state.rule.name: state.hits for state in self._states}
+
+    def settle_deferred(self, samplers: Iterable[RuleSampler | None] | None = None) -> None:
+        """Count the picks that samplers (all, or ``samplers``) settled without telling the engine.
+
+        Such a sampler's one rule has no ``times`` and its ``after`` is passed, so each pick is one
+        match and one hit whenever it is counted (see _settle); they are counted before the counters
+        are read (``states``, ``hits``) and before a sampler is dropped.
+        """
+        for sampler in self._samplers.values() if samplers is None else samplers:
+            if sampler is not None and sampler.unsettled:
+                state = sampler.states[0]
+                state.matches += sampler.unsettled
+                state.hits += sampler.unsettled
+                sampler.unsettled = 0
+
+    def _block_deferred(self, conn_id: int, blocked: bool) -> None:
+        """Tell a connection's deferring samplers whether its picks can be settled (not while it unloads)."""
+        for direction in (Direction.TO_BROKER, Direction.TO_CLIENT):
+            sampler = self._samplers.get((conn_id, direction))
+            if sampler is not None:
+                sampler.blocked = blocked
 
     def replace(self, ruleset: RuleSet) -> None:
         """Put ``ruleset`` in force at once; unchanged rules keep their counters and buckets."""
@@ -221,6 +244,7 @@ class RulesEngine:
         self.seed_from_file = self.seed_from_file or ruleset.seed is not None
         self._states = tuple(states)
         self.generation += 1
+        self.settle_deferred()
         self._samplers.clear()  # a new rule set draws anew
         self._compute_interest()
 
@@ -230,6 +254,7 @@ class RulesEngine:
             raise ValueError(f"a rule named {rule.name!r} already exists")
         self._states = (*self._states, RuleState(rule, self.seed))
         self.generation += 1
+        self.settle_deferred()
         self._samplers.clear()  # a new rule set draws anew
         self._compute_interest()
 
@@ -240,6 +265,7 @@ class RulesEngine:
             return False
         self._states = kept
         self.generation += 1
+        self.settle_deferred()
         self._samplers.clear()  # a new rule set draws anew
         self._compute_interest()
         return True
@@ -292,10 +318,16 @@ class RulesEngine:
         if sampled_states:
             sampler = self._samplers.get((conn_id, direction))
             if sampler is None or sampler.states != sampled_states or sampler.kinds != sampled_kinds:
+                self.settle_deferred((sampler,))
                 # rules that only take note of a hit can have it counted without the frame
                 settle = functools.partial(self._settle, conn_id) \
                     if all(state.rule.action.COMPOSES for state in sampled_states) else None
-                sampler = self._samplers[(conn_id, direction)] = RuleSampler(sampled_kinds, sampled_states, settle)
+                # (one such rule without times: its rows' picks are counted later, see settle_deferred)
+                defer = settle is not None and len(sampled_states) == 1 and sampled_states[0].rule.match.times is None
+                sampler = self._samplers[(conn_id, direction)] = RuleSampler(sampled_kinds, sampled_states, settle,
+                                                                             defer=defer)
+                unloads = self._connections.get(conn_id)
+                sampler.blocked = unloads is not None and unloads.active
         return ConnectionInterest(types, sampler, barrier)
 
     def _entity_facts(self, conn_id: int, session: SessionTracker | None) -> frozenset[EntityFacts] | None:
@@ -348,7 +380,7 @@ class RulesEngine:
         """Forget what was kept for one connection (its buckets with ``per: connection`` too)."""
         self._entities.pop(conn_id, None)
         for direction in (Direction.TO_BROKER, Direction.TO_CLIENT):
-            self._samplers.pop((conn_id, direction), None)
+            self.settle_deferred((self._samplers.pop((conn_id, direction), None),))
         unloads = self._connections.pop(conn_id, None)
         if unloads is not None and unloads.active and not self._unloading():
             self.generation += 1  # the last unload is over: the relay may look at fewer frames again
@@ -364,6 +396,7 @@ class RulesEngine:
         unloads = self._connections.get(conn_id)
         if unloads is not None:
             unloaded = unloads.on_frame(frame, direction)
+            self._block_deferred(conn_id, unloads.active)
             if unloaded is not None:
                 return unloaded
         index = self._to_broker if direction is Direction.TO_BROKER else self._to_client
@@ -484,6 +517,7 @@ class RulesEngine:
             return None  # already being unloaded
         was_unloading = self._unloading()
         unloads.begin(kind, entity_id, request_id, to_client, rule)
+        self._block_deferred(conn_id, True)
         if not was_unloading:
             self.generation += 1
             self._compute_interest()

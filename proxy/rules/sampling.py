@@ -69,7 +69,7 @@ class RuleSampler:
     """The draws of some probability rules over one connection's frames of ``kinds`` in one direction."""
 
     def __init__(self, kinds: frozenset[int], states: tuple[RuleState, ...],
-                 settle: Callable[[SampleDraw, int], bool] | None = None) -> None:
+                 settle: Callable[[SampleDraw, int], bool] | None = None, *, defer: bool = False) -> None:
         self.kinds = kinds
         self.states = states
         #: counts the hits of some picks with the same note without their frames, if it can (True; asked
@@ -84,6 +84,13 @@ class RuleSampler:
         self._per_frame = math.log1p(-probability) if settle is not None and 0.0 < probability < 1.0 else None
         #: per rule, frames to pass before its next hit
         self._gaps: list[int] = []
+        #: ``defer`` (the engine's, for one rule without ``times``): the picks of a row are counted here,
+        #: in ``unsettled``, and the engine adds them to the rule's counters before anyone reads them
+        #: (:meth:`~proxy.rules.engine.RulesEngine.settle_deferred`); it sets ``blocked`` while it
+        #: could not settle them (the connection unloads), instead of being asked at every row
+        self.defers = defer and self._per_frame is not None
+        self.unsettled = 0
+        self.blocked = False
 
     def _draw(self, state: RuleState) -> int:
         return geometric_gap(state.rng, state.rule.match.probability)
@@ -119,19 +126,26 @@ class RuleSampler:
         if self._per_frame is None:
             return self.settle_each(skip, count)
         # One rule whose picks can be settled: asked once whether they can be now (see _settle),
-        # its picks in the row are drawn here, in order, as choose() draws them, and counted at once.
+        # its picks in the row are drawn here, in order, as choose() draws them, and counted at once
+        # (or left for the engine to count, see ``defers``).
         assert self._settle is not None and self._alone is not None
-        if not self._settle(self._alone, 0):
+        if self.blocked if self.defers else not self._settle(self._alone, 0):
             draw, gap = self.choose()
             return skip, draw, gap
-        random, log_miss = self.states[0].rng.random, self._per_frame
+        random, log, log_miss = self.states[0].rng.random, math.log, self._per_frame
         at, picks = skip, 0
-        while at < count:
-            gap = _gap(random(), log_miss)
+        while at < count:  # (each gap as _gap draws it; only the last can exceed NEVER: it ends the row)
+            gap = int(log(1.0 - random()) / log_miss)
             picks += 1
             at += gap + 1
+        if gap > NEVER:
+            at -= gap - NEVER
+            gap = NEVER
         self._gaps[0] = gap
-        self._settle(self._alone, picks)
+        if self.defers:
+            self.unsettled += picks
+        else:
+            self._settle(self._alone, picks)
         return count, None, at - count
 
     def settle_each(self, skip: int, count: int) -> tuple[int, SampleDraw | None, int]:

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_proxy_pipeline import connected, pipeline, rules_hook, sent
 
 from proxy.core.hooks import FrameEvent
@@ -477,3 +479,56 @@ def test_a_client_reconnecting_has_its_new_producers_receipts_judged_afresh() ->
         hook.connection_closed(conn_id)  # as the relay does when the connection ends
     assert forwarded == [0, 1000, 0]
     assert hook.engine.hits() == {"receipts": 2000}
+
+
+SETTLED_AND_OTHERS = """\
+seed: {seed}
+rules:
+  - name: elsewhere
+    match: {{command: [SEND], topic: '{watched}'}}
+    action: drop
+  - name: sampled
+    match: {{command: [SEND], probability: {probability:.3e}{times}}}
+    action: {{mark: {{label: sampled}}}}
+"""
+
+
+@settings(max_examples=50, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), probability=st.sampled_from([1e-300, 0.003, 0.02, 0.2, 0.7]),
+       times=st.none() | st.integers(1, 40),
+       groups=st.lists(st.tuples(st.integers(0, 60), st.integers(1, 300)), min_size=1, max_size=6),
+       cuts=st.lists(st.integers(1, 6000), min_size=1, max_size=25))
+def test_picks_settled_in_rows_draw_count_and_forward_as_the_frame_by_frame_path(
+        seed: int, probability: float, times: int | None, groups: list[tuple[int, int]], cuts: list[int]) -> None:
+    """Unobserved, a drawn ``mark`` rule's picks are settled in rows of one size (``settle_row``), read
+    off one loop of draws; observed, every pick is handed out and evaluated alone (``choose``).  Over
+    random rules, rows of random sizes and reads cut anywhere (mid-frame too), both forward the same
+    bytes, count the same hits and leave the rule's generator at the same draw.  (Not the same matches:
+    observed, the frames the sampler passes over are evaluated too, and counted as matches.)"""
+    text = SETTLED_AND_OTHERS.format(seed=seed, watched=WATCHED, probability=probability,
+                                     times=f", times: {times}" if times is not None else "")
+    frames = [encode_payload_command(api.CommandSend(producer_id=1, sequence_id=index),
+                                     api.MessageMetadata(producer_name="p", sequence_id=index, publish_time=1),
+                                     b"x" * size)
+              for index, (size, count) in enumerate(groups) for _ in range(count)]
+    data = b"".join(frames)
+    ends = sorted({min(cut * (index + 1), len(data)) for index, cut in enumerate(cuts)} | {len(data)})
+    outcomes = []
+    for observed in (False, True):
+        hook = CountingHook(text)
+        events: list[FrameEvent] = []
+        p = pipeline(hook=hook, events=events if observed else None)
+        connected(p)
+        p.receive(TO_BROKER, producer(1, OTHER), 0)
+        out = b"".join(sent(p.receive(TO_BROKER, data[start:end], 0), TO_BROKER)
+                       for start, end in zip([0, *ends], ends, strict=False) if end > start)
+        states = {state.rule.name: state for state in hook.engine.states()}
+        sampled = states["sampled"]
+        if observed:  # (every pick evaluated: its frame event names the rule)
+            assert sum("sampled" in event.fired for event in events
+                       if isinstance(event, FrameEvent) and event.direction is TO_BROKER) == sampled.hits
+        else:
+            assert hook.shown == 0
+        outcomes.append((out, sampled.hits, sampled.rng.getstate(), states["elsewhere"].matches))
+    assert outcomes[0][0] == outcomes[1][0] == data
+    assert outcomes[0][1:] == outcomes[1][1:]

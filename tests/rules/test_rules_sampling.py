@@ -47,6 +47,7 @@ def test_a_row_settled_at_once_draws_and_counts_as_its_picks_settled_one_by_one(
     for count, refuse in rows:
         for sampler, settle in counts.items():  # refusing, as the engine does while the connection unloads
             sampler._settle = (lambda draw, picks: False) if refuse else settle
+            sampler.blocked = refuse  # (how a sampler that defers its counts is told)
         if skip_fast >= count:  # (the scanner asks only about rows that hold a pick)
             skip_fast = skip_slow = skip_fast - count
             continue
