@@ -532,3 +532,31 @@ def test_picks_settled_in_rows_draw_count_and_forward_as_the_frame_by_frame_path
         outcomes.append((out, sampled.hits, sampled.rng.getstate(), states["elsewhere"].matches))
     assert outcomes[0][0] == outcomes[1][0] == data
     assert outcomes[0][1:] == outcomes[1][1:]
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), probability=st.sampled_from([0.003, 0.02, 0.3]),
+       counts=st.lists(st.integers(1, 1500), min_size=1, max_size=4))
+def test_picks_counted_later_are_counted_when_their_connection_closes_first(
+        seed: int, probability: float, counts: list[int]) -> None:
+    """One engine, connections in turn, each closed after its SENDs: a ``mark`` rule's picks that its
+    rows left uncounted (nobody observes) are counted all the same, as when every pick is evaluated."""
+    text = f"seed: {seed}\nrules:\n  - name: sampled\n" \
+           f"    match: {{command: [SEND], probability: {probability}}}\n    action: mark\n"
+    outcomes = []
+    for observed in (False, True):
+        hook = CountingHook(text)
+        for conn_id, count in enumerate(counts, start=1):
+            events: list[FrameEvent] = []
+            p = pipeline(hook=hook, events=events if observed else None)
+            p.info = replace(p.info, conn_id=conn_id)
+            connected(p)
+            p.receive(TO_BROKER, producer(1, OTHER), 0)
+            data = sends(1, 0, count)
+            assert sent(p.receive(TO_BROKER, data, 0), TO_BROKER) == data
+            hook.connection_closed(conn_id)  # as the relay does when the connection ends
+        if not observed:
+            assert hook.shown == 0
+        state = next(iter(hook.engine.states()))
+        outcomes.append((state.hits, state.rng.getstate()))
+    assert outcomes[0] == outcomes[1]
