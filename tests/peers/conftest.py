@@ -1,4 +1,5 @@
-"""Fixtures of the real-peer tests: the real Apache Pulsar broker and the embedded broker, once per session.
+"""Fixtures of the real-peer tests: the real Apache Pulsar broker and the embedded broker, once per session
+(once per pytest-xdist worker: ``bash scripts/test.sh`` runs two).
 
 ``real_pulsar`` starts ``PulsarStandaloneStarter`` (tests/peers/real_pulsar.py) once per
 test session, with a plaintext port and a TLS port whose certificate (for 127.0.0.1,
