@@ -243,20 +243,14 @@ class RulesEngine:
         self.seed = seed
         self.seed_from_file = self.seed_from_file or ruleset.seed is not None
         self._states = tuple(states)
-        self.generation += 1
-        self.settle_deferred()
-        self._samplers.clear()  # a new rule set draws anew
-        self._compute_interest()
+        self._rules_changed()
 
     def add(self, rule: Rule) -> None:
         """Append one rule; raises ValueError when its name is taken."""
         if any(state.rule.name == rule.name for state in self._states):
             raise ValueError(f"a rule named {rule.name!r} already exists")
         self._states = (*self._states, RuleState(rule, self.seed))
-        self.generation += 1
-        self.settle_deferred()
-        self._samplers.clear()  # a new rule set draws anew
-        self._compute_interest()
+        self._rules_changed()
 
     def remove(self, name: str) -> bool:
         """Remove the rule called ``name``; False when there is none."""
@@ -264,11 +258,15 @@ class RulesEngine:
         if len(kept) == len(self._states):
             return False
         self._states = kept
+        self._rules_changed()
+        return True
+
+    def _rules_changed(self) -> None:
+        """A new rule set is in force: samplers draw anew (their deferred picks counted first), interest anew."""
         self.generation += 1
         self.settle_deferred()
-        self._samplers.clear()  # a new rule set draws anew
+        self._samplers.clear()
         self._compute_interest()
-        return True
 
     def ruleset(self) -> RuleSet:
         return RuleSet(self.rules, self.seed)
