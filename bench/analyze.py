@@ -55,7 +55,7 @@ from typing import Any
 # run from any checkout: import its own package, not the one the virtualenv's editable install points at
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from proxy.analytics import compiled
+from proxy import compiled
 from proxy.analytics.pipeline import run_pipeline
 from proxy.analytics.reference import reference_tables
 from proxy.analytics.spark import spark_session
@@ -197,7 +197,8 @@ def _decoder() -> str:
     """What the decoder's modules run as here: compiled (mypyc, built by scripts/setup.sh), or their source."""
     import proxy.analytics.decode  # noqa: F401  (the modules of proxy.analytics.COMPILED_MODULES)
 
-    return "; ".join(f"{name.rsplit('.', 1)[1]} {state}" for name, state in sorted(compiled.STATES.items()))
+    return "; ".join(f"{name.rsplit('.', 1)[1]} {state}" for name, state in sorted(compiled.STATES.items())
+                     if name.startswith("proxy.analytics."))
 
 
 def _worker_decoders(spark: Any) -> set[str]:

@@ -92,7 +92,7 @@ build_part go-client "$peers/go-client/go.mod" "$peers/go-client/go.sum" "$peers
 # A few pure, typed modules are compiled with mypyc (part of the pinned mypy; gcc and the Python
 # headers are needed) into C extensions next to their sources, git-ignored.  Each package's
 # mypyc.stamp lists the sha256 of the sources its extensions were built from: Python runs the
-# source instead of a stale build (proxy/analytics/compiled.py), and this step rebuilds only when a
+# source instead of a stale build (proxy/compiled.py), and this step rebuilds only when a
 # source, or the installed packages, changed.
 # mypyc_build DIR MODULE.py...: compile DIR's MODULEs (one extension each, beside its source)
 mypyc_build() {
@@ -115,3 +115,4 @@ mypyc_build() {
 }
 
 mypyc_build proxy/analytics decode.py
+mypyc_build proxy/core scanner.py

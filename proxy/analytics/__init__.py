@@ -10,8 +10,8 @@ sequential decoder the tests hold the pipeline to."""
 
 from pathlib import Path as _Path
 
-from proxy.analytics import compiled as _compiled
+from proxy import compiled as _compiled
 
-#: Modules scripts/setup.sh compiles with mypyc (proxy.analytics.compiled); the decoder's hot loops are here.
+#: Modules scripts/setup.sh compiles with mypyc (proxy.compiled); the decoder's hot loops are here.
 COMPILED_MODULES = ("decode",)
 _compiled.guard(__name__, _Path(__file__).parent, COMPILED_MODULES)

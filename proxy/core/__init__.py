@@ -14,3 +14,11 @@
 None of it imports Trio; :mod:`proxy.server` is the Trio layer that moves the bytes.
 Rules, recording and telemetry depend on this package, never on :mod:`proxy.server`.
 """
+
+from pathlib import Path as _Path
+
+from proxy import compiled as _compiled
+
+#: Modules scripts/setup.sh compiles with mypyc (proxy.compiled): the header scanner runs on every relayed read.
+COMPILED_MODULES = ("scanner",)
+_compiled.guard(__name__, _Path(__file__).parent, COMPILED_MODULES)

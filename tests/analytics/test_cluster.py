@@ -138,11 +138,13 @@ def test_the_spark_submit_example_runs_on_the_cluster(cluster: str, recording: t
 @pytest.mark.slow
 def test_the_cluster_executors_run_the_compiled_decoder(cluster: str) -> None:
     """The workers' Python (the same venv) imports the decoder scripts/setup.sh compiled, not its source."""
-    script = ("import proxy.analytics.compiled as compiled\n"
+    script = ("import proxy.compiled as compiled\n"
               "from proxy.analytics.spark import spark_session\n"
               "def states(_):\n"
               "    import proxy.analytics.decode\n"
-              "    yield (tuple(sorted(compiled.STATES.items())), compiled.is_compiled(proxy.analytics.decode))\n"
+              "    yield (tuple(sorted((name, state) for name, state in compiled.STATES.items()\n"
+              "                        if name.startswith('proxy.analytics.'))),\n"
+              "           compiled.is_compiled(proxy.analytics.decode))\n"
               f"with spark_session({cluster!r}) as spark:\n"
               "    print(set(spark.sparkContext.parallelize(range(4), 4).mapPartitions(states).collect()))\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=ENV, timeout=600,

@@ -1,68 +1,16 @@
-"""The decoder runs compiled (mypyc) where scripts/setup.sh installed it, and compiled reads as protobuf reads.
-
-A broken build must not fall back to the (slower) source silently: the installed tree
-is held to its compiled module here.  The source runs instead of a build older than
-itself, and without any build; the wire reader the compiled decoder uses for common
-SingleMessageMetadata gives what protobuf gives, or leaves the message to protobuf.
-"""
+"""The compiled decoder reads as protobuf reads: the wire reader it uses for common SingleMessageMetadata
+gives what protobuf gives, or leaves the message to protobuf (that it runs compiled: tests/test_compiled.py)."""
 
 from __future__ import annotations
 
-import importlib
-import importlib.machinery
-import sys
-from pathlib import Path
 from typing import Any
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-import proxy.analytics
-from proxy.analytics import compiled, decode
+from proxy.analytics import decode
 from proxy.errors import BatchError
 from proxy.pb import PulsarApi_pb2 as api
-
-
-def test_the_installed_tree_runs_every_listed_module_compiled() -> None:
-    """scripts/setup.sh built each module and it is current; were it not, this names what to run."""
-    for name in proxy.analytics.COMPILED_MODULES:
-        module = importlib.import_module(f"proxy.analytics.{name}")
-        assert compiled.STATES[module.__name__] == compiled.COMPILED, compiled.STATES
-        assert compiled.is_compiled(module), module.__file__
-    assert decode._READ_WIRE
-
-
-def _package(tmp_path: Path, name: str, *, extension: bool, stamp: str | None) -> Path:
-    directory = tmp_path / name
-    directory.mkdir()
-    (directory / "__init__.py").write_text(
-        "from pathlib import Path\nfrom proxy.analytics import compiled\n"
-        "compiled.guard(__name__, Path(__file__).parent, ['kernel'])\n")
-    (directory / "kernel.py").write_text("WHERE = 'source'\n")
-    if extension:  # not loadable: importing it instead of the source would fail the test
-        (directory / f"kernel{importlib.machinery.EXTENSION_SUFFIXES[0]}").write_bytes(b"not an extension")
-    if stamp is not None:
-        (directory / compiled.STAMP_NAME).write_text(stamp)
-    return directory
-
-
-def test_a_build_older_than_its_source_is_passed_over_and_a_missing_build_is_no_error(tmp_path: Path) -> None:
-    sys.path.insert(0, str(tmp_path))
-    try:
-        _package(tmp_path, "stale_build", extension=True, stamp="0" * 64 + "  kernel.py\n")
-        _package(tmp_path, "no_build", extension=False, stamp=None)
-        _package(tmp_path, "unstamped_build", extension=True, stamp=None)
-        for package, state in (("stale_build", compiled.STALE), ("no_build", compiled.NOT_BUILT),
-                               ("unstamped_build", compiled.STALE)):
-            kernel = importlib.import_module(f"{package}.kernel")
-            assert kernel.WHERE == "source"
-            assert compiled.STATES[f"{package}.kernel"] == state
-            assert not compiled.is_compiled(kernel)
-    finally:
-        sys.path.remove(str(tmp_path))
-        for package in ("stale_build", "no_build", "unstamped_build"):
-            sys.modules.pop(f"{package}.kernel", None)
-            sys.modules.pop(package, None)
 
 
 def _protobuf_values(meta: bytes) -> tuple[Any, ...] | str:

@@ -1,0 +1,65 @@
+"""Modules run compiled (mypyc) where scripts/setup.sh installed them, and their source otherwise.
+
+A broken build must not fall back to the (slower) source silently: the installed tree
+is held to its compiled modules here (the analytics decoder, the relay's header scanner).
+The source runs instead of a build older than itself, and without any build.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+import proxy.analytics
+import proxy.core
+from proxy import compiled
+from proxy.analytics import decode
+
+
+@pytest.mark.parametrize("package", [proxy.analytics, proxy.core], ids=lambda package: package.__name__)
+def test_the_installed_tree_runs_every_listed_module_compiled(package: ModuleType) -> None:
+    """scripts/setup.sh built each module and it is current; were it not, this names what to run."""
+    assert package.COMPILED_MODULES
+    for name in package.COMPILED_MODULES:
+        module = importlib.import_module(f"{package.__name__}.{name}")
+        assert compiled.STATES[module.__name__] == compiled.COMPILED, compiled.STATES
+        assert compiled.is_compiled(module), module.__file__
+    assert decode._READ_WIRE
+
+
+def _package(tmp_path: Path, name: str, *, extension: bool, stamp: str | None) -> Path:
+    directory = tmp_path / name
+    directory.mkdir()
+    (directory / "__init__.py").write_text(
+        "from pathlib import Path\nfrom proxy import compiled\n"
+        "compiled.guard(__name__, Path(__file__).parent, ['kernel'])\n")
+    (directory / "kernel.py").write_text("WHERE = 'source'\n")
+    if extension:  # not loadable: importing it instead of the source would fail the test
+        (directory / f"kernel{importlib.machinery.EXTENSION_SUFFIXES[0]}").write_bytes(b"not an extension")
+    if stamp is not None:
+        (directory / compiled.STAMP_NAME).write_text(stamp)
+    return directory
+
+
+def test_a_build_older_than_its_source_is_passed_over_and_a_missing_build_is_no_error(tmp_path: Path) -> None:
+    sys.path.insert(0, str(tmp_path))
+    try:
+        _package(tmp_path, "stale_build", extension=True, stamp="0" * 64 + "  kernel.py\n")
+        _package(tmp_path, "no_build", extension=False, stamp=None)
+        _package(tmp_path, "unstamped_build", extension=True, stamp=None)
+        for package, state in (("stale_build", compiled.STALE), ("no_build", compiled.NOT_BUILT),
+                               ("unstamped_build", compiled.STALE)):
+            kernel = importlib.import_module(f"{package}.kernel")
+            assert kernel.WHERE == "source"
+            assert compiled.STATES[f"{package}.kernel"] == state
+            assert not compiled.is_compiled(kernel)
+    finally:
+        sys.path.remove(str(tmp_path))
+        for package in ("stale_build", "no_build", "unstamped_build"):
+            sys.modules.pop(f"{package}.kernel", None)
+            sys.modules.pop(package, None)
