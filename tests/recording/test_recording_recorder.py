@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -208,10 +209,18 @@ def test_a_recorder_killed_mid_write_leaves_a_recording_readable_to_its_last_who
     assert recordings.connections[1].frames == len(frames)
     on_disk = sum(p.stat().st_size for p in recording.path.glob("segment-*.ptap"))
     assert recording.truncated_bytes < on_disk
-    # and `show` reads it to the last whole frame too
+    # and `show` reads it to the last whole frame too; a record the kill cut off is its --json problems line
     shown = subprocess.run([sys.executable, "-m", "proxy", "show", str(tmp_path), "--json"],
                            capture_output=True, text=True, timeout=120, check=True)
-    assert len(shown.stdout.splitlines()) == len(frames)
+    lines = [json.loads(line) for line in shown.stdout.splitlines()]
+    problems = [line for line in lines if "problems" in line]
+    assert len(lines) - len(problems) == len(frames)
+    if recording.truncated_bytes:
+        assert problems == [lines[-1]]
+        assert problems[0]["frames"] == len(frames) and problems[0]["torn_bytes"] == recording.truncated_bytes
+        assert problems[0]["damaged_records"] == 0
+    else:
+        assert not problems
 
 
 def _writer_processes_of(parent: int) -> list[int]:
