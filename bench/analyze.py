@@ -197,8 +197,8 @@ def _decoder() -> str:
     """What the decoder's modules run as here: compiled (mypyc, built by scripts/setup.sh), or their source."""
     import proxy.analytics.decode  # noqa: F401  (the modules of proxy.analytics.COMPILED_MODULES)
 
-    return "; ".join(f"{name.rsplit('.', 1)[1]} {state}" for name, state in sorted(compiled.STATES.items())
-                     if name.startswith("proxy.analytics."))
+    return "; ".join(f"{name.rsplit('.', 1)[1]} {state}"
+                     for name, state in sorted(compiled.states_of("proxy.analytics").items()))
 
 
 def _worker_decoders(spark: Any) -> set[str]:

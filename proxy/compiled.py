@@ -81,9 +81,14 @@ def guard(package: str, directory: Path, modules: Sequence[str]) -> None:
         sys.meta_path.insert(0, _FINDER)
 
 
+def states_of(package: str) -> dict[str, str]:
+    """:data:`STATES` of the modules ``package`` guards (other packages' are in it too)."""
+    return {name: state for name, state in STATES.items() if name.startswith(f"{package}.")}
+
+
 def is_compiled(module: ModuleType) -> bool:
     """Whether ``module`` was loaded from a compiled extension (not from its source)."""
     return isinstance(getattr(module, "__loader__", None), importlib.machinery.ExtensionFileLoader)
 
 
-__all__ = ["COMPILED", "NOT_BUILT", "STALE", "STAMP_NAME", "STATES", "guard", "is_compiled"]
+__all__ = ["COMPILED", "NOT_BUILT", "STALE", "STAMP_NAME", "STATES", "guard", "is_compiled", "states_of"]

@@ -25,6 +25,9 @@ from proxy.analytics import decode
 def test_the_installed_tree_runs_every_listed_module_compiled(package: ModuleType) -> None:
     """scripts/setup.sh built each module and it is current; were it not, this names what to run."""
     assert package.COMPILED_MODULES
+    # (both packages are imported by now: each package's states are its own modules' only)
+    assert compiled.states_of(package.__name__) == {f"{package.__name__}.{name}": compiled.COMPILED
+                                                     for name in package.COMPILED_MODULES}
     for name in package.COMPILED_MODULES:
         module = importlib.import_module(f"{package.__name__}.{name}")
         assert compiled.STATES[module.__name__] == compiled.COMPILED, compiled.STATES

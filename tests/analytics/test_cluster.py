@@ -142,8 +142,7 @@ def test_the_cluster_executors_run_the_compiled_decoder(cluster: str) -> None:
               "from proxy.analytics.spark import spark_session\n"
               "def states(_):\n"
               "    import proxy.analytics.decode\n"
-              "    yield (tuple(sorted((name, state) for name, state in compiled.STATES.items()\n"
-              "                        if name.startswith('proxy.analytics.'))),\n"
+              "    yield (tuple(sorted(compiled.states_of('proxy.analytics').items())),\n"
               "           compiled.is_compiled(proxy.analytics.decode))\n"
               f"with spark_session({cluster!r}) as spark:\n"
               "    print(set(spark.sparkContext.parallelize(range(4), 4).mapPartitions(states).collect()))\n")

@@ -401,13 +401,16 @@ def long_row(count: int) -> list[bytes]:
 
 
 class CountingBatch(CommandBatch):
-    """The scanner's command batch, remembering how many bytes of fields each parse took."""
+    """The scanner's command batch, remembering how many bytes of fields each parse took, and how often the
+    scan ran (it ends in ``verify``; the small-read lane never calls it)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.parsed: list[int] = []
+        self.scans = 0
 
     def verify(self) -> None:
+        self.scans += 1
         if self.pending:
             self.parsed.append(sum(len(fields) for fields in self.pending))
         super().verify()
@@ -493,22 +496,10 @@ def test_a_read_of_one_whole_frame_gets_the_scans_verdict_through_the_small_read
     assert _frame_per_read(with_lane, fed) == _frame_per_read(scan_only, fed, lane=False)
 
 
-class _ScanWatch(CommandBatch):
-    """The scanner's command batch, noting whether the scan ran: it ends in ``verify``, the lane never calls it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.scans = 0
-
-    def verify(self) -> None:
-        self.scans += 1
-        super().verify()
-
-
 def _lane_takes(read: bytes) -> bool:
     """Whether a fresh scanner's feed hands ``read`` out through its small-read lane (the scan is not asked)."""
     scanner = FrameScanner(1 << 20, frozenset({T.PING}))
-    watch = scanner._checks = _ScanWatch()
+    watch = scanner._checks = CountingBatch()
     try:
         out = scanner.feed(read)
     except ProtocolError:
