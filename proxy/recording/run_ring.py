@@ -183,7 +183,7 @@ class RunRing:
         return start
 
     def populated(self, stop: int) -> None:
-        """The pages up to ``stop`` were populated (or the system could not: they will fault as they are written)."""
+        """A worker thread populated the pages up to ``stop`` (:meth:`populate_ahead`)."""
         if stop > self._written_to:
             self._written_to = stop
         self._set_ready_to(max(stop, self.ready_to))  # (the copies may have gone past it meanwhile)
