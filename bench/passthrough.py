@@ -57,7 +57,11 @@ through every arm in turn (their order rotated each round), a phase lasting ``--
 of the per-round ratios to plain and their min, and pulsar-tap's CPU per frame (every thread
 and the recording's writer process, from the scheduler's nanoseconds; a telemetry arm's
 phase ends once its observer queue delivered the phase's frames) and plain's CPU per frame
-over the arm's: on a busy machine the steadier figure.  The recording arm also prints the
+over the arm's: on a busy machine the steadier figure, and the minor page faults of its main
+thread (the relays) per thousand frames.  With ``--baseline DIR`` every chosen arm (plain
+included) runs a second time, as "ARM @base", with that checkout's pulsar-tap, in the same
+rounds; its ratios are to the baseline's plain, and a section prints each arm over the
+baseline's same arm, round by round, and their CPU per frame.  The recording arm also prints the
 frames the recorder wrote and dropped, and what is left of the frames that passed the proxy
 (as its two ends counted them: the SENDs the sink received, the receipts the load client
 received — it waits for all of them before it closes — and CONNECT, CONNECTED and the
@@ -66,6 +70,8 @@ what share of the SENDs and receipts telemetry saw (coverage), the events it dro
 how long the /metrics scrape took.
 
     .venv/bin/python bench/passthrough.py --observers --no-pulsar-proxy
+    .venv/bin/python bench/passthrough.py --observers --no-pulsar-proxy --arms recording --duration 9 \\
+        --baseline /tmp/main          # 3 s phases; each arm again with the other checkout's pulsar-tap
     .venv/bin/python bench/passthrough.py --observers --arms '100 rules,10 rules' --observer-rounds 9
     .venv/bin/python bench/passthrough.py --observers --arms recording --profile-arm recording \\
         --py-spy /tmp/recording.txt      # py-spy's stacks of that arm's pulsar-tap over the whole run
@@ -605,14 +611,19 @@ def rules_file(path: Path, count: int, matching: bool) -> Path:
     return path
 
 
-def observer_arms(workdir: Path, otlp_port: int) -> list[tuple[str, str]]:
-    """(name, proxy.yaml) of each arm, plain first; the recording arm records into its own directory."""
+#: the suffix of an observer arm run by the ``--baseline`` checkout's pulsar-tap
+BASELINE_ARM = " @base"
+
+
+def observer_arms(workdir: Path, otlp_port: int, suffix: str = "") -> list[tuple[str, str]]:
+    """(name, proxy.yaml) of each arm, plain first, each name ending with ``suffix`` (the baseline's arms); the
+    recording arm records into its own directory."""
     otlp = f"{{exporter: otlp, endpoint: 'http://127.0.0.1:{otlp_port}', protocol: http"
-    return [
+    arms = [
         ("plain", ""),
         # (a second plain pulsar-tap: its ratio to plain is what the machine's noise alone gives)
         ("plain again", ""),
-        ("recording", f"record: {{dir: '{arm_directory(workdir, 'recording') / 'recordings'}'}}\n"),
+        ("recording", f"record: {{dir: '{arm_directory(workdir, 'recording' + suffix) / 'recordings'}'}}\n"),
         ("metrics", "admin: {listen: '127.0.0.1:0'}\n"),
         # (admin only to read /metrics at the end: with an OTLP exporter metrics are on anyway)
         ("traces 1%", f"tracing: {otlp}, sample: 0.01}}\nadmin: {{listen: '127.0.0.1:0'}}\n"),
@@ -620,6 +631,17 @@ def observer_arms(workdir: Path, otlp_port: int) -> list[tuple[str, str]]:
         ("100 rules, none match", f"rules: '{rules_file(workdir / 'rules-100.yaml', 100, False)}'\n"),
         ("10 rules, 1 at 1%", f"rules: '{rules_file(workdir / 'rules-10.yaml', 10, True)}'\n"),
     ]
+    return [(name + suffix, text) for name, text in arms]
+
+
+def plain_of(name: str) -> str:
+    """The plain arm an arm is compared with: the baseline's for the baseline's arms."""
+    return "plain" + BASELINE_ARM if name.endswith(BASELINE_ARM) else "plain"
+
+
+def arm_kind(name: str) -> str:
+    """The arm's name without the baseline's suffix (what it runs)."""
+    return name.removesuffix(BASELINE_ARM)
 
 
 def arm_directory(workdir: Path, name: str) -> Path:
@@ -691,6 +713,13 @@ def _ticks(stat: Path) -> int:
     return int(fields[11]) + int(fields[12])
 
 
+def relay_faults(proxy: int) -> int:
+    """Minor page faults so far of pulsar-tap's main thread (the relays: a first write to a page costs one)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return int(Path(f"/proc/{proxy}/task/{proxy}/stat").read_text().rsplit(")", 1)[1].split()[7])
+    return 0
+
+
 def cpu_by_part(proxy: int, others: dict[str, int]) -> dict[str, float]:
     """CPU seconds so far of pulsar-tap's main thread (the relays and the hub), its other threads
     (OpenTelemetry's exporters, worker threads), its child processes (the recording's writer), and of
@@ -757,8 +786,11 @@ def measure_observers(target: int, reports: Any, workdir: Path, otlp_port: int,
     backlog is not worked off in the next arm's phase; its CPU per frame includes that.
     """
     chosen = set(args.arms.split(",")) if args.arms else None
-    arms = [(name, text) for name, text in observer_arms(workdir, otlp_port)
-            if chosen is None or name == "plain" or any(name.startswith(prefix) for prefix in chosen)]
+    every = observer_arms(workdir, otlp_port)
+    if args.baseline is not None:  # (the same arms again, the baseline's pulsar-tap in each)
+        every += observer_arms(workdir, otlp_port, BASELINE_ARM)
+    arms = [(name, text) for name, text in every if chosen is None or arm_kind(name) == "plain"
+            or any(arm_kind(name).startswith(prefix) for prefix in chosen)]
     run = ObserverRun(args.duration / args.observer_rounds, {name: {} for name, _ in arms},
                       {name: {} for name, _ in arms})
     passed: dict[str, list[int]] = {name: [] for name, _ in arms}
@@ -769,7 +801,8 @@ def measure_observers(target: int, reports: Any, workdir: Path, otlp_port: int,
             directory.mkdir()
             (directory / "proxy.yaml").write_text(yaml_text, encoding="utf-8")
             started[name] = running.enter_context(pulsar_tap(
-                target, directory, args.profile if args.profile_arm == name else None, config=directory / "proxy.yaml"))
+                target, directory, args.profile if args.profile_arm == name else None,
+                args.baseline if name.endswith(BASELINE_ARM) else None, config=directory / "proxy.yaml"))
         if args.py_spy and args.profile_arm in started:
             running.enter_context(py_spy(started[args.profile_arm][1], args.py_spy))
         print("observer arms started: " + ", ".join(started), flush=True)
@@ -782,8 +815,8 @@ def measure_observers(target: int, reports: Any, workdir: Path, otlp_port: int,
                     passed[name].append(PASSED_FRAMES[-1])
             print(f"observer round {round_index + 1} of {args.observer_rounds} done "
                   f"(load average {os.getloadavg()[0]:.2f})", flush=True)
-        for name in TELEMETRY_ARMS:
-            if name in started:
+        for name in started:
+            if arm_kind(name) in TELEMETRY_ARMS:
                 notes, ready = run.notes[name], arm_directory(workdir, name) / "ready.json"
                 began = time.perf_counter()
                 text = _scrape_metrics(ready)
@@ -792,14 +825,15 @@ def measure_observers(target: int, reports: Any, workdir: Path, otlp_port: int,
                     raise RuntimeError("/metrics has no request latency histogram")
                 notes["observed"] = _telemetry_seen(text)
                 notes["events dropped"] = _metric_sum(text, "pulsar_tap_dropped_events_total", 'source="observers"')
-    if "recording" in started:  # (the recordings' indexes are complete once their proxy stopped)
-        notes = run.notes["recording"]
-        notes["recorded"], notes["dropped"], per_connection = _recorded(
-            arm_directory(workdir, "recording") / "recordings")
-        notes["passed"] = sum(passed["recording"])
+    for name in started:  # (the recordings' indexes are complete once their proxy stopped)
+        if arm_kind(name) != "recording":
+            continue
+        notes = run.notes[name]
+        notes["recorded"], notes["dropped"], per_connection = _recorded(arm_directory(workdir, name) / "recordings")
+        notes["passed"] = sum(passed[name])
         by_phase = ", ".join(f"{frames - accounted:,}" for frames, accounted in
-                             zip(passed["recording"], per_connection, strict=False))
-        print(f"recording: {_accounting(notes)}; not accounted for by phase: {by_phase}", flush=True)
+                             zip(passed[name], per_connection, strict=False))
+        print(f"{name}: {_accounting(notes)}; not accounted for by phase: {by_phase}", flush=True)
     return run
 
 
@@ -807,20 +841,21 @@ def _observer_phase(run: ObserverRun, name: str, port: int, pid: int, label: str
                     workdir: Path) -> None:
     """One phase of one arm: frames of ``size`` through its pulsar-tap (port, pid) for ``run.phase`` seconds."""
     row, notes = run.samples[name], run.notes[name]
-    proxy_before = proxy_cpu_seconds(pid)
+    proxy_before, faults_before = proxy_cpu_seconds(pid), relay_faults(pid)
     parts_before, wall_before = cpu_by_part(pid, BENCH_PROCESSES), time.perf_counter()
     row.setdefault(f"frames/s {label}", []).append(throughput(port, reports, size, run.phase, receipts=True)[1])
     wall = time.perf_counter() - wall_before
     for part, seconds in cpu_by_part(pid, BENCH_PROCESSES).items():
         row.setdefault(f"cpu {part} {label}", []).append((seconds - parts_before.get(part, 0.0)) / wall)
     notes["sent"] = notes.get("sent", 0.0) + 2 * SENT_FRAMES[-1]
-    if name in TELEMETRY_ARMS:  # what telemetry saw of this phase's frames, once its queue drained
+    if arm_kind(name) in TELEMETRY_ARMS:  # what telemetry saw of this phase's frames, once its queue drained
         seen = _telemetry_settled(arm_directory(workdir, name) / "ready.json", notes["sent"])
         notes[f"seen {label}"] = notes.get(f"seen {label}", 0.0) + seen - notes.get("seen", 0.0)
         notes[f"sent {label}"] = notes.get(f"sent {label}", 0.0) + 2 * SENT_FRAMES[-1]
         notes["seen"] = seen
     row.setdefault(f"CPU s {label}", []).append(proxy_cpu_seconds(pid) - proxy_before)
     row.setdefault(f"frames {label}", []).append(SENT_FRAMES[-1])
+    row.setdefault(f"faults {label}", []).append(relay_faults(pid) - faults_before)
 
 
 def _accounting(row: dict[str, float]) -> str:
@@ -840,23 +875,25 @@ def cpu_per_frame(row: dict[str, list[float]], label: str) -> float:
 
 
 def print_observers(run: ObserverRun) -> None:
-    samples, plain = run.samples, run.samples["plain"]
-    rounds = len(plain[f"frames/s {OBSERVER_SIZES[0][0]}"])
+    samples = run.samples
+    rounds = len(samples["plain"][f"frames/s {OBSERVER_SIZES[0][0]}"])
     print(f"observer arms: SEND frames in 1 MiB writes, each answered with a receipt; {rounds} interleaved rounds of "
           f"{run.phase:.2g}s phases.  f/s: the median of the rounds; x plain: the median of the per-round ratios "
-          "to plain pulsar-tap, min: the smallest; CPU us/f: pulsar-tap's CPU (every thread and the writer "
-          "process) per SEND and its receipt over all rounds, cpu x: plain's over the arm's (the steadier figure "
-          "on a busy machine)")
+          "to plain pulsar-tap (an arm of --baseline: to the baseline's plain), min: the smallest; CPU us/f: "
+          "pulsar-tap's CPU (every thread and the writer process) per SEND and its receipt over all rounds, cpu x: "
+          "plain's over the arm's (the steadier figure on a busy machine); flt/kf: minor page faults of pulsar-tap's "
+          "main thread (the relays) per thousand SENDs and receipts, over all rounds")
     print(f"{'arm':<24}" + "".join(f"{label + ' f/s':>14}{'x plain':>8}{'min':>6}{'CPU us/f':>9}{'cpu x':>7}"
-                                   for label, _ in OBSERVER_SIZES))
+                                   f"{'flt/kf':>7}" for label, _ in OBSERVER_SIZES))
     for name, row in samples.items():
-        line = f"{name:<24}"
+        line, plain = f"{name:<24}", plain_of(name)
         for label, _ in OBSERVER_SIZES:
             key = f"frames/s {label}"
-            ratios = round_ratios(samples, name, "plain", key) or [median(row[key]) / median(plain[key])]
+            ratios = round_ratios(samples, name, plain, key) or [median(row[key]) / median(samples[plain][key])]
             cpu = cpu_per_frame(row, label)
             line += (f"{median(row[key]):>14,.0f}{median(ratios):>7.2f}x{min(ratios):>5.2f}x"
-                     f"{cpu:>9.2f}{cpu_per_frame(plain, label) / cpu:>6.2f}x")
+                     f"{cpu:>9.2f}{cpu_per_frame(samples[plain], label) / cpu:>6.2f}x"
+                     f"{sum(row[f'faults {label}']) / sum(row[f'frames {label}']) * 1e3 / 2:>7.2f}")
         print(line)
     for name, notes in run.notes.items():
         if "recorded" in notes:
@@ -871,10 +908,22 @@ def print_observers(run: ObserverRun) -> None:
         print("per-round ratios to plain (frames/s):")
         for name in samples:
             for label, _ in OBSERVER_SIZES:
-                ratios = round_ratios(samples, name, "plain", f"frames/s {label}")
-                if name != "plain" and ratios is not None:
+                ratios = round_ratios(samples, name, plain_of(name), f"frames/s {label}")
+                if arm_kind(name) != "plain" and ratios is not None:
                     print(f"  {name:<22}{label:<7}" + " ".join(f"{ratio:5.2f}" for ratio in ratios)
                           + f"   median {median(ratios):.2f}  min {min(ratios):.2f}")
+    compared = [name for name in samples if not name.endswith(BASELINE_ARM) and name + BASELINE_ARM in samples]
+    if compared:
+        print("this tree's arms over the baseline's same arm, round by round (frames/s), and CPU per frame "
+              "(the baseline's over this tree's, over all rounds):")
+        for name in compared:
+            for label, _ in OBSERVER_SIZES:
+                base = samples[name + BASELINE_ARM]
+                ratios = round_ratios(samples, name, name + BASELINE_ARM, f"frames/s {label}") or \
+                    [median(samples[name][f"frames/s {label}"]) / median(base[f"frames/s {label}"])]
+                print(f"  {name:<22}{label:<7}" + " ".join(f"{ratio:5.2f}" for ratio in ratios)
+                      + f"   median {median(ratios):.2f}  min {min(ratios):.2f}   cpu "
+                      f"{cpu_per_frame(base, label) / cpu_per_frame(samples[name], label):.2f}x")
     print("CPU per part while each size ran (cores, median of the rounds; relay = pulsar-tap's main thread, "
           "threads = its others, writer = its child processes, client/sink = the bench's load client and "
           "stand-in broker):")
@@ -1075,7 +1124,9 @@ def print_rounds(samples: Samples, phase: float) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=2.0,
-                        help="seconds of each throughput size and of concurrency per path, over all rounds")
+                        help="seconds of each throughput size and of concurrency per path, over all rounds; with "
+                             "the observer arms, of each size per arm, over all --observer-rounds (a phase lasts "
+                             "--duration / N: 0.67 s by default, 2-4 s for a 10 %% effect)")
     parser.add_argument("--interleave", type=int, metavar="N",
                         help="rounds the throughput and concurrency phases run in, every path in each (default 10; "
                              "3 with --quick)")
@@ -1084,7 +1135,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", metavar="FILE", help="run pulsar-tap under cProfile, write stats to FILE")
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
     parser.add_argument("--baseline", metavar="DIR", type=Path,
-                        help="also measure the pulsar-tap of this checkout (its proxy/ package), in the same rounds")
+                        help="also measure the pulsar-tap of this checkout (its proxy/ package), in the same rounds; "
+                             "with the observer arms, each chosen arm (plain included) again with its pulsar-tap, "
+                             "named ARM @base")
     parser.add_argument("--only", choices=("throughput", "latency", "concurrency"), help="run one phase")
     parser.add_argument("--sizes", metavar="BYTES,...", help="throughput frame sizes (default 100,1024,16384,524288;"
                         " the targets need all four)")
@@ -1117,6 +1170,8 @@ def main(argv: list[str] | None = None) -> int:
         args.interleave = 3 if args.quick else 10
     if args.interleave < 1 or args.observer_rounds < 1:
         parser.error("--interleave and --observer-rounds must be at least 1")
+    if args.baseline is not None and not (args.baseline / "proxy" / "__init__.py").is_file():
+        parser.error(f"--baseline {args.baseline}: no proxy/ package there")
     OBSERVER_SIZES[:] = [(size_label(int(size)), int(size)) for size in args.observer_sizes.split(",")]
     if args.sizes:
         SIZES[:] = [(size_label(int(size)), int(size)) for size in args.sizes.split(",")]

@@ -23,7 +23,9 @@ process (:mod:`proxy.recording.writer_process`), which encodes and appends it
 (:meth:`~proxy.recording.writer.SegmentWriter.write`: cutting, redaction, payload
 stripping, segment rotation are all there, with no trio) on its own interpreter, so
 that none of it holds the interpreter lock the relays need; the ring's space is
-released once it has.  Once a second the segment is fsynced and the index rewritten
+released once it has.  A backlog that spreads past the ring's first pages has a worker thread populate the
+pages ahead of the newest run (``RunRing.populate_ahead``), so that the relay's copies do not fault them
+in.  Once a second the segment is fsynced and the index rewritten
 (and an idle ring trimmed).  On exit the queue is drained and the index is
 finished with ``end_ns``.
 
@@ -142,6 +144,10 @@ class Recorder:
         self._hurry_bytes = max(config.queue_bytes // 2, 1)
         #: set while the write loop gathers a batch (see _gather)
         self._hurry: trio.Event | None = None
+        #: set when the newest run in the ring comes near the pages written so far (see _populate_loop); None
+        #: when the system cannot populate pages
+        self._populate: trio.Event | None = trio.Event()
+        self._populate_scope = trio.CancelScope()
         #: why recording stopped early (the writer process failed); the proxy goes on, frames are dropped
         self.failure: str | None = None
         self._stack = contextlib.AsyncExitStack()
@@ -191,6 +197,8 @@ class Recorder:
             self.book.dropped(conn_id, count_frame_starts(data, lead))
             return False
         assert ring is not None
+        if offset + len(data) > ring.populate_at and self._populate is not None:
+            self._populate.set()
         if not self._offer_data(run_item(conn_id, direction, ts_ns, ring.view[offset:offset + len(data)], lead,
                                          stream_pos, offset)):
             ring.take_back()  # (the queue is closed)
@@ -263,6 +271,7 @@ class Recorder:
         self._send = send
         nursery = await self._stack.enter_async_context(trio.open_nursery())
         nursery.start_soon(self._write_loop, receive)
+        nursery.start_soon(self._populate_loop, ring)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -321,6 +330,28 @@ class Recorder:
                 if self.failure is not None:
                     await trio.to_thread.run_sync(writer.stop)
                 await self._sync(writer.close, book.finished_index())
+                self._populate_scope.cancel()
+
+    async def _populate_loop(self, ring: RunRing) -> None:
+        """Have a worker thread write the run ring's next pages ahead of the newest run whenever it comes near
+        them (see run_ring): the relay's copies then land in pages already there, instead of faulting each
+        in on the relay's thread.  Until the write loop ends."""
+        with self._populate_scope:
+            while self._populate is not None:
+                await self._populate.wait()
+                self._populate = trio.Event()
+                start = ring.ready_to
+                if start >= ring.size:
+                    continue
+                ring.populating = True
+                try:
+                    reached = await trio.to_thread.run_sync(ring.populate_ahead, start)
+                finally:
+                    ring.populating = False
+                if reached < 0:
+                    self._populate = None  # the system cannot (the copies fault the pages in, as before)
+                    return
+                ring.populated(reached)
 
     async def _write_batch(self, batch: list[QueueItem]) -> None:
         assert self._writer is not None and self._ring is not None

@@ -108,6 +108,95 @@ def test_the_first_pages_are_written_before_traffic_and_the_rest_given_back_once
         ring.close()
 
 
+def _thread_faults() -> int:
+    """Minor page faults of the calling thread so far (Linux)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+
+
+#: a run of 262 frames of 1000 B: its length is no multiple of a page, so runs lie across page boundaries
+_UNALIGNED_RUN = ((996).to_bytes(4, "big") + b"p" * 996) * 262
+
+
+def test_pages_populated_ahead_of_the_newest_run_take_its_copies_without_a_fault() -> None:
+    """Past the first pages (written before traffic), a backlog's copies would fault each page in; pages
+    populated ahead (on a worker thread, in the proxy) are written into without one, and a trim gives them back."""
+    ring = RunRing.create(8 << 20)
+    ring.reuse_from = 1 << 20
+    try:
+        ring.prefault()
+        assert _resident_kib(ring) == 1024 and ring.ready_to == 1 << 20
+        offsets = [ring.put(_UNALIGNED_RUN) for _ in range(5)]  # past the first MiB: into fresh pages
+        head = offsets[-1] + len(_UNALIGNED_RUN)  # type: ignore[operator]
+        assert head > ring.populate_at  # (the recorder then has a worker thread populate)
+        assert ring.ready_to == head and head % 4096  # the copies faulted in the pages up to the head
+        ring.populating = True
+        reached = ring.populate_ahead(ring.ready_to)  # (from the middle of a page)
+        ring.populating = False
+        assert reached == 8 << 20  # the whole ring: less than POPULATE_AHEAD past the head
+        ring.populated(reached)
+        assert ring.ready_to == 8 << 20 and _resident_kib(ring) == 8 << 10
+        before = _thread_faults()
+        while ring.put(_UNALIGNED_RUN) is not None:  # the rest of the ring, from the middle of the head's page
+            pass
+        assert _thread_faults() - before < 8  # (~5 runs of 64 pages each without the populating)
+        ring.release(ring.runs)
+        ring.tick()
+        ring.tick()
+        assert _resident_kib(ring) == 1024 and ring.ready_to == 1 << 20
+    finally:
+        ring.close()
+
+
+async def test_under_a_stream_past_the_first_pages_the_recorder_populates_the_ring_ahead_of_the_relay(
+        tmp_path: Path) -> None:
+    """A backlog building past the ring's first pages (a saturated proxy: the writer falls behind) has a worker
+    thread populate the pages ahead of it: the relay's next copies take no page fault."""
+    with trio.fail_after(20):
+        async with Recorder(RecordConfig(dir=tmp_path, queue_bytes=48 << 20)) as recorder:
+            ring = recorder._ring
+            assert ring is not None and ring.reuse_from == 16 << 20 and ring.ready_to == 16 << 20
+            recorder.open_connection(1, "127.0.0.1:5000", "127.0.0.1:6650", "rewrite", BASE_NS)
+            position = 0
+
+            def relay_receives(count: int) -> None:  # (no checkpoint in between, as a relay's turn)
+                nonlocal position
+                for _ in range(count):
+                    assert recorder.record_run(1, "to_broker", BASE_NS, _UNALIGNED_RUN, 0, position)
+                    position += len(_UNALIGNED_RUN)
+
+            relay_receives(66)  # just past the first 16 MiB
+            for _ in range(1000):  # the worker thread populates ahead (within fail_after)
+                if ring.ready_to >= (32 << 20) + len(_UNALIGNED_RUN):
+                    break
+                await trio.sleep(0.01)
+            else:
+                pytest.fail("no pages were populated ahead of the runs")
+            before = _thread_faults()
+            relay_receives(60)  # ~15 MiB more
+            faults = _thread_faults() - before
+            assert ring._head == 126 * len(_UNALIGNED_RUN)  # (in the pages past the first: not back at the start)
+            assert faults < 16  # (~3,800 without the populating)
+
+
+def test_a_trim_waits_while_pages_are_populated() -> None:
+    ring = RunRing.create(4 << 20)
+    ring.reuse_from = 1 << 20
+    try:
+        ring.prefault()
+        ring.put(b"r" * (2 << 20))
+        ring.release(1)
+        ring.populating = True
+        ring.trim()
+        assert _resident_kib(ring) >= 2048  # kept: a worker thread may be populating
+        ring.populating = False
+        ring.trim()
+        assert _resident_kib(ring) == 1024
+    finally:
+        ring.close()
+
+
 def test_a_run_in_the_ring_crosses_to_the_writer_process_as_its_place_not_its_bytes() -> None:
     ring = RunRing.create(1 << 16)
     try:
