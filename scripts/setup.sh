@@ -116,3 +116,4 @@ mypyc_build() {
 
 mypyc_build proxy/analytics decode.py
 mypyc_build proxy/core scanner.py
+mypyc_build proxy/server hop.py plain_socket.py

@@ -1,7 +1,7 @@
 """Modules run compiled (mypyc) where scripts/setup.sh installed them, and their source otherwise.
 
 A broken build must not fall back to the (slower) source silently: the installed tree
-is held to its compiled modules here (the analytics decoder, the relay's header scanner).
+is held to its compiled modules here (the analytics decoder, the relay's header scanner, the reactor's hop).
 The source runs instead of a build older than itself, and without any build.
 """
 
@@ -17,15 +17,16 @@ import pytest
 
 import proxy.analytics
 import proxy.core
+import proxy.server
 from proxy import compiled
 from proxy.analytics import decode
 
 
-@pytest.mark.parametrize("package", [proxy.analytics, proxy.core], ids=lambda package: package.__name__)
+@pytest.mark.parametrize("package", [proxy.analytics, proxy.core, proxy.server], ids=lambda package: package.__name__)
 def test_the_installed_tree_runs_every_listed_module_compiled(package: ModuleType) -> None:
     """scripts/setup.sh built each module and it is current; were it not, this names what to run."""
     assert package.COMPILED_MODULES
-    # (both packages are imported by now: each package's states are its own modules' only)
+    # (every package is imported by now: each package's states are its own modules' only)
     assert compiled.states_of(package.__name__) == {f"{package.__name__}.{name}": compiled.COMPILED
                                                      for name in package.COMPILED_MODULES}
     for name in package.COMPILED_MODULES:

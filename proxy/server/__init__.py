@@ -7,5 +7,14 @@ actions out.  The tasks of the proxy's other parts are here too, their logic bes
 it: ``recorder`` (queue and writer task; encoding and files in
 :mod:`proxy.recording.writer`) and ``rule_watch`` (the polling task; reload decisions in
 :mod:`proxy.rules.reload`).  ``stack`` is the one place rules, recording, telemetry and
-the admin API are wired to the server.
+the admin API are wired to the server.  ``hop`` (what the reactor does per relayed read) and
+``plain_socket`` (a plain socket's calls that never wait) run compiled.
 """
+
+from pathlib import Path as _Path
+
+from proxy import compiled as _compiled
+
+#: Modules scripts/setup.sh compiles with mypyc (proxy.compiled): the reactor's hop runs on every relayed read.
+COMPILED_MODULES = ("hop", "plain_socket")
+_compiled.guard(__name__, _Path(__file__).parent, COMPILED_MODULES)

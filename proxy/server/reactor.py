@@ -16,7 +16,8 @@ machine, more than the proxy's own work on a one-frame read).  So the reactor wa
 to block in its epoll) blocks in the reactor's epoll instead — which holds Trio's
 epoll too, level-triggered — for no longer than Trio would have slept.  Relay
 sockets that become readable meanwhile are served right there, hop after hop:
-epoll_wait, recv, sendmsg, and no task switched.  The wait ends as soon as Trio has
+epoll_wait, recv, sendmsg, and no task switched (that loop and the handlers it calls
+are :mod:`proxy.server.hop`, compiled).  The wait ends as soon as Trio has
 something to do: its epoll is readable (I/O for a task, a signal, a thread's
 ``run_sync_soon``; Trio's own wait then returns at once), or a handler made a task
 runnable, or Trio's next deadline came (in these two cases Trio's wait is woken, so
@@ -36,14 +37,14 @@ from __future__ import annotations
 import contextlib
 import select
 import socket
-import time
 from collections.abc import Callable
 from typing import Any, Final
 
 import structlog
 import trio
 
-from proxy.server.transport import ReceiveScratch
+from proxy.server.hop import serve_in_trios_place
+from proxy.server.plain_socket import ReceiveScratch
 
 #: a handler gets the epoll flags (0 when called again) and returns True when it stopped
 #: early and wants another call
@@ -66,7 +67,7 @@ class Reactor:
         self._handlers: dict[int, Handler] = {}
         self._again: list[int] = []
         self.rounds = 0
-        #: what its handlers' transports read into (see SocketTransport.try_receive)
+        #: what its handlers' transports read into (see PlainSocket.try_receive)
         self.scratch = ReceiveScratch()
         self._scope = trio.CancelScope()
         #: while the reactor waits in Trio's place: the instrument doing it
@@ -136,38 +137,7 @@ class Reactor:
 
     def wait_in_trios_place(self, timeout: float, loop: LoopWait) -> None:
         """Trio is about to sleep up to ``timeout`` s: serve the relay sockets until it has something to do."""
-        # (this loop runs once per hop: what it reads of objects is read once, here; and a round
-        # with nobody to call again is served right here, as _serve serves it, a call level less)
-        poll, loop_fd, runq, clock = self._epoll.poll, loop.epoll_fd, loop.runq, time.perf_counter
-        handlers, again = self._handlers, self._again
-        until = clock() + timeout
-        wait = 0.0 if again else timeout
-        while True:
-            events = poll(wait)
-            loop_ready = False
-            if again:
-                for index, (fd, _) in enumerate(events):
-                    if fd == loop_fd:
-                        loop_ready = True
-                        del events[index]
-                        break
-                self._serve(events)
-            elif events:
-                for fd, flags in events:
-                    try:
-                        if handlers[fd](flags):
-                            again.append(fd)
-                    except KeyError:  # (handlers never raise) Trio's epoll, or a socket unregistered meanwhile
-                        loop_ready = loop_ready or fd == loop_fd
-                self.rounds += 1  # (counted after the hop's write, not before it)
-            if loop_ready or timeout <= 0:
-                return  # Trio's own wait returns at once (or does not block)
-            left = until - clock()
-            if runq or left <= 0:
-                # a handler made a task runnable, or the deadline Trio would have woken for came
-                loop.wake()
-                return
-            wait = 0.0 if again else left
+        serve_in_trios_place(self, self._epoll, self._handlers, self._again, timeout, loop)
 
 
 class LoopWait(trio.abc.Instrument):

@@ -39,7 +39,6 @@ Unix epoch nanoseconds.
 from __future__ import annotations
 
 import itertools
-import select
 import socket
 import time
 from collections.abc import Callable
@@ -65,9 +64,9 @@ from proxy.core.pipeline import (
 )
 from proxy.errors import ProtocolError
 from proxy.protocol.session import Direction
-from proxy.server.reactor import Reactor
+from proxy.server.hop import ReactorPump, Stop
 from proxy.server.redirects import LookupFailed, LookupLinks
-from proxy.server.transport import READY_STREAK, RECV_SIZE, SocketTransport, StreamTransport, Transport
+from proxy.server.transport import SocketTransport, StreamTransport, Transport
 from proxy.server.upstream import UpstreamUnavailable
 
 if TYPE_CHECKING:
@@ -141,7 +140,7 @@ class Relay:
     draining: bool = False
     _ending: _Ending | None = None
     _nursery: trio.Nursery | None = None
-    _client_pump: _ReactorPump | None = None
+    _client_pump: ReactorPump | None = None
     _finished: set[Direction] = field(default_factory=set)
     #: "client" or "broker": whose EOF came first (the log names it as the one who closed)
     _first_to_close: str | None = None
@@ -244,7 +243,7 @@ class Relay:
         self.draining = True
         pump = self._client_pump
         if pump is not None and not pump.busy and self.pipeline.scanners[TO_BROKER].at_frame_boundary:
-            pump._hand_over(_Stop())
+            pump.hand_over(Stop())
 
     async def _pump(self, direction: Direction) -> None:
         sender = "client" if direction is TO_BROKER else "broker"
@@ -265,10 +264,10 @@ class Relay:
         assert source is not None
         reactor = self.server.reactor
         if reactor is not None and isinstance(source, SocketTransport):
-            pump = _ReactorPump(self, direction, source, reactor)
+            pump = ReactorPump(self, direction, source, reactor)
             if direction is TO_BROKER:
                 self._client_pump = pump
-            await pump.run()
+            await self._serve_with_reactor(pump)
             return
         pipeline = self.pipeline
         clock = self._clock
@@ -285,8 +284,37 @@ class Relay:
             if actions:
                 await self._carry_out(actions)
 
+    async def _serve_with_reactor(self, pump: ReactorPump) -> None:
+        """A direction's task while the reactor serves it (``hop``): carry out what the reactor hands over."""
+        pump.task = trio.lowlevel.current_task()
+        pump.reactor.register(pump.source.sock, pump.on_readable)
+        try:
+            while True:
+                work, pump.work = pump.work, None
+                if isinstance(work, Stop):
+                    if work.finished:
+                        await self.peer_finished(pump.direction)
+                    return
+                if isinstance(work, BaseException):
+                    raise work
+                if work:
+                    await self._carry_out(work)
+                # Give the direction back to the reactor; data that came meanwhile raised no
+                # new edge, so read it now.
+                pump.busy = False
+                while pump.on_readable():
+                    # Stopped early with data left: no edge will come for it, so keep serving
+                    # from this task, yielding between rounds.
+                    await trio.lowlevel.checkpoint()
+                if not pump.busy:
+                    pump.parked = True
+                    await trio.lowlevel.wait_task_rescheduled(pump.abort)
+        finally:
+            pump.busy = True
+            pump.reactor.unregister(pump.source.sock)
+
     async def _carry_out(self, actions: list[Action]) -> None:
-        actions = self._queue_writes(actions)
+        actions = self.queue_writes(actions)
         for action in actions:
             if type(action) is Send:
                 target = self.upstream if action.direction is TO_BROKER else self.client
@@ -307,7 +335,7 @@ class Relay:
             elif type(action) is Fail:
                 raise action.error  # (what came before it is written: the pump ends the connection)
 
-    def _queue_writes(self, actions: list[Action]) -> list[Action]:
+    def queue_writes(self, actions: list[Action]) -> list[Action]:
         """Queue the writes among ``actions`` on their sockets (plain or TLS) now; each Send left is
         then a ``send([])`` that returns once they are written.
 
@@ -405,145 +433,6 @@ class Relay:
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                     self.end(_Ending(f"keepalive write failed: {exc}"))
                     return
-
-
-_HANGUP: Final = select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR
-#: one turn of a direction served by the reactor: READY_STREAK receives at most (iterated, not a range made per call)
-_STREAK: Final = (None,) * READY_STREAK
-
-
-class _Stop(Exception):
-    """Handed from the reactor to a pump task: stop reading (``finished``: the peer sent EOF)."""
-
-    def __init__(self, finished: bool = False) -> None:
-        super().__init__("stop")
-        self.finished = finished
-
-
-class _ReactorPump:
-    """One relay direction served by the reactor until something has to wait.
-
-    ``busy`` says who owns the direction: False, the reactor's handler reads and writes
-    synchronously; True, the direction's task is carrying out handed-over work (and
-    will read on until the socket is empty before giving the direction back).
-    """
-
-    def __init__(self, relay: Relay, direction: Direction, source: SocketTransport, reactor: Reactor) -> None:
-        self.relay = relay
-        self.direction = direction
-        self.source = source
-        self.reactor = reactor
-        self.from_client = direction is TO_BROKER
-        # (read on every hop: each held here, one attribute away)
-        self.pipeline = relay.pipeline
-        self.scratch = reactor.scratch
-        self.clock = relay._clock
-        self.busy = True
-        self.work: list[Action] | BaseException | None = None
-        self._task: trio.lowlevel.Task | None = None
-        self._parked = False
-        self.peer_hung_up = False
-
-    async def run(self) -> None:
-        self._task = trio.lowlevel.current_task()
-        self.reactor.register(self.source.sock, self.on_readable)
-        try:
-            while True:
-                work, self.work = self.work, None
-                if isinstance(work, _Stop):
-                    if work.finished:
-                        await self.relay.peer_finished(self.direction)
-                    return
-                if isinstance(work, BaseException):
-                    raise work
-                if work:
-                    await self.relay._carry_out(work)
-                # Give the direction back to the reactor; data that came meanwhile raised no
-                # new edge, so read it now.
-                self.busy = False
-                while self.on_readable():
-                    # Stopped early with data left: no edge will come for it, so keep serving
-                    # from this task, yielding between rounds.
-                    await trio.lowlevel.checkpoint()
-                if not self.busy:
-                    self._parked = True
-                    await trio.lowlevel.wait_task_rescheduled(self._abort)
-        finally:
-            self.busy = True
-            self.reactor.unregister(self.source.sock)
-
-    def _abort(self, _: object) -> trio.lowlevel.Abort:
-        self._parked = False
-        return trio.lowlevel.Abort.SUCCEEDED
-
-    def _hand_over(self, work: list[Action] | BaseException) -> None:
-        self.busy = True
-        self.work = work
-        if self._parked:
-            self._parked = False
-            assert self._task is not None
-            trio.lowlevel.reschedule(self._task)
-
-    def on_readable(self, flags: int = 0) -> bool:
-        """Called by the reactor (and by the task): serve what is readable without waiting."""
-        if flags & _HANGUP:
-            # The peer closed: its FIN may already sit behind the data, so a short read no
-            # longer proves the socket empty (no further edge will come).
-            self.peer_hung_up = True
-        if self.busy:
-            return False
-        # (most calls read once: what they use is read where it is used, not put in locals first)
-        relay, clock = self.relay, self.clock
-        try:
-            for _ in _STREAK:
-                if self.from_client and relay.draining and self.pipeline.scanners[TO_BROKER].at_frame_boundary:
-                    self._hand_over(_Stop())
-                    return False
-                data = self.source.try_receive(self.scratch)
-                if not data:
-                    if data is None:
-                        return False
-                    self.pipeline.peer_closed(self.direction)
-                    self._hand_over(_Stop(finished=True))
-                    return False
-                actions = self.pipeline.receive(self.direction, data, clock.base_ns + clock.elapsed_ns())
-                # (the usual read: one write, at once)
-                send = actions[0] if len(actions) == 1 else None
-                if type(send) is Send and not send.slice_bytes:
-                    target = relay.upstream if send.direction is TO_BROKER else relay.client
-                    left = target.try_send(send.data) if type(target) is SocketTransport else None
-                    if left is None:
-                        self._hand_over(relay._queue_writes(actions))
-                        return False
-                    if left:  # (the transport owes the rest)
-                        self._hand_over([Send(send.direction, [])])
-                        return False
-                else:
-                    rest = self._write_now(actions)
-                    if rest:
-                        self._hand_over(rest)
-                        return False
-                if len(data) < RECV_SIZE and not self.peer_hung_up:
-                    # A short read emptied the socket; anything newer raises a fresh edge.
-                    return False
-            return True
-        except Exception as exc:  # raised again in the pump task, which knows how to end the connection
-            self._hand_over(exc)
-            return False
-
-    def _write_now(self, actions: list[Action]) -> list[Action] | None:
-        """Carry out the leading writes that need no wait; the rest goes to the task (its writes queued now)."""
-        relay = self.relay
-        for index, action in enumerate(actions):
-            if type(action) is not Send or action.slice_bytes:
-                return actions[index:]
-            target = relay.upstream if action.direction is TO_BROKER else relay.client
-            left = target.try_send(action.data) if type(target) is SocketTransport else None
-            if left is None:
-                return relay._queue_writes(actions[index:])
-            if left:  # (the transport owes the rest; what follows queues behind it)
-                return [Send(action.direction, []), *relay._queue_writes(actions[index + 1:])]
-        return None
 
 
 def set_keepalive_socket_options(sock: socket.socket) -> None:

@@ -1,18 +1,19 @@
 """The two byte pipes a relay reads and writes: a plain socket, and a Trio stream (TLS).
 
 :class:`SocketTransport` drives a non-blocking stdlib socket directly, because the
-relay's cost is per wake-up: it tries ``recv``/``sendmsg`` first and waits for
-readiness only when the kernel says EAGAIN, so a round trip through the proxy costs
-one scheduler pass per hop.  When data was already there it still yields once
-(fairness: one busy connection cannot starve the others).  ``send`` writes all
-pieces with one ``sendmsg`` (gathered I/O); writers on the same socket (the two
-relay directions, keepalive) are serialised by a lock taken only when a write has
-to wait, so frames never interleave.
+relay's cost is per wake-up: it tries ``recv``/``sendmsg`` first (its
+:class:`~proxy.server.plain_socket.PlainSocket`, the calls that never wait, which the
+reactor's hop makes itself) and waits for readiness only when the kernel says
+EAGAIN, so a round trip through the proxy costs one scheduler pass per hop.  When
+data was already there it still yields once (fairness: one busy connection cannot
+starve the others).  ``send`` writes all pieces with one ``sendmsg`` (gathered
+I/O); writers on the same socket (the two relay directions, keepalive) are
+serialised by a lock taken only when a write has to wait, so frames never interleave.
 
 :class:`StreamTransport` wraps any ``trio.abc.Stream`` (``trio.SSLStream`` for TLS;
 the memory streams of the relay's timing tests, which pass a half-close on) with the
-same interface.  OS errors become ``trio.BrokenResourceError`` here, at
-the edge.
+same interface.  OS errors become ``trio.BrokenResourceError`` here (a plain
+socket's in ``plain_socket``), at the edge.
 """
 
 from __future__ import annotations
@@ -26,28 +27,15 @@ from typing import Final, Protocol
 import trio
 
 from proxy.core.scanner import Piece
+from proxy.server.plain_socket import BUFFER_POOL, COPY_BELOW, RECV_SIZE, PlainSocket
 
-#: bytes asked for per receive; bounds what one direction holds besides its scanner.  Each relayed
-#: read costs the proxy's thread a share besides its frames' (reactor, pipeline and scanner calls,
-#: a row's array checks, two syscalls): from 256 KiB to 512 KiB a saturated stream's user CPU per
-#: MiB fell from ~400 to ~270 us at 16 KiB frames, the proxy's whole CPU per MiB to 0.72-0.87x at
-#: 1 KiB and 16 KiB frames and 0.85-0.98x at 512 KiB (1 MiB reads: about the same, twice the memory)
-RECV_SIZE: Final = 512 * 1024
 #: receives served one after another without waiting before a direction lets the other
 #: connections go first (its own task, and the reactor's handler): 2 MiB a turn
 READY_STREAK: Final = 4
 #: a TLS read's size, kept as it was: a read returns one record's data (16 KiB at most), yet CPython
 #: allocates the whole size asked for each read
 _STREAM_RECV_SIZE: Final = 256 * 1024
-#: receive buffers not in use, shared by every connection (bounded, 16 MiB: extras are freed)
-_BUFFER_POOL: list[bytearray] = []
-_BUFFER_POOL_MAX: Final = 32
-#: reads up to this size are returned as a copy (cheap) instead of a view of the buffer
-_COPY_BELOW: Final = 16 * 1024
 _LINGER_RESET: Final = struct.pack("ii", 1, 0)
-#: Most buffers one sendmsg takes (Linux IOV_MAX); more fail with EMSGSIZE.  A receive of
-#: many small frames that observers want decoded becomes that many pieces.
-_IOV_MAX: Final = 1024
 
 
 class Transport(Protocol):
@@ -103,24 +91,6 @@ def tune(sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
-class ReceiveScratch:
-    """The receive buffer a reactor's plain-socket transports read into while they hold none of their own.
-
-    (Only read into in the reactor's thread; a read that keeps its bytes takes the buffer with it.)
-    """
-
-    __slots__ = ("buffer", "view")
-
-    def __init__(self) -> None:
-        self.take(bytearray(RECV_SIZE))
-
-    def take(self, buffer: bytearray) -> None:
-        """Read into ``buffer`` from now on (the one before went with a large read)."""
-        self.buffer = buffer
-        #: a view of the whole buffer: a small read's copy is one slice of it (``view[:size].tobytes()``)
-        self.view = memoryview(buffer)
-
-
 class _WriteLock:
     """A ``trio.Lock`` whose ``busy`` says, as one attribute read, whether a writer holds or waits for it.
 
@@ -163,106 +133,21 @@ class SocketTransport:
         self.sock = sock
         self.peer = peer or peer_name(sock)
         self._write_lock = _WriteLock()
-        self._closed = False
+        #: its calls that never wait (the reactor's hop makes them itself)
+        self.plain = PlainSocket(sock, self.peer, self._write_lock)
         self._ready_streak = 0
         self._drained = False
-        #: what ``try_send`` could not write at once: owed before anything else is written
-        self._owed: list[Piece | bytes] = []
-        # Held only between a receive and the next wait: idle connections hold no buffer.
-        self._buffer: bytearray | None = None
 
     @property
     def local_address(self) -> str:
         return local_name(self.sock)
 
-    def _failed(self, what: str, exc: OSError) -> trio.ClosedResourceError | trio.BrokenResourceError:
-        """What an OS error of a read or write (``what``: "send to", "receive from") is raised as."""
-        if self._closed:
-            return trio.ClosedResourceError("transport closed")
-        return trio.BrokenResourceError(f"{what} {self.peer} failed: {exc}")
-
-    def _release_buffer(self) -> None:
-        if self._buffer is not None:
-            if len(_BUFFER_POOL) < _BUFFER_POOL_MAX:
-                _BUFFER_POOL.append(self._buffer)
-            self._buffer = None
-
-    def try_receive(self, scratch: ReceiveScratch) -> bytes | memoryview | None:
-        """The reactor's receive: the next bytes without waiting; None when there are none yet.
-
-        A transport holding no buffer reads into the reactor's ``scratch`` buffer: a small read is
-        copied out of it (as from a buffer of its own), a large one keeps that buffer (the view
-        handed out points into it) and the scratch takes another from the pool.
-        """
-        if self._buffer is not None:
-            return self._receive_into_own()
-        buffer = scratch.buffer
-        try:
-            size = self.sock.recv_into(buffer)
-        except BlockingIOError:
-            return None
-        except OSError as exc:
-            raise self._failed("receive from", exc) from None
-        if size <= _COPY_BELOW:
-            return scratch.view[:size].tobytes()
-        self._buffer = buffer
-        scratch.take(_BUFFER_POOL.pop() if _BUFFER_POOL else bytearray(RECV_SIZE))
-        return memoryview(buffer)[:size]
-
-    def _receive_into_own(self) -> bytes | memoryview | None:
-        """:meth:`try_receive` into the buffer a large read left this transport holding."""
-        buffer = self._buffer
-        assert buffer is not None
-        try:
-            size = self.sock.recv_into(buffer)
-        except BlockingIOError:
-            self._release_buffer()
-            return None
-        except OSError as exc:
-            raise self._failed("receive from", exc) from None
-        if size <= _COPY_BELOW:
-            data = bytes(memoryview(buffer)[:size])
-            self._release_buffer()
-            return data
-        return memoryview(buffer)[:size]
-
-    def try_send(self, pieces: list[Piece | bytes]) -> list[Piece | bytes] | None:
-        """The reactor's write: what the kernel takes without waiting, and the rest; None (nothing
-        written) while a write waits for the socket (the caller queues behind it with ``send``).
-
-        The rest stays owed here until a ``send`` (any writer's, ``send([])`` too) writes it
-        first: until the caller's task takes the write over, another writer (a keepalive, the
-        other direction's answer to this peer) must not slip in between.
-        """
-        if self._write_lock.busy or self._owed:
-            return None
-        if len(pieces) == 1:  # (a relayed read's usual write: one send, as _send_now would write it)
-            piece = pieces[0]
-            try:
-                sent = self.sock.send(piece)  # type: ignore[arg-type]
-            except BlockingIOError:
-                sent = 0
-            except OSError as exc:
-                raise self._failed("send to", exc) from None
-            if sent == len(piece):  # type: ignore[arg-type]
-                return []
-            rest = self._send_now([memoryview(piece)[sent:]]) if sent else pieces  # type: ignore[arg-type]
-        else:
-            rest = self._send_now(pieces)
-        if rest:
-            self._owed = list(rest)  # (its own list: queue_write extends it)
-        return rest
-
     def queue_write(self, pieces: Sequence[Piece | bytes]) -> None:
         """Owe ``pieces`` behind what is owed already: the next ``send`` (anyone's) writes them first."""
-        self._owed.extend(pieces)
-
-    def _with_owed(self, pieces: Sequence[Piece | bytes]) -> list[Piece | bytes]:
-        owed, self._owed = self._owed, []
-        return [*owed, *pieces] if owed else list(pieces)
+        self.plain.queue_write(pieces)
 
     async def receive(self) -> bytes | memoryview:
-        sock = self.sock
+        sock, plain = self.sock, self.plain
         if self._drained:
             # The last read did not fill the buffer, so the socket is most likely empty:
             # wait for readiness first instead of paying for a recv that says EAGAIN.
@@ -271,18 +156,18 @@ class SocketTransport:
         else:
             await trio.lowlevel.checkpoint_if_cancelled()
         while True:
-            buffer = self._buffer
+            buffer = plain.buffer
             if buffer is None:
-                buffer = self._buffer = _BUFFER_POOL.pop() if _BUFFER_POOL else bytearray(RECV_SIZE)
+                buffer = plain.buffer = BUFFER_POOL.pop() if BUFFER_POOL else bytearray(RECV_SIZE)
             try:
                 size = sock.recv_into(buffer)
             except BlockingIOError:
                 self._ready_streak = 0
-                self._release_buffer()
+                plain.release_buffer()
                 await trio.lowlevel.wait_readable(sock)
                 continue
             except OSError as exc:
-                raise self._failed("receive from", exc) from None
+                raise plain.failed("receive from", exc) from None
             if size < RECV_SIZE:
                 self._drained = True
             else:
@@ -291,11 +176,11 @@ class SocketTransport:
                     # Data kept coming without a wait: yield so no connection starves the others.
                     self._ready_streak = 0
                     await trio.lowlevel.cancel_shielded_checkpoint()
-            if size <= _COPY_BELOW:
+            if size <= COPY_BELOW:
                 # Small reads are copied out so the buffer goes back to the pool at once: a
                 # connection waiting on its peer (upstream connect, backpressure) holds none.
                 data = bytes(memoryview(buffer)[:size])
-                self._release_buffer()
+                plain.release_buffer()
                 return data
             return memoryview(buffer)[:size]
 
@@ -303,13 +188,13 @@ class SocketTransport:
         if slice_bytes > 0:
             await self._send_sliced(pieces, slice_bytes)
             return
-        lock = self._write_lock
+        lock, plain = self._write_lock, self.plain
         if lock.busy:
             async with lock:
-                await self._send_waiting(self._with_owed(pieces))
+                await self._send_waiting(plain.with_owed(pieces))
             return
         # (nobody is writing: what is owed goes first, without a trip through the lock)
-        rest = self._send_now(self._with_owed(pieces) if self._owed or not isinstance(pieces, list) else pieces)
+        rest = plain.send_now(plain.with_owed(pieces) if plain.owed or not isinstance(pieces, list) else pieces)
         if not rest:
             return
         lock.acquire_nowait()  # no await since the check: nobody can have slipped in
@@ -320,67 +205,37 @@ class SocketTransport:
 
     async def _send_sliced(self, pieces: Sequence[Piece | bytes], slice_bytes: int) -> None:
         async with self._write_lock:
-            await self._send_waiting(self._with_owed(()))
+            await self._send_waiting(self.plain.with_owed(()))
             for piece in pieces:
                 view = memoryview(piece)  # type: ignore[arg-type]
                 for start in range(0, len(view), slice_bytes):
                     await self._send_waiting([view[start:start + slice_bytes]])
                     await trio.sleep(0.001)  # separate TCP segments, not one coalesced write
 
-    def _send_now(self, pieces: list[Piece | bytes]) -> list[Piece | bytes]:
-        """Write as much as the kernel takes without waiting; returns what is left."""
-        sock = self.sock
-        while pieces:
-            try:
-                sent = sock.sendmsg(pieces if len(pieces) <= _IOV_MAX else pieces[:_IOV_MAX])  # type: ignore[arg-type]
-            except BlockingIOError:
-                return pieces
-            except OSError as exc:
-                raise self._failed("send to", exc) from None
-            if len(pieces) == 1 and sent == len(pieces[0]):  # type: ignore[arg-type]
-                return []  # (one piece, all of it written: a relayed small read's usual case)
-            pieces = _advance(pieces, sent)
-        return pieces
-
     async def _send_waiting(self, pieces: list[Piece | bytes]) -> None:
         while True:
-            pieces = self._send_now(pieces)
+            pieces = self.plain.send_now(pieces)
             if not pieces:
                 return
             await trio.lowlevel.wait_writable(self.sock)
 
     async def send_eof(self) -> None:
         async with self._write_lock:  # after any write still in progress
-            await self._send_waiting(self._with_owed(()))
+            await self._send_waiting(self.plain.with_owed(()))
             with contextlib.suppress(OSError):
                 self.sock.shutdown(socket.SHUT_WR)
 
     async def aclose(self, reset: bool = False) -> None:
-        if self._closed:
+        if self.plain.closed:
             return
-        self._closed = True
-        self._buffer = None
+        self.plain.closed = True
+        self.plain.buffer = None
         with contextlib.suppress(OSError):
             if reset:
                 self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
         trio.lowlevel.notify_closing(self.sock)
         self.sock.close()
         await trio.lowlevel.checkpoint()
-
-
-def _advance(pieces: list[Piece | bytes], sent: int) -> list[Piece | bytes]:
-    """The pieces left after ``sent`` bytes of them were written."""
-    index = 0
-    while index < len(pieces):
-        size = len(pieces[index])  # type: ignore[arg-type]
-        if sent < size:
-            rest = pieces[index:]
-            if sent:
-                rest[0] = memoryview(rest[0])[sent:]  # type: ignore[arg-type]
-            return rest
-        sent -= size
-        index += 1
-    return []
 
 
 class StreamTransport:

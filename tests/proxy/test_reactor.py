@@ -135,7 +135,7 @@ async def test_a_failure_while_waiting_in_trios_place_leaves_the_reactor_serving
 
 
 async def test_the_reactors_one_piece_write_hands_back_what_the_kernel_did_not_take_and_keeps_the_order() -> None:
-    """SocketTransport.try_send of one piece larger than the socket takes: the rest comes back (a view of
+    """PlainSocket.try_send of one piece larger than the socket takes: the rest comes back (a view of
     the piece past what was written) and stays owed, the next ``send`` writes it first (here ``send([])``,
     as the relay's task does), and the peer reads every byte in order, once."""
     from proxy.server.transport import SocketTransport
@@ -145,7 +145,7 @@ async def test_the_reactors_one_piece_write_hands_back_what_the_kernel_did_not_t
     right.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     transport = SocketTransport(left, peer="test")
     piece = bytes(range(256)) * 4096  # 1 MiB: more than the socket pair buffers
-    rest = transport.try_send([piece])
+    rest = transport.plain.try_send([piece])
     assert rest is not None and len(rest) == 1 and 0 < len(rest[0]) < len(piece)  # type: ignore[arg-type]
     assert bytes(rest[0]) == piece[len(piece) - len(rest[0]):]  # type: ignore[arg-type]
     right.setblocking(False)
@@ -161,7 +161,7 @@ async def test_the_reactors_one_piece_write_hands_back_what_the_kernel_did_not_t
             readers.start_soon(read_all)
             await transport.send([])
     assert bytes(received) == piece
-    assert transport.try_send([b"end"]) == []  # all of it taken at once: nothing comes back
+    assert transport.plain.try_send([b"end"]) == []  # all of it taken at once: nothing comes back
     with trio.fail_after(10):
         await trio.lowlevel.wait_readable(right)
     assert right.recv(16) == b"end"
@@ -173,7 +173,8 @@ async def test_reads_into_the_reactors_scratch_buffer_never_overwrite_bytes_a_la
     """Transports without a buffer read into the reactor's scratch: a small read comes out as a copy, a large
     one as a view that keeps its buffer (the scratch takes another), so later reads of any transport
     through the same scratch leave that view's bytes as they were."""
-    from proxy.server.transport import ReceiveScratch, SocketTransport
+    from proxy.server.plain_socket import ReceiveScratch
+    from proxy.server.transport import SocketTransport
 
     scratch = ReceiveScratch()
     pairs = [socket.socketpair() for _ in range(2)]
@@ -184,16 +185,16 @@ async def test_reads_into_the_reactors_scratch_buffer_never_overwrite_bytes_a_la
     with trio.fail_after(10):
         await trio.lowlevel.wait_readable(pairs[0][0])
         await trio.lowlevel.wait_readable(pairs[1][0])
-    got = first.try_receive(scratch)
+    got = first.plain.try_receive(scratch)
     assert isinstance(got, memoryview) and bytes(got) == large
     assert got.obj is not scratch.buffer  # the read kept its buffer; the scratch has another
-    assert second.try_receive(scratch) == b"small"
+    assert second.plain.try_receive(scratch) == b"small"
     pairs[1][1].sendall(b"x" * len(large))
     with trio.fail_after(10):
         await trio.lowlevel.wait_readable(pairs[1][0])
-    assert bytes(second.try_receive(scratch) or b"") == b"x" * len(large)
+    assert bytes(second.plain.try_receive(scratch) or b"") == b"x" * len(large)
     assert bytes(got) == large
-    assert first.try_receive(scratch) is None and second.try_receive(scratch) is None
+    assert first.plain.try_receive(scratch) is None and second.plain.try_receive(scratch) is None
     for transport in (first, second):
         await transport.aclose()
     for _, far in pairs:
