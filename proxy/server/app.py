@@ -271,4 +271,4 @@ class ProxyServer:
             now_ns=clock(), hook=self.hook,
             publish=self.observers.publish if self.observers.active else None,
             observations=self.observers.needs_observation, runs=self.observers.takes_runs, run_views=True)
-        return Relay(self, client, pipeline, _clock=clock)
+        return Relay(self, client, pipeline, clock=clock)

@@ -58,7 +58,7 @@ class ReactorPump:
         # (read on every hop: each held here, one attribute away)
         self.pipeline: ConnectionPipeline = relay.pipeline
         self.scratch: ReceiveScratch = reactor.scratch
-        self.clock: TrioEpochClock = relay._clock
+        self.clock: TrioEpochClock = relay.clock
         self.busy = True
         self.work: list[Action] | BaseException | None = None
         #: the direction's task, and whether it sleeps until work is handed over (set by it)
@@ -150,7 +150,7 @@ def serve_in_trios_place(reactor: Reactor, epoll: select.epoll, handlers: dict[i
     of Trio, which is about to sleep up to ``timeout`` s: serve the relay sockets until Trio has something to do.
 
     (See :mod:`proxy.server.reactor`; a round with nobody to call again is served right here, as
-    ``Reactor._serve`` serves it, a call level less.)
+    ``Reactor.serve`` serves it, a call level less.)
     """
     poll, loop_fd, runq, clock = epoll.poll, loop.epoll_fd, loop.runq, time.perf_counter
     until = clock() + timeout
@@ -164,7 +164,7 @@ def serve_in_trios_place(reactor: Reactor, epoll: select.epoll, handlers: dict[i
                     loop_ready = True
                     del events[index]
                     break
-            reactor._serve(events)
+            reactor.serve(events)
         elif events:
             for fd, flags in events:
                 handler = handlers.get(fd)

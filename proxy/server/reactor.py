@@ -119,9 +119,9 @@ class Reactor:
                 await trio.lowlevel.checkpoint()
             else:
                 await trio.lowlevel.wait_readable(self._epoll.fileno())
-            self._serve(self._epoll.poll(0))
+            self.serve(self._epoll.poll(0))
 
-    def _serve(self, events: list[tuple[int, int]]) -> None:
+    def serve(self, events: list[tuple[int, int]]) -> None:
         """One round: call the handlers of those that asked to be called again, and of ``events``."""
         self.rounds += 1
         if self._again:

@@ -145,7 +145,7 @@ class Relay:
     #: "client" or "broker": whose EOF came first (the log names it as the one who closed)
     _first_to_close: str | None = None
     #: now for the pipeline (see "Time" in the module docstring)
-    _clock: TrioEpochClock = field(default_factory=TrioEpochClock)
+    clock: TrioEpochClock = field(default_factory=TrioEpochClock)
     #: set to wake the release task (new frames held)
     _held_changed: trio.Event | None = None
     #: set by the release task when it has made room in a full hold queue
@@ -199,7 +199,7 @@ class Relay:
                     log.warning("hook failed on connection close", conn=self.info.conn_id, error=repr(exc))
             if hub.active:
                 self.pipeline.announce()  # a connection that never sent CONNECT opened too
-                hub.publish(ConnectionEvent(self.info, self._clock(), closed=True, reason=ending.reason))
+                hub.publish(ConnectionEvent(self.info, self.clock(), closed=True, reason=ending.reason))
 
     def end(self, ending: _Ending) -> None:
         """Record why the connection ends (first reason wins) and cancel both directions."""
@@ -270,7 +270,7 @@ class Relay:
             await self._serve_with_reactor(pump)
             return
         pipeline = self.pipeline
-        clock = self._clock
+        clock = self.clock
         from_client = direction is TO_BROKER
         while True:
             if from_client and self.draining and pipeline.scanners[TO_BROKER].at_frame_boundary:
@@ -381,12 +381,12 @@ class Relay:
                 if due is None:
                     await wake.wait()
                     continue
-                wait_s = (due - self._clock()) / 1e9
+                wait_s = (due - self.clock()) / 1e9
                 if wait_s > 0:
                     with trio.move_on_after(wait_s):
                         await wake.wait()
                     continue
-                actions = self.pipeline.release_due(self._clock())
+                actions = self.pipeline.release_due(self.clock())
                 self._held_room.set()  # a reader waiting on a full queue goes on
                 # A released frame that joined its stream lane behind a delayed one is held again:
                 # this loop finds it by its due (a Hold here would wait for room only it can make).
@@ -407,9 +407,9 @@ class Relay:
             answer = await self._lookup_links.follow(action.redirected)
         except LookupFailed as exc:
             log.info("proxy-through: lookup failed", conn=self.info.conn_id, topic=lookup.topic, reason=str(exc))
-            actions = self.pipeline.lookup_failed(lookup.request_id, str(exc), self._clock())
+            actions = self.pipeline.lookup_failed(lookup.request_id, str(exc), self.clock())
         else:
-            actions = self.pipeline.lookup_answered(answer, self._clock())
+            actions = self.pipeline.lookup_answered(answer, self.clock())
         try:
             await self._carry_out(actions)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -426,7 +426,7 @@ class Relay:
         period = min(max(interval_s / 4, 0.01), 1.0)
         while True:
             await trio.sleep(period)
-            actions = self.pipeline.tick(self._clock())
+            actions = self.pipeline.tick(self.clock())
             if actions:
                 try:
                     await self._carry_out(actions)

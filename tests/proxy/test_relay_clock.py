@@ -26,7 +26,7 @@ async def test_a_wall_clock_stepped_backwards_does_not_move_the_relays_now(
 
 
 def test_every_relay_takes_its_now_from_trio() -> None:
-    assert Relay.__dataclass_fields__["_clock"].default_factory is TrioEpochClock
+    assert Relay.__dataclass_fields__["clock"].default_factory is TrioEpochClock
 
 
 async def test_under_trios_own_clock_the_relays_now_advances_with_trio_current_time() -> None:
