@@ -27,12 +27,20 @@ Two measurements:
   path), and the same frames as the relay hands passed-through bytes over: runs of
   ``--run-frames`` frames (SENDs, then their receipts) into the observer's ``on_run``
   (the data path); printed as microseconds per frame.
+- ``split`` (not part of ``both``): where the metrics observer's time per message goes while the relay reads
+  frames as fast as they come (each SEND and each receipt a run of its own, the lanes
+  ``passed_send`` / ``passed_receipt``): the same one-frame runs through ``on_run`` with one part made a no-op
+  on the instance at a time (the histogram's record, ``request`` as a whole, the frame counters,
+  ``message_count``, all three metrics calls), and the lanes called without ``on_run``; the variants are
+  interleaved ``--repeat`` times and the least CPU time (``thread_time``) of each is printed per message,
+  with what leaving the part out saved.  What all three metrics calls save is the metrics' own share; the
+  rest is the lane and the tracker's book, which traces need as well.
 
 Spans go to a discarding exporter behind the real batch span processor, so the
 SDK's work is counted but no collector is needed.
 
 Usage: ``.venv/bin/python bench/telemetry.py [--messages 2000] [--size 100]
-[--repeat 3] [--run-frames 200] [--mode proxy|observer|both] [--arms off,metrics,...]``.
+[--repeat 3] [--run-frames 200] [--mode proxy|observer|both|split] [--arms off,metrics,...]``.
 """
 
 from __future__ import annotations
@@ -312,6 +320,76 @@ def bench_observer_runs(messages: int, size: int, repeat: int, run_frames: int) 
         print(f"{mode:<14}{per_frame * 1e6:>10.2f}{1 / per_frame:>12.0f}{seen:>13}")
 
 
+def _noop(*args: object) -> None:
+    del args
+
+
+#: the split's variants: the parts made no-ops (``metrics.``: on the ProxyMetrics; ``histogram.``: on its
+#: latency histogram), or ``direct``: the lanes called without ``on_run``
+SPLIT_VARIANTS: dict[str, tuple[str, ...]] = {
+    "all of it": (),
+    "lanes called directly": ("direct",),
+    "histogram record": ("histogram.record",),
+    "request (label, key, record)": ("metrics.request",),
+    "frame counters": ("metrics.frame",),
+    "message_count": ("metrics.message_count",),
+    "all three metrics calls": ("metrics.request", "metrics.frame", "metrics.message_count"),
+}
+
+
+def split_once(events: list[RunEvent], handshake: list[tuple[Direction, Frame]], left_out: tuple[str, ...]) -> float:
+    """CPU seconds of one pass of ``events`` through a fresh metrics observer with ``left_out`` made no-ops."""
+    pipeline = pipeline_for("metrics")
+    assert pipeline is not None and pipeline.telemetry.metrics is not None
+    telemetry, observer, metrics = pipeline.telemetry, pipeline.observer, pipeline.telemetry.metrics
+    observer.on_connection(ConnectionEvent(events[0].connection, 0, closed=False))
+    for direction, frame in handshake:
+        telemetry.frame(1, direction, frame, 0, forwarded_ns=0)
+    for part in left_out:
+        owner, _, name = part.partition(".")
+        if owner == "direct":
+            continue
+        target = metrics if owner == "metrics" else metrics.request_duration
+        getattr(target, name)  # (a part that is no longer there raises here, rather than leaving nothing out)
+        setattr(target, name, _noop)
+    send, receipt = telemetry.passed_send, telemetry.passed_receipt
+    started = time.thread_time()
+    if "direct" in left_out:
+        for event in events:
+            lane = send if event.direction is Direction.TO_BROKER else receipt
+            lane(1, event.data, event.ts_ns, event.forwarded_ns, event.connection.broker_url)
+    else:
+        for event in events:
+            observer.on_run(event)
+    spent = time.thread_time() - started
+    pipeline.shutdown()
+    return spent
+
+
+def bench_metrics_split(messages: int, size: int, repeat: int) -> None:
+    """See the module docstring (``split``)."""
+    info = ConnectionInfo(1, "127.0.0.1:1", "127.0.0.1:6650", "pulsar://127.0.0.1:6650")
+    frames = scripted_frames(messages, size)
+    handshake, events, ts = frames[:4], [], 1
+    positions = {Direction.TO_BROKER: 0, Direction.TO_CLIENT: 0}
+    for direction, frame in frames[4:]:
+        # (a view, as the hub's run ring hands runs over)
+        events.append(RunEvent(info, direction, ts, memoryview(frame.raw), 0, positions[direction], ts))  # type: ignore[arg-type]
+        positions[direction] += len(frame.raw)
+        ts += 50_000
+    least = dict.fromkeys(SPLIT_VARIANTS, float("inf"))
+    for _ in range(repeat):
+        for variant, left_out in SPLIT_VARIANTS.items():
+            least[variant] = min(least[variant], split_once(events, handshake, left_out))
+    whole = least["all of it"] / messages * 1e6
+    print(f"metrics observer, each SEND and receipt a run of one frame: {messages} messages of {size} B, "
+          f"least CPU of {repeat} interleaved passes; us per message")
+    print(f"{'without':<32}{'us/msg':>8}{'saves':>8}")
+    for variant in SPLIT_VARIANTS:
+        spent = least[variant] / messages * 1e6
+        print(f"{variant:<32}{spent:>8.2f}{whole - spent:>8.2f}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=2000)
@@ -319,7 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--run-frames", type=int, default=200,
                         help="frames per run in the observer's runs measurement (default 200)")
-    parser.add_argument("--mode", choices=("proxy", "observer", "both"), default="both")
+    parser.add_argument("--mode", choices=("proxy", "observer", "both", "split"), default="both")
     parser.add_argument("--arms", default=",".join(MODES),
                         help=f"the modes measured through the proxy, comma-separated, off among them (default: all: "
                              f"{','.join(MODES)})".replace("%", "%%"))  # (argparse expands % in help)
@@ -333,6 +411,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         bench_observer_runs(args.messages, args.size, args.repeat, args.run_frames)
     if args.mode in ("proxy", "both"):
         bench_proxy(args.messages, args.size, args.repeat, arms)
+    if args.mode == "split":
+        bench_metrics_split(args.messages, args.size, args.repeat)
     return 0
 
 
