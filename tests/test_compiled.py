@@ -1,7 +1,8 @@
 """Modules run compiled (mypyc) where scripts/setup.sh installed them, and their source otherwise.
 
 A broken build must not fall back to the (slower) source silently: the installed tree
-is held to its compiled modules here (the analytics decoder, the relay's header scanner, the reactor's hop).
+is held to its compiled modules here (the analytics decoder, the relay's header scanner and its walk of the plain
+command forms, the reactor's hop).
 The source runs instead of a build older than itself, and without any build.
 """
 
@@ -17,12 +18,14 @@ import pytest
 
 import proxy.analytics
 import proxy.core
+import proxy.protocol
 import proxy.server
 from proxy import compiled
 from proxy.analytics import decode
 
 
-@pytest.mark.parametrize("package", [proxy.analytics, proxy.core, proxy.server], ids=lambda package: package.__name__)
+@pytest.mark.parametrize("package", [proxy.analytics, proxy.core, proxy.protocol, proxy.server],
+                         ids=lambda package: package.__name__)
 def test_the_installed_tree_runs_every_listed_module_compiled(package: ModuleType) -> None:
     """scripts/setup.sh built each module and it is current; were it not, this names what to run."""
     assert package.COMPILED_MODULES

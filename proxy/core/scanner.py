@@ -264,7 +264,8 @@ class FrameScanner:
         self.frames_scanned += 1  # (counted before its command is checked, as the scan counts)
         if self._walk:
             self._walk -= 1
-        if plainly_valid(data, 10, cmd_end) is None:  # (most are: then no parse)
+        # (most are plain: then no parse; a memoryview, a large read's, is left to it)
+        if not (isinstance(data, bytes) and plainly_valid(data, 10, cmd_end)):
             try:
                 self._checks.verify_one(data[10:cmd_end])
             except ProtocolError as exc:

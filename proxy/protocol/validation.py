@@ -25,14 +25,13 @@ is checked in protobuf's C parser.  Commands in their canonical form — the typ
 then exactly the sub-command field, as every Pulsar client and broker writes them —
 are checked by parsing just the sub-command field; :class:`CommandBatch` lets the
 relay collect many such fields and parse them in one call, and :func:`plainly_valid`
-accepts the hot commands' fields in the plain form their writers give them without any
-parse at all.
+(:mod:`proxy.protocol.plain_forms`, compiled) accepts the hot commands' fields in the plain
+form their writers give them without any parse at all.
 """
 
 from __future__ import annotations
 
 import functools
-import re
 import struct
 from collections.abc import Callable
 from typing import Final, NamedTuple, NoReturn
@@ -43,6 +42,7 @@ from google.protobuf.message import DecodeError, EncodeError, Message
 from proxy.errors import BadMagic, CommandDecodeError, FrameTooLarge, MalformedFrame, ProtocolError, UnknownCommand
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.commands import PAYLOAD_TYPES, SUB_FIELDS, TYPE_NAMES, type_name
+from proxy.protocol.plain_forms import plainly_valid
 
 MAGIC_CHECKSUM: Final = 0x0E01
 MAGIC_BROKER_ENTRY_METADATA: Final = 0x0E02
@@ -224,73 +224,6 @@ def canonical_envelope(buf: bytes | bytearray | memoryview, start: int, end: int
     if length is None or length[1] + length[0] != end:
         return None
     return length[1]
-
-
-# The plain forms of the hot commands' sub-command fields: the fields the clients and brokers
-# write, in field order, each at most once, every varint short enough that its value fits the
-# field's type (uint64 and int64: 9 bytes, < 2**63; uint32 and int32: 4 bytes, < 2**28), bools
-# 0 or 1.  Only strings of these forms are accepted, and each of them is a valid command by
-# PulsarApi.proto (tests/protocol/test_plain_commands.py checks it against the parser); anything
-# else, valid or not, is left to the parser.
-def _literal(*values: int) -> bytes:
-    return re.escape(bytes(values))
-
-
-_VARINT64: Final = rb"[\x80-\xff]{0,8}[\x00-\x7f]"
-_VARINT32: Final = rb"[\x80-\xff]{0,3}[\x00-\x7f]"
-_BOOL: Final = rb"[\x00\x01]"
-
-
-def _varint_of(size: int) -> bytes:
-    """A varint of exactly ``size`` bytes."""
-    return rb"[\x80-\xff]{%d}[\x00-\x7f]" % (size - 1)
-
-
-def _message_id() -> bytes:
-    """MessageIdData ``{ledgerId, entryId}`` with its length: each length with exactly the varints that fill it."""
-    lengths = []
-    for length in range(4, 21):  # 08 LEDGER 10 ENTRY, each varint 1 to 9 bytes
-        splits = [_varint_of(ledger) + _literal(0x10) + _varint_of(length - 2 - ledger)
-                  for ledger in range(1, 10) if 1 <= length - 2 - ledger <= 9]
-        lengths.append(_literal(length, 0x08) + b"(?:" + b"|".join(splits) + b")")
-    return b"(?:" + b"|".join(lengths) + b")"
-
-
-_MESSAGE_ID: Final = _message_id()
-
-
-def _field(number: int, value: bytes, wire_type: int = 0) -> bytes:
-    """Field ``number`` holding ``value`` (a varint; wire type 2: a message with its length)."""
-    return _literal(number << 3 | wire_type) + value
-
-
-def _optional(number: int, value: bytes, wire_type: int = 0) -> bytes:
-    return b"(?:" + _field(number, value, wire_type) + b")?"
-
-
-def _plain(type_: int, *fields: bytes) -> bytes:
-    """The sub-command field of ``type_``: its tag, a one-byte length (checked by the caller), ``fields``."""
-    length = rb"[\x00-\x7f]" if fields else rb"\x00"
-    return re.escape(SUB_TAGS[type_]) + length + b"".join(fields)
-
-
-_PLAIN_FIELDS = re.compile(b"|".join([
-    _plain(api.BaseCommand.SEND, _field(1, _VARINT64), _field(2, _VARINT64), _optional(3, _VARINT32),
-           _optional(4, _VARINT64), _optional(5, _VARINT64), _optional(6, _VARINT64), _optional(7, _BOOL),
-           _optional(8, _BOOL)),
-    _plain(api.BaseCommand.SEND_RECEIPT, _field(1, _VARINT64), _field(2, _VARINT64), _optional(3, _MESSAGE_ID, 2),
-           _optional(4, _VARINT64)),
-    _plain(api.BaseCommand.MESSAGE, _field(1, _VARINT64), _field(2, _MESSAGE_ID, 2), _optional(3, _VARINT32),
-           _optional(5, _VARINT64)),
-    _plain(api.BaseCommand.FLOW, _field(1, _VARINT64), _field(2, _VARINT32)),
-    _plain(api.BaseCommand.PING),
-    _plain(api.BaseCommand.PONG),
-]))
-
-#: ``plainly_valid(buf, start, end)``: a match when ``buf[start:end]``, the sub-command field of a
-#: command :func:`canonical_envelope` accepted (so its tag and its length are right), is one of the
-#: plain forms above: then it passes every check of :func:`check_command`.  None says nothing.
-plainly_valid: Final = _PLAIN_FIELDS.fullmatch
 
 
 def check_command(buf: bytes | bytearray | memoryview, start: int, end: int) -> int:

@@ -1,16 +1,19 @@
 """plainly_valid, the parse-free check of the hot commands' plain forms, never accepts what the parser refuses.
 
 The relay's one-frame lane skips protobuf for a sub-command field :func:`plainly_valid`
-matches; for anything else it asks the parser, as before.  So what must hold is: a match
-implies the parser's accept, and a frame's verdict (handed out, or the error word for
-word) is the same as :func:`check_frame`'s, which never takes the shortcut.  The fields
-are drawn near the plain forms, and damaged: truncated, flipped bytes, over-long and
-unterminated varints, missing required fields, unknown fields, wrong wire types, fields
-out of order or twice, nested lengths off by one.
+accepts; for anything else it asks the parser, as before.  So what must hold is: an accept
+implies the parser's, and a frame's verdict (handed out, or the error word for word) is
+the same as :func:`check_frame`'s, which never takes the shortcut.  The walk is also held
+to :data:`PLAIN_FORMS`, the forms written as a regular expression (what the relay ran
+before the walk): it accepts exactly what that matches.  The fields are drawn near the
+plain forms, and damaged: truncated, flipped bytes, over-long and unterminated varints,
+missing required fields, unknown fields, wrong wire types, fields out of order or twice,
+nested lengths off by one, random bytes.
 """
 
 from __future__ import annotations
 
+import re
 import struct
 
 from hypothesis import HealthCheck, event, given, settings
@@ -25,6 +28,38 @@ from proxy.protocol.validation import SUB_TAGS, CommandBatch, check_frame, check
 HOT_TYPES = [api.BaseCommand.SEND, api.BaseCommand.SEND_RECEIPT, api.BaseCommand.MESSAGE, api.BaseCommand.FLOW,
              api.BaseCommand.PING, api.BaseCommand.PONG, api.BaseCommand.ACK]
 PAYLOAD = b"\x0e\x01\x00\x00\x00\x00\x00\x00\x00\x02\x08\x01xyz"  # checksum magic, a CRC, metadata size 2, ...
+
+
+def _plain_forms() -> re.Pattern[bytes]:
+    """The plain forms as a regular expression: fields in order, varints of 9 (64-bit) or 4 (32-bit) bytes at most,
+    bools 0 or 1, a MessageIdData of exactly ledgerId and entryId; a sub-command field's length is not checked."""
+    v64, v32, bool_ = rb"[\x80-\xff]{0,8}[\x00-\x7f]", rb"[\x80-\xff]{0,3}[\x00-\x7f]", rb"[\x00\x01]"
+
+    def of_size(size: int) -> bytes:
+        return rb"[\x80-\xff]{%d}[\x00-\x7f]" % (size - 1)
+
+    message_id = b"(?:" + b"|".join(re.escape(bytes([2 + ledger + entry, 0x08])) + of_size(ledger) + b"\x10"
+                                    + of_size(entry) for ledger in range(1, 10) for entry in range(1, 10)) + b")"
+
+    def plain(type_: int, *fields: tuple[int, bytes, bool]) -> bytes:
+        out = re.escape(SUB_TAGS[type_]) + (rb"[\x00-\x7f]" if fields else b"\x00")
+        for tag, value, required in fields:
+            out += b"(?:" + re.escape(bytes([tag])) + value + (b")" if required else b")?")
+        return out
+
+    t = api.BaseCommand
+    return re.compile(b"|".join([
+        plain(t.SEND, (0x08, v64, True), (0x10, v64, True), (0x18, v32, False), (0x20, v64, False),
+              (0x28, v64, False), (0x30, v64, False), (0x38, bool_, False), (0x40, bool_, False)),
+        plain(t.SEND_RECEIPT, (0x08, v64, True), (0x10, v64, True), (0x1A, message_id, False), (0x20, v64, False)),
+        plain(t.MESSAGE, (0x08, v64, True), (0x12, message_id, True), (0x18, v32, False), (0x28, v64, False)),
+        plain(t.FLOW, (0x08, v64, True), (0x10, v32, True)),
+        plain(t.PING),
+        plain(t.PONG),
+    ]))
+
+
+PLAIN_FORMS = _plain_forms()
 
 
 def _varint(value: int, padding: int = 0, unterminated: bool = False) -> bytes:
@@ -97,8 +132,10 @@ def sub_command_fields(draw: st.DrawFn) -> tuple[int, bytes]:
     """A hot type and its sub-command field (tag, one-byte length, body), the body maybe damaged."""
     type_ = draw(st.sampled_from(HOT_TYPES))
     body = draw(fields(SCHEMAS[type_]))
-    damage = draw(st.sampled_from(["none"] * 6 + ["truncate", "flip", "append"]))
-    if damage == "truncate" and body:
+    damage = draw(st.sampled_from(["none"] * 6 + ["truncate", "flip", "append", "random"]))
+    if damage == "random":
+        body = draw(st.binary(max_size=24))
+    elif damage == "truncate" and body:
         body = body[:draw(st.integers(0, len(body) - 1))]
     elif damage == "flip" and body:
         at = draw(st.integers(0, len(body) - 1))
@@ -130,7 +167,11 @@ def test_a_plain_form_match_implies_the_parser_accepts_and_every_frame_gets_the_
     type_, sub = drawn
     body = sub[len(SUB_TAGS[type_]) + 1:]
     parser = _verdict(lambda: check_sub_body(body, type_))
-    if plainly_valid(sub, 0, len(sub)) is not None:
+    plain = plainly_valid(sub, 0, len(sub))
+    assert plain == (PLAIN_FORMS.fullmatch(sub) is not None), sub.hex()
+    framed = b"\x08" + bytes([type_]) + sub + b"\x00"  # (where the lane finds it: inside a frame, at 10)
+    assert plainly_valid(b"\x00" * 8 + framed, 10, 8 + len(framed) - 1) == plain
+    if plain:
         event("plain")
         assert parser == ("passed", ""), sub.hex()
         assert _verdict(lambda: CommandBatch().verify_one(sub)) == ("passed", "")
@@ -138,7 +179,9 @@ def test_a_plain_form_match_implies_the_parser_accepts_and_every_frame_gets_the_
         event(f"not plain, parser: {parser[0]}")
     frame = _frame(type_, sub)
     # the scanner's one-frame lane (with the shortcut) against check_frame (the parser, always)
-    assert _verdict(lambda: FrameScanner().feed(frame)) == _verdict(lambda: check_frame(frame, 0, len(frame), 1 << 20))
+    verdict = _verdict(lambda: check_frame(frame, 0, len(frame), 1 << 20))
+    assert _verdict(lambda: FrameScanner().feed(frame)) == verdict
+    assert _verdict(lambda: FrameScanner().feed(memoryview(frame))) == verdict  # (no shortcut for a view)
 
 
 def test_the_plain_forms_writers_use_are_matched() -> None:
@@ -163,7 +206,7 @@ def test_the_plain_forms_writers_use_are_matched() -> None:
         else:
             frame = encode_command(command)
         cmd_end = 8 + struct.unpack_from(">I", frame, 4)[0]
-        assert plainly_valid(frame, 10, cmd_end) is not None, (type(command).__name__, frame[10:cmd_end].hex())
+        assert plainly_valid(frame, 10, cmd_end), (type(command).__name__, frame[10:cmd_end].hex())
         assert FrameScanner().feed(frame) == [frame]
 
 
@@ -180,9 +223,12 @@ def test_damaged_plain_forms_are_not_matched() -> None:
                     "3206" "0801" "1001" "3802",                # is_chunk 2
                     "3206" "0801" "1001" "5001"]:               # an unknown field
         fields = bytes.fromhex(damaged)
-        assert plainly_valid(fields, 0, len(fields)) is None, damaged
+        assert not plainly_valid(fields, 0, len(fields)), damaged
     receipt = bytes.fromhex("3a0c" "0801" "1001" "1a04" "0801" "1001" "2001")
     assert plainly_valid(receipt, 0, len(receipt))
     for length in (0x03, 0x05):  # the message id's length one short, one long
         fields = receipt[:7] + bytes([length]) + receipt[8:]
-        assert plainly_valid(fields, 0, len(fields)) is None
+        assert not plainly_valid(fields, 0, len(fields))
+    for fields in (send[:1] + b"\x05" + send[2:], send[:1] + b"\x03" + send[2:-1],  # a length that is not the end's
+                   bytes.fromhex("9201" "01" "00"), bytes.fromhex("9201"), b""):  # a PING with a body, cut off, none
+        assert not plainly_valid(fields, 0, len(fields)), fields.hex()
