@@ -144,7 +144,8 @@ def measure_kernel(target: int, workdir: Path, rounds: int, baseline: Path | Non
             for name in traced:
                 perf.enter_context(perf_stat(proxies[name], workdir / f"{name}.perf"))
             pt.interleaved_latency(arms, rounds)
-    trips = rounds + 200  # (interleaved_latency's own warm-up round trips are counted by the kernel too)
+    # (interleaved_latency's warm-up round trips, and all of each turn's, are counted by the kernel too)
+    trips = pt.TRIPS_PER_TURN * (rounds + pt.WARM_UP_ROUNDS)
     hz = os.sysconf("SC_CLK_TCK")
     print(f"{trips} round trips per path, interleaved; load average {os.getloadavg()[0]:.2f}")
     print(f"{'path':<12}{'p50 us':>9}{'p99 us':>9}{'CPU us/rt':>11}{'user':>8}{'system':>8}")

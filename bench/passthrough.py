@@ -98,7 +98,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -385,6 +385,12 @@ def throughput(port: int, reports: Any, frame_size: int, duration: float,
     return received / seconds / (1024 * 1024), sent_frames / seconds
 
 
+#: round trips each arm makes at each of its turns in :func:`interleaved_latency` (the last one timed), and
+#: the warm-up rounds it runs first (not timed; the proxies' CPU counts them)
+TRIPS_PER_TURN: Final = 2
+WARM_UP_ROUNDS: Final = 200
+
+
 def interleaved_latency(arms: dict[str, tuple[int, int | None]], rounds: int) -> dict[str, dict[str, float]]:
     """p50/p99 (us) and CPU us per round trip of each arm (name -> port, pid), measured together.
 
@@ -402,25 +408,26 @@ def interleaved_latency(arms: dict[str, tuple[int, int | None]], rounds: int) ->
     samples: dict[str, list[int]] = {name: [] for name in names}
     order, shuffle = list(names), random.Random(1).shuffle
     cpu_before = {name: cpu_seconds(pid) for name, (_, pid) in arms.items()}
-    for index in range(rounds + 200):
+    for index in range(rounds + WARM_UP_ROUNDS):
         shuffle(order)
         for name in order:
             sock = socks[name]
-            for _ in range(2):  # (the second timed)
+            for _ in range(TRIPS_PER_TURN):  # (the last timed)
                 begin = time.perf_counter_ns()
                 sock.sendall(frame)
                 got = 0
                 while got < len(RECEIPT):
                     got += len(sock.recv(4096))
-            if index >= 200:  # warm-up excluded
+            if index >= WARM_UP_ROUNDS:
                 samples[name].append(time.perf_counter_ns() - begin)
     results = {}
+    trips = TRIPS_PER_TURN * (rounds + WARM_UP_ROUNDS)
     for name, (_, pid) in arms.items():
         socks[name].close()
         ordered = sorted(samples[name])
         results[name] = {"p50 us": ordered[len(ordered) // 2] / 1000,
                          "p99 us": ordered[int(len(ordered) * 0.99)] / 1000,
-                         "proxy CPU us/rt seq": (cpu_seconds(pid) - cpu_before[name]) / (2 * (rounds + 200)) * 1e6}
+                         "proxy CPU us/rt seq": (cpu_seconds(pid) - cpu_before[name]) / trips * 1e6}
     return results
 
 
