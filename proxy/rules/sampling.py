@@ -123,7 +123,8 @@ class RuleSampler:
     def settle_row(self, skip: int, count: int) -> tuple[int, SampleDraw | None, int]:
         if skip >= count:
             return count, None, skip - count
-        if self._per_frame is None:
+        log_miss = self._per_frame
+        if log_miss is None:
             return self.settle_each(skip, count)
         # One rule whose picks can be settled: asked once whether they can be now (see _settle),
         # its picks in the row are drawn here, in order, as choose() draws them, and counted at once
@@ -132,10 +133,13 @@ class RuleSampler:
         if self.blocked if self.defers else not self._settle(self._alone, 0):
             draw, gap = self.choose()
             return skip, draw, gap
-        random, log, log_miss = self.states[0].rng.random, math.log, self._per_frame
-        at, picks = skip, 0
+        # (compiled, the loop runs on C doubles: math.log is libm's log, as the interpreter's is,
+        # and int() truncates as it does; typed so, a pick costs a call of the generator and a log)
+        random: Callable[[], float] = self.states[0].rng.random
+        at, picks, gap = skip, 0, 0
         while at < count:  # (each gap as _gap draws it; only the last can exceed NEVER: it ends the row)
-            gap = int(log(1.0 - random()) / log_miss)
+            uniform: float = random()
+            gap = int(math.log(1.0 - uniform) / log_miss)
             picks += 1
             at += gap + 1
         if gap > NEVER:
