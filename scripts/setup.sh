@@ -117,4 +117,5 @@ mypyc_build() {
 mypyc_build proxy/analytics decode.py
 mypyc_build proxy/core scanner.py
 mypyc_build proxy/protocol plain_forms.py
+mypyc_build proxy/rules sampling.py
 mypyc_build proxy/server hop.py plain_socket.py

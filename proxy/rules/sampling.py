@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 #: the gap of a rule that never fires (probability 0)
 NEVER: Final = sys.maxsize
+#: the least double whose int() exceeds NEVER (2**63, the next double above it)
+_BEYOND_NEVER: Final = float(NEVER + 1)
 
 
 def geometric_gap(rng: random.Random, probability: float) -> int:
@@ -82,6 +84,8 @@ class RuleSampler:
         probability = states[0].rule.match.probability if len(states) == 1 else 0.0
         #: the one rule's log(1 - p), as geometric_gap divides by it, when its picks can be settled in rows
         self._per_frame = math.log1p(-probability) if settle is not None and 0.0 < probability < 1.0 else None
+        #: that rule's generator (the engine makes new samplers whenever it reseeds one: the rules changed)
+        self._random: Callable[[], float] = states[0].rng.random
         #: per rule, frames to pass before its next hit
         self._gaps: list[int] = []
         #: ``defer`` (the engine's, for one rule without ``times``): the picks of a row are counted here,
@@ -123,7 +127,8 @@ class RuleSampler:
     def settle_row(self, skip: int, count: int) -> tuple[int, SampleDraw | None, int]:
         if skip >= count:
             return count, None, skip - count
-        if self._per_frame is None:
+        log_miss = self._per_frame
+        if log_miss is None:
             return self.settle_each(skip, count)
         # One rule whose picks can be settled: asked once whether they can be now (see _settle),
         # its picks in the row are drawn here, in order, as choose() draws them, and counted at once
@@ -132,13 +137,17 @@ class RuleSampler:
         if self.blocked if self.defers else not self._settle(self._alone, 0):
             draw, gap = self.choose()
             return skip, draw, gap
-        random, log, log_miss = self.states[0].rng.random, math.log, self._per_frame
-        at, picks = skip, 0
+        # (compiled, the loop runs on C doubles: math.log is libm's log, as the interpreter's is,
+        # and int() truncates as it does; typed so, a pick costs a call of the generator and a log)
+        random = self._random
+        at, picks, gap, quotient = skip, 0, 0, 0.0
         while at < count:  # (each gap as _gap draws it; only the last can exceed NEVER: it ends the row)
-            gap = int(log(1.0 - random()) / log_miss)
+            uniform: float = random()
+            quotient = math.log(1.0 - uniform) / log_miss
+            gap = int(quotient)
             picks += 1
             at += gap + 1
-        if gap > NEVER:
+        if quotient >= _BEYOND_NEVER:  # (gap > NEVER, compared as doubles: compiled, NEVER is boxed)
             at -= gap - NEVER
             gap = NEVER
         self._gaps[0] = gap

@@ -6,16 +6,25 @@ one loop and has them counted in one call.  The general path settles pick after 
 (:meth:`RuleSampler.settle_each`).  For any probability, seed, ``times``, row and refusal,
 both must end where the other does: the same answer, the same hits and matches on the
 rule, the same generation, and the rule's generator at the same point.
+
+The module runs compiled (mypyc, on C doubles): its draws must be the source's, draw for draw.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import random
+from pathlib import Path
+from types import ModuleType
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy import compiled
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.session import Direction, SessionTracker
-from proxy.rules.engine import RulesEngine
+from proxy.rules import sampling
+from proxy.rules.engine import RulesEngine, RuleState
 from proxy.rules.loader import load_rules_text
 from proxy.rules.sampling import RuleSampler
 
@@ -62,3 +71,43 @@ def test_a_row_settled_at_once_draws_and_counts_as_its_picks_settled_one_by_one(
         assert (fast_state.hits, fast_state.matches) == (slow_state.hits, slow_state.matches)
         assert fast_engine.generation == slow_engine.generation
         assert fast_state.rng.getstate() == slow_state.rng.getstate()
+
+
+def sampling_source() -> ModuleType:
+    """proxy/rules/sampling.py run by the interpreter (as another module), whatever the tree runs."""
+    path = Path(sampling.__file__).with_name("sampling.py")
+    spec = importlib.util.spec_from_file_location("sampling_as_source", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert not compiled.is_compiled(module)
+    return module
+
+
+def test_the_compiled_draws_are_the_sources_draw_for_draw() -> None:
+    """A seed hits the same frames compiled as interpreted: every gap geometric_gap draws, and every row
+    settle_row draws (where it stops, the gap after it, the picks it counts, the generator after it)."""
+    source = sampling_source()
+    for probability in (1e-9, 1e-4, 0.001, 0.01, 0.2, 0.5, 0.9, 0.999):
+        rule = load_rules_text(f"rules:\n  - name: sampled\n    match: {{command: [SEND], probability: "
+                               f"{probability:.12f}}}\n    action: mark\n").rules[0]
+        for seed in range(20):
+            ours, theirs = random.Random(seed), random.Random(seed)
+            assert [sampling.geometric_gap(ours, probability) for _ in range(300)] == \
+                [source.geometric_gap(theirs, probability) for _ in range(300)]
+            states = [RuleState(rule, seed) for _ in range(2)]
+            fast = sampling.RuleSampler(frozenset({T.SEND}), (states[0],), lambda draw, picks: True, defer=True)
+            slow = source.RuleSampler(frozenset({T.SEND}), (states[1],), lambda draw, picks: True, defer=True)
+            skip = fast.start()
+            assert slow.start() == skip
+            rows = random.Random(seed)
+            for _ in range(40):
+                count = rows.randint(1, 2000)
+                if skip >= count:
+                    skip -= count
+                    continue
+                at, draw, gap = fast.settle_row(skip, count)
+                assert (at, draw, gap) == slow.settle_row(skip, count)
+                assert fast.unsettled == slow.unsettled
+                assert states[0].rng.getstate() == states[1].rng.getstate()
+                skip = gap
