@@ -2,7 +2,7 @@
 
 A broken build must not fall back to the (slower) source silently: the installed tree
 is held to its compiled modules here (the analytics decoder, the relay's header scanner and its walk of the plain
-command forms, the reactor's hop).
+command forms, the reactor's hop, telemetry's walk of the SENDs and receipts it accounts in bulk).
 The source runs instead of a build older than itself, and without any build.
 """
 
@@ -20,11 +20,12 @@ import proxy.analytics
 import proxy.core
 import proxy.protocol
 import proxy.server
+import proxy.telemetry
 from proxy import compiled
 from proxy.analytics import decode
 
 
-@pytest.mark.parametrize("package", [proxy.analytics, proxy.core, proxy.protocol, proxy.server],
+@pytest.mark.parametrize("package", [proxy.analytics, proxy.core, proxy.protocol, proxy.server, proxy.telemetry],
                          ids=lambda package: package.__name__)
 def test_the_installed_tree_runs_every_listed_module_compiled(package: ModuleType) -> None:
     """scripts/setup.sh built each module and it is current; were it not, this names what to run."""
