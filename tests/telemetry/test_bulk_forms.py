@@ -7,9 +7,9 @@ made of their groups: the sub-command's one-byte length is the rest of the comma
 receipt's message id is as long as its SIZE byte says.  For commands drawn near the forms and
 damaged (truncated, flipped, extended, lengths off, varints padded, overlong, unterminated,
 zero-ended, random bytes), inside other bytes, at any start and end (the bounds a pattern's
-``pos`` and ``endpos`` have, beyond the buffer too), as bytes and as a memoryview: the walk
-takes a command exactly when the oracle does, with the same key and producer id bytes, and
-num_messages' value (1 when there is none).
+``pos`` and ``endpos`` have, beyond the buffer too), as bytes and as a memoryview (short, and
+long: then the command is copied out of it): the walk takes a command exactly when the oracle
+does, with the same key and producer id bytes, and num_messages' value (1 when there is none).
 """
 
 from __future__ import annotations
@@ -168,11 +168,15 @@ def placed(draw: st.DrawFn) -> tuple[bytes, int, int]:
 @example((b"\x08\x06\x32\x06\x08\x10\x10\x01\x18\x00", -2, 10))  # the start before it
 def test_the_walks_take_what_the_patterns_took_and_read_the_same(drawn: tuple[bytes, int, int]) -> None:
     buf, start, end = drawn
-    expected_send, expected_receipt = oracle_send(buf, start, end), oracle_receipt(buf, start, end)
-    event("send taken" if expected_send else "receipt taken" if expected_receipt else "not taken")
-    for view in (buf, memoryview(buf)):
-        assert send_command(view, start, end) == expected_send, (buf.hex(), start, end)
-        assert receipt_key(view, start, end) == expected_receipt, (buf.hex(), start, end)
+    event("send taken" if oracle_send(buf, start, end) else "receipt taken" if oracle_receipt(buf, start, end)
+          else "not taken")
+    # (a view longer than the walks copy whole: the command is copied out of it; before or after the rest)
+    for whole, shift in ((buf, 0), (bytes(460) + buf, 460), (buf + bytes(460), 0)):
+        expected_send = oracle_send(whole, start + shift, end + shift)
+        expected_receipt = oracle_receipt(whole, start + shift, end + shift)
+        for view in (whole, memoryview(whole)):
+            assert send_command(view, start + shift, end + shift) == expected_send, (buf.hex(), start, end, shift)
+            assert receipt_key(view, start + shift, end + shift) == expected_receipt, (buf.hex(), start, end, shift)
 
 
 def test_receipts_with_each_shape_of_message_id_are_read_as_the_patterns_read_them() -> None:
