@@ -119,3 +119,4 @@ mypyc_build proxy/core scanner.py
 mypyc_build proxy/protocol plain_forms.py
 mypyc_build proxy/rules sampling.py
 mypyc_build proxy/server hop.py plain_socket.py
+mypyc_build proxy/telemetry bulk_forms.py

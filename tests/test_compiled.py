@@ -2,7 +2,8 @@
 
 A broken build must not fall back to the (slower) source silently: the installed tree
 is held to its compiled modules here (the analytics decoder, the relay's header scanner and its walk of the plain
-command forms, the reactor's hop, the draws of sampled rules).
+command forms, the reactor's hop, the draws of sampled rules, telemetry's walk of the SENDs and receipts it
+accounts in bulk).
 The source runs instead of a build older than itself, and without any build.
 """
 
@@ -21,11 +22,13 @@ import proxy.core
 import proxy.protocol
 import proxy.rules
 import proxy.server
+import proxy.telemetry
 from proxy import compiled
 from proxy.analytics import decode
 
 
-@pytest.mark.parametrize("package", [proxy.analytics, proxy.core, proxy.protocol, proxy.rules, proxy.server],
+@pytest.mark.parametrize("package", [proxy.analytics, proxy.core, proxy.protocol, proxy.rules, proxy.server,
+                                     proxy.telemetry],
                          ids=lambda package: package.__name__)
 def test_the_installed_tree_runs_every_listed_module_compiled(package: ModuleType) -> None:
     """scripts/setup.sh built each module and it is current; were it not, this names what to run."""

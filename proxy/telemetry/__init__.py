@@ -14,16 +14,25 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path as _Path
 from typing import IO, TYPE_CHECKING
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from proxy.telemetry.exporters import ExportSettings, metric_readers, tracer_provider
-from proxy.telemetry.metrics import ProxyMetrics, TopicLabelPolicy
-from proxy.telemetry.observer import Telemetry, TelemetryObserver
-from proxy.telemetry.tracer import SpanWriter
+from proxy import compiled as _compiled
+
+#: Modules scripts/setup.sh compiles with mypyc (proxy.compiled): the bulk path's walk of each SEND's and receipt's
+#: command.
+COMPILED_MODULES = ("bulk_forms",)
+# (before the package's modules are imported: the observer imports bulk_forms)
+_compiled.guard(__name__, _Path(__file__).parent, COMPILED_MODULES)
+
+from proxy.telemetry.exporters import ExportSettings, metric_readers, tracer_provider  # noqa: E402
+from proxy.telemetry.metrics import ProxyMetrics, TopicLabelPolicy  # noqa: E402
+from proxy.telemetry.observer import Telemetry, TelemetryObserver  # noqa: E402
+from proxy.telemetry.tracer import SpanWriter  # noqa: E402
 
 if TYPE_CHECKING:
     from proxy.config.proxy_config import ProxyConfig

@@ -33,7 +33,8 @@ from proxy.errors import ProtocolError
 from proxy.protocol.commands import T, type_name
 from proxy.protocol.frame import Frame, peek_type
 from proxy.protocol.session import Direction
-from proxy.telemetry.bulk import COMMON_RECEIPT_COMMAND, FRAME_HEAD, RECEIPT_COMMAND, SEND_COMMAND, varint_value
+from proxy.telemetry.bulk import FRAME_HEAD
+from proxy.telemetry.bulk_forms import receipt_key, send_command
 from proxy.telemetry.data_path import receipt_fields, searchable, send_fields
 from proxy.telemetry.metrics import ProxyMetrics
 from proxy.telemetry.tracer import Peer, SpanWriter
@@ -169,7 +170,7 @@ class Telemetry:
 
     def _sends(self, timeline: ConnectionTimeline, conn_id: int, data: bytes | memoryview, pos: int, received_ns: int,
                forwarded_ns: int, origin: str, broker: str | None) -> int:
-        end_of_data, head, match = len(data), FRAME_HEAD.unpack_from, SEND_COMMAND.fullmatch
+        end_of_data, head = len(data), FRAME_HEAD.unpack_from
         book = timeline.book
         entries, other_keys, inspect = book.entries, book.other_keys, timeline.inspect_trace_context
         # (one search of the run: in most runs no frame names a trace context)
@@ -183,9 +184,9 @@ class Telemetry:
             end = pos + total + 4
             if end > end_of_data:
                 break
-            found = match(data, pos + 8, pos + 8 + cmd_size) if capacity > 0 else None
-            if found is not None and data[pos + 11] == cmd_size - 4:
-                key, producer, count = found.group(1, 2, 3)
+            found = send_command(data, pos + 8, pos + 8 + cmd_size) if capacity > 0 else None
+            if found is not None:
+                key, producer, number = found
                 known = producers.get(producer)
                 if known is None:
                     known = producers[producer] = timeline.bulk_producer(producer)
@@ -194,7 +195,6 @@ class Telemetry:
                         inspect and end > pos + 8 + cmd_size and (
                             (marked and _TRACEPARENT_IN(data, pos, end) is not None)
                             or not searchable(data, pos + 8 + cmd_size, end))):
-                    number = 1 if count is None else (count[0] if len(count) == 1 else varint_value(count))
                     entries[key] = (received_ns, forwarded_ns, end - pos, number, topic)
                     if not forgets:
                         capacity -= 1
@@ -226,16 +226,15 @@ class Telemetry:
         if timeline is not None and timeline.connected:
             capacity, forgets = timeline.bulk_capacity()
             cmd_end = 8 + _SIZE_AT(data, 4)[0]
-            found = SEND_COMMAND.fullmatch(data, 8, cmd_end) if capacity > 0 else None
-            if found is not None and data[11] == cmd_end - 12:
-                key, producer, count = found.group(1, 2, 3)
+            found = send_command(data, 8, cmd_end) if capacity > 0 else None
+            if found is not None:
+                key, producer, number = found
                 in_bulk, topic = timeline.bulk_producer(producer)
                 entries, other_keys = timeline.book.entries, timeline.book.other_keys
                 end = len(data)
                 if in_bulk and not (other_keys and key in other_keys) and not (
                         timeline.inspect_trace_context and end > cmd_end and (
                             _TRACEPARENT_IN(data) is not None or not searchable(data, cmd_end, end))):
-                    number = 1 if count is None else (count[0] if len(count) == 1 else varint_value(count))
                     entries[key] = (received_ns, forwarded_ns, end, number, topic)
                     if forgets and len(entries) > capacity:
                         timeline.bulk_forget_oldest()
@@ -255,27 +254,24 @@ class Telemetry:
         timeline = self._bulk_timeline(conn_id, broker)
         if timeline is not None and timeline.connected:
             cmd_end = 8 + _SIZE_AT(data, 4)[0]
-            found = COMMON_RECEIPT_COMMAND.fullmatch(data, 8, cmd_end) or RECEIPT_COMMAND.fullmatch(data, 8, cmd_end)
-            if found is not None and data[11] == cmd_end - 12:
-                key, id_size, message_id = found.group(1, 2, 3)
-                entries, other_keys = timeline.book.entries, timeline.book.other_keys
-                if (id_size is None or id_size[0] == len(message_id)) and not (
-                        other_keys and key in other_keys and key not in entries):
-                    entry = entries.pop(key, None)
-                    spans, metrics = self.spans, self.metrics
-                    if entry is not None and spans is not None:
-                        if spans.sample >= 1.0 or spans.draw() < spans.sample:
-                            spans.sampled_exchange(timeline.bulk_exchange(key, entry, received_ns, forwarded_ns,
-                                                                          "broker"), self._peers[conn_id])
-                        else:
-                            spans.spans_skipped += 1
-                    self.frames_seen += 1
-                    if metrics is not None:
-                        metrics.frame("SEND_RECEIPT", _TO_CLIENT, "broker", len(data))
-                        if entry is not None:
-                            waited = forwarded_ns - entry[0]
-                            metrics.request("SEND", entry[4], "ok", (waited if waited > 0 else 0) / 1e9)
-                    return
+            key = receipt_key(data, 8, cmd_end)
+            entries, other_keys = timeline.book.entries, timeline.book.other_keys
+            if key is not None and not (other_keys and key in other_keys and key not in entries):
+                entry = entries.pop(key, None)
+                spans, metrics = self.spans, self.metrics
+                if entry is not None and spans is not None:
+                    if spans.sample >= 1.0 or spans.draw() < spans.sample:
+                        spans.sampled_exchange(timeline.bulk_exchange(key, entry, received_ns, forwarded_ns,
+                                                                      "broker"), self._peers[conn_id])
+                    else:
+                        spans.spans_skipped += 1
+                self.frames_seen += 1
+                if metrics is not None:
+                    metrics.frame("SEND_RECEIPT", _TO_CLIENT, "broker", len(data))
+                    if entry is not None:
+                        waited = forwarded_ns - entry[0]
+                        metrics.request("SEND", entry[4], "ok", (waited if waited > 0 else 0) / 1e9)
+                return
         self._one_frame(conn_id, Direction.TO_CLIENT, bytes(data), received_ns, forwarded_ns, "broker", broker)
 
     def _count_sends(self, frames: int, size: int, messages: dict[str | None, int], origin: str) -> None:
@@ -298,8 +294,7 @@ class Telemetry:
 
     def _receipts(self, timeline: ConnectionTimeline, conn_id: int, data: bytes | memoryview, pos: int,
                   received_ns: int, forwarded_ns: int, origin: str, broker: str | None) -> int:
-        end_of_data, head, match = len(data), FRAME_HEAD.unpack_from, RECEIPT_COMMAND.fullmatch
-        common = COMMON_RECEIPT_COMMAND.fullmatch
+        end_of_data, head = len(data), FRAME_HEAD.unpack_from
         book, spans = timeline.book, self.spans
         entries, other_keys = book.entries, book.other_keys
         bulk = timeline.connected
@@ -319,32 +314,28 @@ class Telemetry:
             end = pos + total + 4
             if end > end_of_data:
                 break
-            cmd_end = pos + 8 + cmd_size
-            found = (common(data, pos + 8, cmd_end) or match(data, pos + 8, cmd_end)) if bulk else None
-            if found is not None and data[pos + 11] == cmd_size - 4:
-                key, id_size, message_id = found.group(1, 2, 3)
-                if (id_size is None or id_size[0] == len(message_id)) and not (
-                        other_keys and key in other_keys and key not in entries):
-                    frames += 1
-                    entry = entries.pop(key, None)
-                    if entry is not None:
-                        topic = entry[4]
-                        if entry[0] != sent_ns:
-                            sent_ns = entry[0]
-                            waited = forwarded_ns - sent_ns
-                            seconds = (waited if waited > 0 else 0) / 1e9
-                        if topic is not last_topic:
-                            last_topic = topic
-                            last_latencies = latencies.setdefault(topic, [])
-                        last_latencies.append(seconds)
-                        if spans is not None:
-                            if every or spans.draw() < rate:
-                                spans.sampled_exchange(timeline.bulk_exchange(key, entry, received_ns, forwarded_ns,
-                                                                              origin), self._peers[conn_id])
-                            else:
-                                skipped += 1
-                    pos = end
-                    continue
+            key = receipt_key(data, pos + 8, pos + 8 + cmd_size) if bulk else None
+            if key is not None and not (other_keys and key in other_keys and key not in entries):
+                frames += 1
+                entry = entries.pop(key, None)
+                if entry is not None:
+                    topic = entry[4]
+                    if entry[0] != sent_ns:
+                        sent_ns = entry[0]
+                        waited = forwarded_ns - sent_ns
+                        seconds = (waited if waited > 0 else 0) / 1e9
+                    if topic is not last_topic:
+                        last_topic = topic
+                        last_latencies = latencies.setdefault(topic, [])
+                    last_latencies.append(seconds)
+                    if spans is not None:
+                        if every or spans.draw() < rate:
+                            spans.sampled_exchange(timeline.bulk_exchange(key, entry, received_ns, forwarded_ns,
+                                                                          origin), self._peers[conn_id])
+                        else:
+                            skipped += 1
+                pos = end
+                continue
             self._count_receipts(frames, pos - stretch, latencies, origin, skipped)
             frames = skipped = 0
             latencies = {}

@@ -19,8 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -608,29 +606,3 @@ def test_traced_sends_whose_metadata_cannot_name_a_compression_are_not_parsed() 
     assert _spans(fast_spans) == _spans(full_spans) and len(_spans(fast_spans)) > 5
     full.shutdown()
     fast.shutdown()
-
-
-
-_RECEIPT_TAILS = [b"", b"\x20", b"\x18", b"\x28", b"\x30", b"\x00", b"\x01", b"\x05", b"\x7f", b"\x80", b"\xff",
-                  b"\x80\x01", b"\xff" * 8 + b"\x7f", b"\xff" * 9 + b"\x01"]
-
-
-@settings(max_examples=2000, deadline=None)
-@given(ids=st.tuples(st.integers(0, 2**63), st.integers(0, 2**63)), ledger=st.integers(0, 2**64 - 1),
-       entry=st.integers(0, 2**64 - 1), size_shift=st.integers(-2, 2), tail=st.lists(st.sampled_from(_RECEIPT_TAILS),
-                                                                                      max_size=6))
-def test_the_common_receipt_pattern_reads_what_the_general_one_reads(ids: tuple[int, int], ledger: int, entry: int,
-                                                                      size_shift: int, tail: list[bytes]) -> None:
-    """Where the pattern for the receipts brokers send matches, the general receipt pattern matches with the
-    same groups (the bulk path tries the common one first): message ids of any size byte, then anything."""
-    from proxy.telemetry.bulk import COMMON_RECEIPT_COMMAND, RECEIPT_COMMAND
-
-    message_id = b"\x08" + _varint(ledger) + b"\x10" + _varint(entry)
-    sub = _ids(*ids) + b"\x1a" + bytes([max(len(message_id) + size_shift, 0) & 0x7F]) + message_id + b"".join(tail)
-    command = b"\x08\x07\x3a" + bytes([len(sub) & 0x7F]) + sub
-    common = COMMON_RECEIPT_COMMAND.fullmatch(command)
-    general = RECEIPT_COMMAND.fullmatch(command)
-    if common is not None:
-        assert general is not None and general.group(1, 2, 3) == common.group(1, 2, 3)
-    if general is not None and not tail and size_shift == 0 and max(ledger, entry) < 2**63:
-        assert common is not None  # the common shape is taken by the common pattern
