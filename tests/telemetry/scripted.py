@@ -15,6 +15,21 @@ MS = 1_000_000
 TO_BROKER, TO_CLIENT = Direction.TO_BROKER, Direction.TO_CLIENT
 
 
+def padded_varint(value: int, padding: int = 0) -> bytes:
+    """``value`` as a varint, ``padding`` bytes longer than it needs (protobuf reads either)."""
+    out = bytearray()
+    while True:
+        out.append(value & 0x7F)
+        value >>= 7
+        if not value:
+            break
+        out[-1] |= 0x80
+    for _ in range(padding):
+        out[-1] |= 0x80
+        out.append(0)
+    return bytes(out)
+
+
 def frame(sub: object) -> Frame:
     return frame_from_bytes(encode_command(sub))  # type: ignore[arg-type]
 

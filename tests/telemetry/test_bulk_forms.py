@@ -24,6 +24,8 @@ from proxy.protocol.frame import encode_command, encode_payload_command
 from proxy.telemetry.bulk import varint_value
 from proxy.telemetry.bulk_forms import receipt_key, send_command
 
+from .scripted import padded_varint
+
 #: a varint telemetry keys on: minimal (so its bytes name one value), at most 9 bytes (< 2**63)
 _KEY = rb"(?:[\x00-\x7f]|[\x80-\xff]{1,8}[\x01-\x7f])"
 #: any varint protobuf reads as a 64-bit value: at most 10 bytes, the tenth 0 or 1
@@ -72,30 +74,15 @@ def oracle_receipt(buf: bytes | memoryview, start: int, end: int) -> bytes | Non
     return key if id_size is None or id_size[0] == len(message_id) else None
 
 
-def _varint(value: int, padding: int = 0) -> bytes:
-    """``value`` as a varint, ``padding`` bytes longer than it needs."""
-    out = bytearray()
-    while True:
-        out.append(value & 0x7F)
-        value >>= 7
-        if not value:
-            break
-        out[-1] |= 0x80
-    for _ in range(padding):
-        out[-1] |= 0x80
-        out.append(0)
-    return bytes(out)
-
-
 @st.composite
 def varints(draw: st.DrawFn) -> bytes:
     """Varints of every length the forms tell apart: mostly minimal, else padded (zero-ended), of 10 or 11 bytes,
     unterminated, of values up to 2**64."""
     if draw(st.integers(0, 3)):
-        return _varint(draw(st.one_of(st.integers(0, 200), st.integers(0, 2**28), st.integers(0, 2**62))))
+        return padded_varint(draw(st.one_of(st.integers(0, 200), st.integers(0, 2**28), st.integers(0, 2**62))))
     value = draw(st.one_of(st.integers(0, 300), st.integers(0, 2**64 - 1),
                            st.sampled_from([2**28 - 1, 2**28, 2**31, 2**63 - 1, 2**63, 2**64 - 1])))
-    out = _varint(value, draw(st.sampled_from([0, 0, 1, 2, 8])))
+    out = padded_varint(value, draw(st.sampled_from([0, 0, 1, 2, 8])))
     shape = draw(st.sampled_from(["as is"] * 3 + ["unterminated", "ten", "eleven"]))
     if shape == "unterminated":
         return out[:-1] + bytes([out[-1] | 0x80])
@@ -232,8 +219,8 @@ def test_the_common_receipt_pattern_reads_what_the_general_one_reads(ids: tuple[
                                                                       size_shift: int, tail: list[bytes]) -> None:
     """Where the oracle's pattern for the receipts brokers send matches, the general receipt pattern matches with
     the same groups (the bulk path tried the common one first): message ids of any size byte, then anything."""
-    message_id = b"\x08" + _varint(ledger) + b"\x10" + _varint(entry)
-    sub = (b"\x08" + _varint(ids[0]) + b"\x10" + _varint(ids[1]) + b"\x1a"
+    message_id = b"\x08" + padded_varint(ledger) + b"\x10" + padded_varint(entry)
+    sub = (b"\x08" + padded_varint(ids[0]) + b"\x10" + padded_varint(ids[1]) + b"\x1a"
            + bytes([max(len(message_id) + size_shift, 0) & 0x7F]) + message_id + b"".join(tail))
     command = b"\x08\x07\x3a" + bytes([len(sub) & 0x7F]) + sub
     common = COMMON_RECEIPT_COMMAND.fullmatch(command)

@@ -33,6 +33,7 @@ from proxy.telemetry import ExportSettings, TelemetryPipeline, build_telemetry
 from proxy.telemetry.data_path import receipt_fields, send_fields
 from proxy.telemetry.metrics import ProxyMetrics
 
+from .scripted import padded_varint
 from .scripted import send as scripted_send
 
 TO_BROKER, TO_CLIENT = Direction.TO_BROKER, Direction.TO_CLIENT
@@ -146,31 +147,16 @@ def synthetic(seed: int) -> list[Wire]:
     return out
 
 
-def _varint(value: int, padding: int = 0) -> bytes:
-    """``value`` as a varint, longer by ``padding`` bytes than it needs (protobuf reads either)."""
-    out = bytearray()
-    while True:
-        out.append(value & 0x7F)
-        value >>= 7
-        if not value:
-            break
-        out[-1] |= 0x80
-    for _ in range(padding):
-        out[-1] |= 0x80
-        out.append(0)
-    return bytes(out)
-
-
 def _reframed(raw: bytes, sub_command: bytes) -> bytes:
     """``raw`` (a SEND or SEND_RECEIPT frame) with its sub-command's bytes replaced, sizes adjusted."""
     kind = raw[9]
-    command = bytes((0x08, kind, ((6 if kind == 6 else 7) << 3) | 2)) + _varint(len(sub_command)) + sub_command
+    command = bytes((0x08, kind, ((6 if kind == 6 else 7) << 3) | 2)) + padded_varint(len(sub_command)) + sub_command
     rest = raw[8 + int.from_bytes(raw[4:8], "big"):]  # the payload section: its checksum does not cover the command
     return (4 + len(command) + len(rest)).to_bytes(4, "big") + len(command).to_bytes(4, "big") + command + rest
 
 
 def _ids(producer_id: int, sequence_id: int, padding: int = 0) -> bytes:
-    return b"\x08" + _varint(producer_id, padding) + b"\x10" + _varint(sequence_id, padding)
+    return b"\x08" + padded_varint(producer_id, padding) + b"\x10" + padded_varint(sequence_id, padding)
 
 
 def odd_encodings(seed: int) -> list[Wire]:
@@ -209,9 +195,9 @@ def odd_encodings(seed: int) -> list[Wire]:
         sub = _ids(producer_id, sequence_id, padding)
         roll = rng.random()
         if roll < 0.3:
-            sub += b"\x18" + _varint(rng.choice((0, 1, 127, 128, 200, 2**21, 2**28 + 5, 2**31 - 1)))
+            sub += b"\x18" + padded_varint(rng.choice((0, 1, 127, 128, 200, 2**21, 2**28 + 5, 2**31 - 1)))
         elif roll < 0.35:
-            sub += b"\x18" + _varint(3, 1)  # a padded count
+            sub += b"\x18" + padded_varint(3, 1)  # a padded count
         elif roll < 0.4 and pending:
             earlier = rng.choice(pending)  # the same ids as a SEND still pending
             sub = _ids(earlier[0], earlier[1])
@@ -231,13 +217,13 @@ def odd_encodings(seed: int) -> list[Wire]:
                     continue
                 ids = _ids(producer_id, sequence_id, 1 if receipt < 0.2 else 0)
                 message_id = rng.choice((b"", b"\x1a\x04\x08\x07\x10\x05",
-                                         b"\x1a" + bytes([15]) + b"\x08\x07\x10\x05\x18" + _varint(2**64 - 1),
+                                         b"\x1a" + bytes([15]) + b"\x08\x07\x10\x05\x18" + padded_varint(2**64 - 1),
                                          b"\x1a\x08\x08\x07\x10\x05\x20\x02\x30\x09",
                                          b"\x1a\x06\x08\x07\x10\x05\x28\x01",  # an ack_set
                                          b"\x1a\x04\x10\x05\x08\x07",  # fields out of order
                                          # a message id of 2 bytes, then sequence_id again (the last counts)
-                                         b"\x1a\x02\x08\x07\x10" + _varint(sequence_id + 1)))
-                highest = rng.choice((b"", b"\x20" + _varint(2**64 - 1), b"\x20\x05"))
+                                         b"\x1a\x02\x08\x07\x10" + padded_varint(sequence_id + 1)))
+                highest = rng.choice((b"", b"\x20" + padded_varint(2**64 - 1), b"\x20\x05"))
                 put(TO_CLIENT, _reframed(_receipt(1, 1), ids + message_id + highest))
     ts += 1_000
     out.append(Wire(1, TO_BROKER, ts, close=True))
