@@ -90,6 +90,8 @@ def test_the_first_pages_are_written_before_traffic_and_the_rest_given_back_once
         assert bytes(ring.view[:1024]) == b"s" * 1024
         # Traffic trickling on after a burst (a run in the ring at every tick) no longer keeps the burst's pages.
         ring.release(1)  # ("s")
+        ring.tick()
+        ring.tick()  # (a burst this long after the trim: the next trim still waits one tick, see below)
         assert ring.put(b"u" * (300 * 1024)) == 0  # past the first pages
         resident = []
         for _ in range(3):
@@ -103,7 +105,50 @@ def test_the_first_pages_are_written_before_traffic_and_the_rest_given_back_once
         ring.take_back()
         ring.tick()
         ring.tick()
+        ring.tick()  # (back right after the trim: the wait is two ticks now)
         assert _resident_kib(ring) == 256
+    finally:
+        ring.close()
+
+
+def test_bursts_that_come_back_soon_after_a_trim_have_the_pages_kept_longer_and_a_late_one_not() -> None:
+    """Saturating bursts a few seconds apart would fault the pages a trim gave back in again at each burst: a
+    burst back past the first pages within twice the wait after a trim doubles the wait (up to TRIM_AFTER_MOST
+    ticks); one that comes later sets it back to a tick."""
+    ring = RunRing.create(1 << 20)
+    ring.reuse_from = 256 * 1024
+    try:
+        ring.prefault()
+
+        def burst() -> None:  # past the first pages, written at once
+            assert ring.put(b"b" * (300 * 1024)) is not None
+            ring.release(1)
+
+        def quiet_ticks_kept() -> int:  # ticks until the burst's pages are given back
+            for ticks in range(1, 40):
+                ring.tick()
+                if _resident_kib(ring) == 256:
+                    return ticks
+            return -1
+
+        burst()
+        ring.tick()  # (it saw the burst)
+        assert quiet_ticks_kept() == 1  # a lone burst: given back at the first quiet tick
+        waits = []
+        for _ in range(6):  # each burst comes back at the first tick after the trim
+            burst()
+            ring.tick()
+            waits.append(quiet_ticks_kept())
+        assert waits == [2, 4, 8, 16, 16, 16] and _resident_kib(ring) == 256
+        for _ in range(2 * 16):  # quiet for twice the wait: the next burst is a lone one again
+            ring.tick()
+        burst()
+        ring.tick()
+        assert quiet_ticks_kept() == 1
+        burst()  # back at once: the wait doubles again
+        ring.tick()
+        ring.tick()
+        assert _resident_kib(ring) > 256
     finally:
         ring.close()
 
