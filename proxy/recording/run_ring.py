@@ -21,6 +21,13 @@ backlog builds up.  Those first MiB are written once when the ring is made
 recorder gives back the pages past them (:meth:`RunRing.tick`) once no run has lain past
 them for a while, although runs may still come and go in the first MiB (traffic that
 trickles on after a burst): a burst does not leave the proxy holding the ring's size for good.
+That while is a tick (about a second) after a lone burst; a burst that comes back into the pages
+given back (past ``REUSE_FROM``) less than ``TRIM_AFTER_MOST`` quiet ticks after the one before has the
+next trim wait twice that gap (up to ``TRIM_AFTER_MOST``), and one that comes later has it wait a tick
+again: pages given back cost a fault each when the next burst writes them again (~3-4 us a page here,
+on the relay's thread or the populating worker's; ~0.1 s of CPU for a ring of 128 MiB), which
+saturating bursts a few seconds apart (the recording arm's phases in ``bench/passthrough.py
+--observers``) paid at each burst.
 A backlog that does build up (a saturated proxy: the writer process, niced and held to a share of
 a core, falls behind at once and the ring fills) would fault in every page past the first MiB under
 the relay's copies (~5 us a page here: ~0.14 s of the relay's time to fill a 128 MiB ring after each
@@ -54,6 +61,9 @@ POPULATE_BYTES: Final = 4 * 1024 * 1024
 #: how far ahead of the newest run they are populated (see populate_ahead); the worker thread is woken when the
 #: newest run comes within half of it of the pages populated
 POPULATE_AHEAD: Final = 24 * 1024 * 1024
+#: the most ticks in a row with no run put past ``REUSE_FROM`` that a trim waits for, and the longest gap between
+#: bursts that makes it wait longer than one (see above and ``tick``)
+TRIM_AFTER_MOST: Final = 16
 #: ``madvise``'s advice to fault pages in writable without writing them (Linux 5.14; not in Python 3.11's mmap)
 _MADV_POPULATE_WRITE: Final = 23
 
@@ -108,6 +118,11 @@ class RunRing:
         self._high_runs = 0
         #: runs put in so far that ended past ``reuse_from``, and as of the previous tick
         self._high_puts = self._high_puts_at_tick = 0
+        #: ticks in a row that saw no run put past ``reuse_from``, and how many a trim waits for (see ``tick``)
+        self._quiet_ticks = 0
+        self.trim_after = 1
+        #: whether a trim gave pages back since a run last went past ``reuse_from``
+        self._trimmed = False
         #: the ring's pages are written (or were populated) up to here: past it, copies fault
         self.ready_to = 0
         #: the end of the newest run put in
@@ -233,23 +248,34 @@ class RunRing:
 
     def tick(self) -> None:
         """Call it every second or so: trims the ring when no run lies past ``reuse_from`` and none went
-        there since the previous tick (runs may come and go before it meanwhile)."""
-        if self._high_puts == self._high_puts_at_tick:
-            self.trim()
-        self._high_puts_at_tick = self._high_puts
+        there in the last ``trim_after`` ticks (runs may come and go before it meanwhile).  Runs back past
+        ``reuse_from`` after a trim set ``trim_after`` to twice the quiet ticks before them, or to one when
+        those were ``TRIM_AFTER_MOST`` or more."""
+        if self._high_puts != self._high_puts_at_tick:
+            self._high_puts_at_tick = self._high_puts
+            if self._trimmed:
+                gap = self._quiet_ticks
+                self.trim_after = min(2 * gap, TRIM_AFTER_MOST) if gap < TRIM_AFTER_MOST else 1
+                self._trimmed = False
+            self._quiet_ticks = 0
+            return
+        self._quiet_ticks += 1
+        if self._quiet_ticks >= self.trim_after and self.trim():
+            self._trimmed = True
 
-    def trim(self) -> None:
+    def trim(self) -> bool:
         """Give the ring's pages past ``reuse_from`` back to the system when no run lies there (written
-        again, they come back as zeros)."""
+        again, they come back as zeros); whether it did."""
         remove = getattr(mmap, "MADV_REMOVE", None)  # Linux
         if self._high_runs or self._written_to <= self.reuse_from or remove is None or self.populating:
-            return
+            return False
         with contextlib.suppress(OSError):
             # (whole pages: reuse_from is a multiple of the page size unless it is the whole ring)
             self._map.madvise(remove, self.reuse_from, self.size - self.reuse_from)
         self._written_to = self.reuse_from
         if self.ready_to > self.reuse_from:
             self._set_ready_to(self.reuse_from)
+        return True
 
     def take_back(self) -> None:
         """Release the newest run (its item was not queued after all)."""

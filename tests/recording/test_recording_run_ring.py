@@ -90,6 +90,8 @@ def test_the_first_pages_are_written_before_traffic_and_the_rest_given_back_once
         assert bytes(ring.view[:1024]) == b"s" * 1024
         # Traffic trickling on after a burst (a run in the ring at every tick) no longer keeps the burst's pages.
         ring.release(1)  # ("s")
+        for _ in range(16):  # (a burst this long after the one before: the next trim still waits one tick, see below)
+            ring.tick()
         assert ring.put(b"u" * (300 * 1024)) == 0  # past the first pages
         resident = []
         for _ in range(3):
@@ -102,8 +104,49 @@ def test_the_first_pages_are_written_before_traffic_and_the_rest_given_back_once
         assert ring.put(b"w" * (300 * 1024)) is not None  # past the first pages again: taken back, not counted
         ring.take_back()
         ring.tick()
-        ring.tick()
+        for _ in range(4):  # (back two quiet ticks after "u": the next trim waits four)
+            ring.tick()
         assert _resident_kib(ring) == 256
+    finally:
+        ring.close()
+
+
+def test_bursts_that_come_back_soon_after_a_trim_have_the_pages_kept_longer_and_a_late_one_not() -> None:
+    """Saturating bursts a few seconds apart would fault the pages a trim gave back in again at each burst: a
+    burst back past the first pages after a trim has the next trim wait twice the quiet ticks before it (up to
+    TRIM_AFTER_MOST); one that comes TRIM_AFTER_MOST or more quiet ticks later, one tick again."""
+    ring = RunRing.create(1 << 20)
+    ring.reuse_from = 256 * 1024
+    try:
+        ring.prefault()
+
+        def burst_after(quiet: int) -> None:  # quiet ticks, then runs past the first pages, seen by a tick
+            for _ in range(quiet):
+                ring.tick()
+            assert ring.put(b"b" * (300 * 1024)) is not None
+            ring.release(1)
+            ring.tick()
+
+        def ticks_kept() -> int:  # quiet ticks until the burst's pages are given back
+            for ticks in range(1, 40):
+                ring.tick()
+                if _resident_kib(ring) == 256:
+                    return ticks
+            return -1
+
+        burst_after(0)
+        assert ticks_kept() == 1  # a lone burst: given back at the first quiet tick
+        burst_after(0)  # back one quiet tick after the one before
+        assert ticks_kept() == 2
+        burst_after(1)  # back 3 quiet ticks after the one before
+        for _ in range(3):  # the next ones as far apart: their pages are kept between them
+            burst_after(3)
+            assert _resident_kib(ring) > 256
+        assert ticks_kept() == 6
+        burst_after(2)  # 8 quiet ticks: twice that is as high as the wait goes
+        assert ticks_kept() == 16
+        burst_after(0)  # 16 quiet ticks after the one before: a lone burst again
+        assert ticks_kept() == 1
     finally:
         ring.close()
 
