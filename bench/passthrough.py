@@ -39,35 +39,41 @@ Latency runs after the rounds, path by path.
         checkout (e.g. ``git archive main | tar -x -C /tmp/main``), measured in the same rounds:
         a before/after from the same run, as the ``tap/baseline`` column
 
-Observer arms (``--observers`` runs only these; a full run ends with them): pulsar-tap
-plain, then with each observer alone — recording (``record: {dir}``), metrics (``admin``
-set, /metrics scraped once at the end), traces sampled at 1 % and 100 % (``tracing:
-{exporter: otlp, sample}`` posting to an OTLP/HTTP sink on loopback that answers 200),
-100 rules that match nothing, 10 rules of which one (``mark``) matches 1 % of SENDs, and
-a second plain pulsar-tap ("plain again": its ratio to plain is the noise of the machine
-and of the bench alone, the floor to read the other arms' ratios against) —
-each as frames/s of 100 B and 1 KiB SEND frames and as a fraction of plain in the same
-run.  Here every SEND carries its own sequence id and the stand-in broker answers each
-with a SEND_RECEIPT (read and discarded by the load client), so telemetry has requests
-to pair.  As the paths above, every arm's pulsar-tap is started first (each in a directory
-of its own: the recording arm's recordings; the traces arms share the OTLP sink) and stays
-up, and the arms run in ``--observer-rounds`` rounds (3), each running 100 B then 1 KiB
-through every arm in turn (their order rotated each round), a phase lasting ``--duration``
-/ rounds.  The table shows per arm and size the median frames/s of the rounds, the median
-of the per-round ratios to plain and their min, and pulsar-tap's CPU per frame (every thread
-and the recording's writer process, from the scheduler's nanoseconds; a telemetry arm's
-phase ends once its observer queue delivered the phase's frames) and plain's CPU per frame
-over the arm's: on a busy machine the steadier figure, and the minor page faults of its main
-thread (the relays) per thousand frames.  With ``--baseline DIR`` every chosen arm (plain
-included) runs a second time, as "ARM @base", with that checkout's pulsar-tap, in the same
-rounds; its ratios are to the baseline's plain, and a section prints each arm over the
-baseline's same arm, round by round, and their CPU per frame.  The recording arm also prints the
-frames the recorder wrote and dropped, and what is left of the frames that passed the proxy
+Observer arms (``--observers`` runs only these; a full run ends with them): pulsar-tap plain,
+then with each observer alone — recording (``record: {dir}``), metrics (``admin`` set, /metrics
+scraped once at the end), traces sampled at 1 % and 100 % (``tracing: {exporter: otlp,
+sample}`` posting to an OTLP/HTTP sink on loopback that answers 200), 100 rules that match
+nothing, 10 rules of which one (``mark``) matches 1 % of SENDs, and a second plain pulsar-tap
+("plain again": its ratio to plain is the noise of the machine and of the bench alone, the
+floor to read the other arms' ratios against) — each as frames/s of 100 B and 1 KiB SEND frames
+and as a fraction of plain in the same run.  Here every SEND carries its own sequence id and
+the stand-in broker answers each with a SEND_RECEIPT (read and discarded by the load client),
+so telemetry has requests to pair.  As the paths above, every arm's pulsar-tap is started first
+(each in a directory of its own: the recording arm's recordings; the traces arms share the OTLP
+sink) and stays up, and the arms run in ``--observer-rounds`` rounds (3), each running 100 B
+then 1 KiB through every arm in turn (their order rotated each round), a phase lasting
+``--duration`` / rounds.  Before each phase the bench waits until its pulsar-taps (every arm's,
+with their child processes) and the OTLP sink are quiet (under 0.05 cores together): an arm's
+work left over after its phase (the traces arms export their spans after telemetry counted the
+frames, the recording's writer flushes) would otherwise run in the next arm's phase — and
+rotating the order keeps the arms' cyclic order, so the same arm would follow it every round
+(100 rules ran right after traces 100 % every round, while that arm's span exports still used
+0.1-0.3 cores).  The CPU the other arms' processes still used during a phase is printed with
+the other parts (``others``).  The table shows per arm and size the median frames/s of the
+rounds, the median of the per-round ratios to plain and their min, and pulsar-tap's CPU per
+frame (every thread and the recording's writer process, from the scheduler's nanoseconds; a
+telemetry arm's phase ends once its observer queue delivered the phase's frames) and plain's
+CPU per frame over the arm's: on a busy machine the steadier figure, and the minor page faults
+of its main thread (the relays) per thousand frames.  With ``--baseline DIR`` every chosen arm
+(plain included) runs a second time, as "ARM @base", with that checkout's pulsar-tap, in the
+same rounds; its ratios are to the baseline's plain, and a section prints each arm over the
+baseline's same arm, round by round, and their CPU per frame.  The recording arm also prints
+the frames the recorder wrote and dropped, and what is left of the frames that passed the proxy
 (as its two ends counted them: the SENDs the sink received, the receipts the load client
-received — it waits for all of them before it closes — and CONNECT, CONNECTED and the
-closing PING): 0 unless frames were lost without being counted.  The telemetry arms print
-what share of the SENDs and receipts telemetry saw (coverage), the events it dropped and
-how long the /metrics scrape took.
+received — it waits for all of them before it closes — and CONNECT, CONNECTED and the closing
+PING): 0 unless frames were lost without being counted.  The telemetry arms print what share of
+the SENDs and receipts telemetry saw (coverage), the events it dropped and how long the
+/metrics scrape took.
 
     .venv/bin/python bench/passthrough.py --observers --no-pulsar-proxy
     .venv/bin/python bench/passthrough.py --observers --no-pulsar-proxy --arms recording --duration 9 \\
@@ -759,8 +765,28 @@ def proxy_cpu_seconds(pid: int) -> float:
     return cpu_seconds(pid) + sum(cpu_seconds(child) for child in children_of(pid))
 
 
-#: the bench's own processes whose CPU the observer arms report (the sink broker's pid is added in main)
+#: the bench's own processes whose CPU the observer arms report (the sink broker's and the OTLP sink's pids are
+#: added in main)
 BENCH_PROCESSES: dict[str, int] = {"client": os.getpid()}
+#: before an observer phase, the bench's pulsar-taps and the OTLP sink must together use fewer cores than this over
+#: QUIET_WINDOW_S (idle, the nine of a full run use about 0.01 together); waiting at most QUIET_TIMEOUT_S
+QUIET_CORES: Final = 0.05
+QUIET_WINDOW_S: Final = 0.25
+QUIET_TIMEOUT_S: Final = 30.0
+
+
+def wait_for_quiet(pids: list[int]) -> float:
+    """Wait until the processes ``pids`` (with their child processes) use fewer than QUIET_CORES together, so
+    that what one arm left running (span exports, a writer's flush) does not run in the next arm's phase; returns
+    the seconds waited (QUIET_TIMEOUT_S or more: they did not settle)."""
+    began = time.perf_counter()
+    while True:
+        before = sum(proxy_cpu_seconds(pid) for pid in pids)
+        time.sleep(QUIET_WINDOW_S)
+        waited = time.perf_counter() - began
+        if sum(proxy_cpu_seconds(pid) for pid in pids) - before < QUIET_CORES * QUIET_WINDOW_S \
+                or waited >= QUIET_TIMEOUT_S:
+            return waited
 
 
 @dataclass
@@ -822,11 +848,15 @@ def measure_observers(target: int, reports: Any, workdir: Path, otlp_port: int,
             running.enter_context(py_spy(started[args.profile_arm][1], args.py_spy))
         print("observer arms started: " + ", ".join(started), flush=True)
         names = list(started)
+        quiet = [pid for _, pid in started.values()] + [pid for part, pid in BENCH_PROCESSES.items() if part == "otlp"]
         for round_index in range(args.observer_rounds):
             shift = round_index % len(names)
             for label, size in OBSERVER_SIZES:
                 for name in names[shift:] + names[:shift]:
-                    _observer_phase(run, name, started[name][0], started[name][1], label, size, reports, workdir)
+                    run.samples[name].setdefault(f"quiet s {label}", []).append(wait_for_quiet(quiet))
+                    others = [pid for other, (_, pid) in started.items() if other != name]
+                    _observer_phase(run, name, started[name][0], started[name][1], label, size, reports, workdir,
+                                    others)
                     passed[name].append(PASSED_FRAMES[-1])
             print(f"observer round {round_index + 1} of {args.observer_rounds} done "
                   f"(load average {os.getloadavg()[0]:.2f})", flush=True)
@@ -853,15 +883,19 @@ def measure_observers(target: int, reports: Any, workdir: Path, otlp_port: int,
 
 
 def _observer_phase(run: ObserverRun, name: str, port: int, pid: int, label: str, size: int, reports: Any,
-                    workdir: Path) -> None:
-    """One phase of one arm: frames of ``size`` through its pulsar-tap (port, pid) for ``run.phase`` seconds."""
+                    workdir: Path, others: list[int]) -> None:
+    """One phase of one arm: frames of ``size`` through its pulsar-tap (port, pid) for ``run.phase`` seconds
+    (``others``: the other arms' pulsar-taps, whose CPU meanwhile is noted)."""
     row, notes = run.samples[name], run.notes[name]
     proxy_before, faults_before = proxy_cpu_seconds(pid), relay_faults(pid)
+    others_before = sum(proxy_cpu_seconds(other) for other in others)
     parts_before, wall_before = cpu_by_part(pid, BENCH_PROCESSES), time.perf_counter()
     row.setdefault(f"frames/s {label}", []).append(throughput(port, reports, size, run.phase, receipts=True)[1])
     wall = time.perf_counter() - wall_before
     for part, seconds in cpu_by_part(pid, BENCH_PROCESSES).items():
         row.setdefault(f"cpu {part} {label}", []).append((seconds - parts_before.get(part, 0.0)) / wall)
+    row.setdefault(f"cpu others {label}", []).append(
+        (sum(proxy_cpu_seconds(other) for other in others) - others_before) / wall)
     notes["sent"] = notes.get("sent", 0.0) + 2 * SENT_FRAMES[-1]
     if arm_kind(name) in TELEMETRY_ARMS:  # what telemetry saw of this phase's frames, once its queue drained
         seen = _telemetry_settled(arm_directory(workdir, name) / "ready.json", notes["sent"])
@@ -939,9 +973,14 @@ def print_observers(run: ObserverRun) -> None:
                 print(f"  {name:<22}{label:<7}" + " ".join(f"{ratio:5.2f}" for ratio in ratios)
                       + f"   median {median(ratios):.2f}  min {min(ratios):.2f}   cpu "
                       f"{cpu_per_frame(base, label) / cpu_per_frame(samples[name], label):.2f}x")
+    waits = [wait for row in samples.values() for key, values in row.items() if key.startswith("quiet s ")
+             for wait in values]
+    print(f"waited for the pulsar-taps and the OTLP sink to be quiet before each phase: median {median(waits):.2f}s, "
+          f"max {max(waits):.2f}s" + (f"; {sum(wait >= QUIET_TIMEOUT_S for wait in waits)} phases began after "
+                                      f"{QUIET_TIMEOUT_S:g}s without" if max(waits) >= QUIET_TIMEOUT_S else ""))
     print("CPU per part while each size ran (cores, median of the rounds; relay = pulsar-tap's main thread, "
-          "threads = its others, writer = its child processes, client/sink = the bench's load client and "
-          "stand-in broker):")
+          "threads = its others, writer = its child processes, client/sink/otlp = the bench's load client, "
+          "stand-in broker and OTLP sink, others = the other arms' pulsar-taps):")
     for name, row in samples.items():
         print(f"  {name:<22}" + "   ".join(
             f"{label}: " + " ".join(f"{key[4:-len(label) - 1]} {median(row[key]):.2f}" for key in row
@@ -1210,6 +1249,8 @@ def main(argv: list[str] | None = None) -> int:
     otlp_listen.listen(64)
     otlp_sink = context.Process(target=otlp_sink_main, args=(otlp_listen,), daemon=True)
     otlp_sink.start()
+    if otlp_sink.pid is not None:
+        BENCH_PROCESSES["otlp"] = otlp_sink.pid
     try:
         with tempfile.TemporaryDirectory() as tmp:
             workdir = Path(tmp)

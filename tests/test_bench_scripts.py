@@ -8,9 +8,11 @@ as a user may run it.
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,3 +44,42 @@ def test_the_telemetry_split_accounts_each_part(tmp_path: Path) -> None:
     rows = {line[:32].strip() for line in result.stdout.splitlines()}
     assert {"all of it", "lanes called directly", "histogram record", "request (label, key, record)",
             "frame counters", "message_count", "all three metrics calls"} <= rows
+
+
+def _passthrough(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """bench/passthrough.py as a module (its library, interleave.py, imported from bench/ as the script does)."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location("bench_passthrough", ROOT / "bench" / "passthrough.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # (its dataclasses look their module up there)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_an_observer_phase_begins_once_the_arms_are_quiet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``wait_for_quiet`` watches the arms' CPU window by window and returns after the first window in which they
+    used less than QUIET_CORES: what one arm left running (span exports) is not run in the next arm's phase."""
+    passthrough = _passthrough(monkeypatch)
+    window = passthrough.QUIET_WINDOW_S
+    # CPU seconds of the one process read before and after each window: 0.8 cores, then 0.4, then none
+    readings = iter([0.0, 0.8 * window, 0.8 * window, 1.2 * window, 1.2 * window, 1.2 * window])
+    monkeypatch.setattr(passthrough, "proxy_cpu_seconds", lambda pid: next(readings))
+    windows: list[float] = []
+    monkeypatch.setattr(passthrough.time, "sleep", windows.append)
+    passthrough.wait_for_quiet([1234])
+    assert windows == [window] * 3
+    assert next(readings, None) is None
+
+
+def test_an_observer_phase_begins_after_the_longest_wait_if_the_arms_stay_busy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Arms that never settle hold a phase back QUIET_TIMEOUT_S at the most (and the wait says so)."""
+    passthrough = _passthrough(monkeypatch)
+    window = passthrough.QUIET_WINDOW_S
+    used = iter(range(10_000))  # one CPU second per reading: always busy
+    monkeypatch.setattr(passthrough, "proxy_cpu_seconds", lambda pid: float(next(used)))
+    now = [0.0]
+    monkeypatch.setattr(passthrough.time, "sleep", lambda seconds: now.__setitem__(0, now[0] + seconds))
+    monkeypatch.setattr(passthrough.time, "perf_counter", lambda: now[0])
+    waited = passthrough.wait_for_quiet([1234])
+    assert passthrough.QUIET_TIMEOUT_S <= waited < passthrough.QUIET_TIMEOUT_S + window
