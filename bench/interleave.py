@@ -39,6 +39,23 @@ def rotated(arms: Sequence[Arm], round_: int) -> list[Arm]:
     return [*arms[shift:], *arms[:shift]]
 
 
+def paired_ratios(baseline: Sequence[float], arm: Sequence[float]) -> list[float]:
+    """Each round's baseline cost over the arm's cost in the same round (index by index): above 1, the arm
+    costs less.  Pairing by round cancels what the machine did that round to both."""
+    if len(baseline) != len(arm):
+        raise ValueError(f"{len(baseline)} baseline rounds against {len(arm)} of the arm")
+    return [base / cost for base, cost in zip(baseline, arm, strict=True)]
+
+
+def median_and_quartiles(values: Sequence[float]) -> tuple[float, float, float]:
+    """The median of ``values`` and their first and third quartiles (inclusive: within the values' range;
+    one value is its own quartiles)."""
+    if len(values) < 2:
+        return values[0], values[0], values[0]
+    first, median, third = statistics.quantiles(values, n=4, method="inclusive")
+    return median, first, third
+
+
 def task_cpu_seconds(pid: int, tid: int) -> float:
     """CPU time one thread (``tid`` of process ``pid``) has used so far; 0 once it is gone."""
     with contextlib.suppress(OSError, ValueError, IndexError):
