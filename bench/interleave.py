@@ -9,6 +9,8 @@ same round, their median and minimum, and the CPU time per unit (message, frame)
 process, the broker, the client), with the arm's total as a ratio to the baseline's: the steadier
 figure, since what an observer spends is taken from the client and the broker too when they share
 the cores (the throughput ratio is roughly total CPU per unit over that plus the observer's).
+A table that keeps its own rounds of costs (``rules.py``'s pipeline table) pairs them the same way with
+:func:`paired_ratios` and summarises them with :func:`median_and_quartiles`.
 
 Linux: thread and process CPU times come from ``/proc`` (``schedstat``); elsewhere they read 0.  The time
 of threads of another process that ended during a run is not counted (the brokers', writers' and

@@ -3,7 +3,7 @@
 Through the proxy there is one more arm, ``10+1%``: ten rules of which one (``mark``)
 matches 1 % of the SENDs (``probability: 0.01``), the rest as above.
 
-Two tables, each as throughput and as a ratio to 0 rules:
+Three tables, each with every arm's ratio to the arm without rules (0 rules, or no rules hook at all):
 
 1. **through the proxy**: ``pulsar-tap broker`` and ``pulsar-tap run --rules FILE``
    in their own processes on loopback (a fresh proxy per run); the official client in
