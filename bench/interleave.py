@@ -9,6 +9,8 @@ same round, their median and minimum, and the CPU time per unit (message, frame)
 process, the broker, the client), with the arm's total as a ratio to the baseline's: the steadier
 figure, since what an observer spends is taken from the client and the broker too when they share
 the cores (the throughput ratio is roughly total CPU per unit over that plus the observer's).
+A table that keeps its own rounds of costs (``rules.py``'s pipeline table) pairs them the same way with
+:func:`paired_ratios` and summarises them with :func:`median_and_quartiles`.
 
 Linux: thread and process CPU times come from ``/proc`` (``schedstat``); elsewhere they read 0.  The time
 of threads of another process that ended during a run is not counted (the brokers', writers' and
@@ -37,6 +39,23 @@ def rotated(arms: Sequence[Arm], round_: int) -> list[Arm]:
     """The arms in the order round ``round_`` runs them (rotated by one each round)."""
     shift = round_ % len(arms)
     return [*arms[shift:], *arms[:shift]]
+
+
+def paired_ratios(baseline: Sequence[float], arm: Sequence[float]) -> list[float]:
+    """Each round's baseline cost over the arm's cost in the same round (index by index): above 1, the arm
+    costs less.  Pairing by round cancels what the machine did that round to both."""
+    if len(baseline) != len(arm):
+        raise ValueError(f"{len(baseline)} baseline rounds against {len(arm)} of the arm")
+    return [base / cost for base, cost in zip(baseline, arm, strict=True)]
+
+
+def median_and_quartiles(values: Sequence[float]) -> tuple[float, float, float]:
+    """The median of ``values`` and their first and third quartiles (inclusive: within the values' range;
+    one value is its own quartiles)."""
+    if len(values) < 2:
+        return values[0], values[0], values[0]
+    first, median, third = statistics.quantiles(values, n=4, method="inclusive")
+    return median, first, third
 
 
 def task_cpu_seconds(pid: int, tid: int) -> float:

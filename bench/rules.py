@@ -3,7 +3,7 @@
 Through the proxy there is one more arm, ``10+1%``: ten rules of which one (``mark``)
 matches 1 % of the SENDs (``probability: 0.01``), the rest as above.
 
-Two tables, each as throughput and as a ratio to 0 rules:
+Three tables, each with every arm's ratio to the arm without rules (0 rules, or no rules hook at all):
 
 1. **through the proxy**: ``pulsar-tap broker`` and ``pulsar-tap run --rules FILE``
    in their own processes on loopback (a fresh proxy per run); the official client in
@@ -21,9 +21,17 @@ Two tables, each as throughput and as a ratio to 0 rules:
    hook; no sockets) reading pre-encoded SENDs from the client and
    their receipts from the broker, with no hook (the plain proxy), the non-matching
    rules and ``10+1%``; at 100 B and 1 KiB SENDs, in reads of ``--read-kib``; process
-   CPU time per direction (the receipts' with the rules on SEND_RECEIPT), best of
-   interleaved rounds, so a busy machine disturbs it less than the throughput tables,
-   and the minor page faults per 1000 frames;
+   CPU time per direction (the receipts' with the rules on SEND_RECEIPT), so a busy
+   machine disturbs it less than the throughput tables.  The arms run in
+   ``--pipeline-rounds`` rounds, the arms' order shuffled every round (seeded,
+   ``--pipeline-seed``: no arm always runs after the same other one, or at the same point
+   of a round).  Printed per arm and size: the best round's ns per frame and the ratio
+   of the best rounds (none's over the arm's; earlier figures were read from these), the
+   minor page faults per 1000 frames; then each round's own ratio, none's cost over the
+   arm's in that round, as their median and interquartile range: the figure to hold
+   against a goal (the range is how far single rounds stray, so 0.95 is met beyond the
+   noise when the whole range is above it, within it when the range straddles it; the
+   median itself moved by about 0.03 between runs of 15 rounds, 0.01 of 150 or more);
 3. **engine alone**: each frame of a producer/consumer mix (SEND, SEND_RECEIPT,
    MESSAGE, FLOW, ACK) decoded, attributed by the real SessionTracker and evaluated
    by :class:`~proxy.rules.engine.RulesEngine`, in a loop.
@@ -32,7 +40,8 @@ The non-matching rules name commands these frames are, but topics they are not (
 expensive case: the topic has to be resolved and the glob tried), alternating
 delay/drop/error/mark actions.
 
-Usage: ``.venv/bin/python bench/rules.py [--seconds 1.0] [--messages 20000] [--rounds 3] [--engine-only]``.
+Usage: ``.venv/bin/python bench/rules.py [--seconds 1.0] [--messages 20000] [--rounds 3] [--engine-only]
+[--pipeline-rounds 15] [--pipeline-seed 1] [--read-kib 64]``.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import random
 import resource
 import socket
 import subprocess
@@ -48,12 +58,14 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 # bench/ holds a proxy.py of its own: the repository root must come first
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from interleave import CpuParts, Round, report, rotated  # (a module of bench/: the script's directory)
+# (interleave: a module of bench/, the script's directory)
+from interleave import CpuParts, Round, median_and_quartiles, paired_ratios, report, rotated
 
 from proxy.config.proxy_config import ServiceUrl
 from proxy.core.hooks import ConnectionInfo
@@ -142,13 +154,27 @@ def measure(count: int, seconds: float) -> float:
     return done / (time.perf_counter() - start)
 
 
-def pipeline_cost(arms: tuple[int | str, ...], size: int = 100, read_bytes: int = 65536,
-                  rounds: int = 15) -> dict[int | str, tuple[float, float, float]]:
-    """CPU ns per frame of the relay's pipeline per arm (``"none"``: no hook), best of ``rounds``:
-    SENDs of ``size`` bytes and their receipts, ``read_bytes`` of SENDs per read.  Per arm: the SENDs'
-    cost, the receipts' cost (each direction alone: a rule on SEND_RECEIPT costs in the broker's), and
-    the minor page faults per 1000 frames over all rounds (memory the allocator gave back to the system
-    and faulted in again: what made 100 rules cost 15 % through the proxy, see proxy.core.scanner)."""
+@dataclass
+class PipelineCost:
+    """One arm's cost in the pipeline table: CPU ns per frame of each round (in the order the rounds ran), per
+    direction, and the minor page faults per 1000 frames over all rounds."""
+
+    sends: list[float]
+    receipts: list[float]
+    faults: float
+
+
+def pipeline_cost(arms: tuple[int | str, ...], size: int = 100, read_bytes: int = 65536, rounds: int = 15,
+                  seed: int = 1) -> dict[int | str, PipelineCost]:
+    """CPU ns per frame of the relay's pipeline per arm (``"none"``: no hook) in each of ``rounds`` rounds:
+    SENDs of ``size`` bytes and their receipts, ``read_bytes`` of SENDs per read.  Per arm and round: the
+    SENDs' cost and the receipts' cost (each direction alone: a rule on SEND_RECEIPT costs in the broker's);
+    and the minor page faults per 1000 frames over all rounds (memory the allocator gave back to the system
+    and faulted in again: what made 100 rules cost 15 % through the proxy, see proxy.core.scanner).
+
+    Each round runs the arms in an order shuffled with ``random.Random(seed)``: rotating them would leave
+    each arm after the same other arm every round (what the one before left in the allocator is what the
+    page faults count), and a disturbance that recurs with the round's period on the same arm."""
     # the frames of passthrough.py's observer arms
     from passthrough import CONNECTED, connect_frame, numbered_receipts, numbered_sends
 
@@ -165,12 +191,14 @@ def pipeline_cost(arms: tuple[int | str, ...], size: int = 100, read_bytes: int 
         pipeline.receive(Direction.TO_BROKER, connect_frame("rules"), 0)
         pipeline.receive(Direction.TO_CLIENT, CONNECTED, 0)
         pipelines[arm] = pipeline
-    best = {arm: [float("inf"), float("inf")] for arm in arms}
+    spent_per_round: dict[int | str, tuple[list[float], list[float]]] = {arm: ([], []) for arm in arms}
     faults = dict.fromkeys(arms, 0)
     reads = max(2, 1_300_000 // read_bytes)  # about 1.3 MB of SENDs per arm and round, whatever the sizes
+    order, shuffle = list(arms), random.Random(seed).shuffle
     for _ in range(rounds):
-        for arm, pipeline in pipelines.items():
-            spent = [0.0, 0.0]
+        shuffle(order)
+        for arm in order:
+            pipeline, spent = pipelines[arm], [0.0, 0.0]
             faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             for _ in range(reads):
                 for side, (direction, data) in enumerate(((Direction.TO_BROKER, sends),
@@ -180,8 +208,32 @@ def pipeline_cost(arms: tuple[int | str, ...], size: int = 100, read_bytes: int 
                     spent[side] += time.process_time() - start
             faults[arm] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before
             for side in (0, 1):
-                best[arm][side] = min(best[arm][side], spent[side] / (reads * count) * 1e9)
-    return {arm: (best[arm][0], best[arm][1], faults[arm] / (2 * rounds * reads * count) * 1000) for arm in arms}
+                spent_per_round[arm][side].append(spent[side] / (reads * count) * 1e9)
+    return {arm: PipelineCost(*spent_per_round[arm], faults[arm] / (2 * rounds * reads * count) * 1000)
+            for arm in arms}
+
+
+def print_pipeline_table(costs: dict[int, dict[int | str, PipelineCost]], arms: tuple[int | str, ...]) -> None:
+    """The pipeline table: per arm and SEND size (``costs``' keys), the best round's ns per frame of each
+    direction with the ratio of the best rounds (none's over the arm's) and the page faults; then the
+    rounds' own ratios, none's cost over the arm's in the same round, as median and interquartile range."""
+    print(f"{'rules':>6}" + "".join(f"{f'{size} B SEND ns':>15} {'ratio':>6} {'receipt ns':>11} {'ratio':>6} "
+                                    f"{'faults':>7}" for size in costs))
+    for arm in arms:
+        print(f"{arm:>6}" + "".join(
+            f"{min(cost[arm].sends):>15,.1f} {min(cost['none'].sends) / min(cost[arm].sends):>6.2f} "
+            f"{min(cost[arm].receipts):>11,.1f} {min(cost['none'].receipts) / min(cost[arm].receipts):>6.2f} "
+            f"{cost[arm].faults:>7.2f}" for cost in costs.values()))
+    print("each round's ratio (none's cost over the arm's in the same round): median [first - third quartile]")
+    print(f"{'rules':>6}" + "".join(f"{f'{size} B SEND':>24}{'receipt':>24}" for size in costs))
+    for arm in arms:
+        cells = []
+        for cost in costs.values():
+            for side in ("sends", "receipts"):
+                median, first, third = median_and_quartiles(
+                    paired_ratios(getattr(cost["none"], side), getattr(cost[arm], side)))
+                cells.append(f"{median:>10.3f} [{first:.3f} - {third:.3f}]")
+        print(f"{arm:>6}" + "".join(cells))
 
 
 def free_port() -> int:
@@ -274,7 +326,15 @@ def main() -> None:
                         help="rounds of the arms through the proxy, their order rotated each round (default 3)")
     parser.add_argument("--read-kib", type=int, default=64,
                         help="KiB of SENDs per read in the pipeline table (default 64; the relay reads up to 256)")
+    parser.add_argument("--pipeline-rounds", type=int, default=15,
+                        help="rounds of the pipeline table, each about 1.3 MB of SENDs per arm and size (default 15: "
+                             "about 0.5 s on an idle core, 150: 3 s; the median ratio steadies with more rounds, "
+                             "the quartiles, single rounds' spread, do not narrow)")
+    parser.add_argument("--pipeline-seed", type=int, default=1,
+                        help="seed of the pipeline table's shuffled order of the arms (default 1)")
     args = parser.parse_args()
+    if args.pipeline_rounds < 1:
+        parser.error("--pipeline-rounds takes at least one round")
     if not args.engine_only:
         load = os.getloadavg()[0]
         proxy_arms: tuple[int | str, ...] = (0, 10, 100, "10+1%")
@@ -284,16 +344,13 @@ def main() -> None:
         report(rounds, proxy_arms, baseline=0, parts=("proxy thread", "other proxy", "broker", "client"))
         print()
     print(f"relay pipeline alone (CPU per frame: SENDs and their receipts in {args.read_kib} KiB reads, each "
-          f"direction alone; load average {os.getloadavg()[0]:.2f}); ratio: the plain proxy's cost over the arm's; "
-          "faults: minor page faults per 1000 frames")
+          f"direction alone; load average {os.getloadavg()[0]:.2f}); {args.pipeline_rounds} rounds, the arms' order "
+          f"shuffled each round (seed {args.pipeline_seed}); ns: the best round; ratio: the plain proxy's best over "
+          "the arm's; faults: minor page faults per 1000 frames")
     arms: tuple[int | str, ...] = ("none", 0, 10, 100, "10+1%")
-    costs = {size: pipeline_cost(arms, size, args.read_kib * 1024) for size in (100, 1024)}
-    print(f"{'rules':>6}" + "".join(f"{f'{size} B SEND ns':>15} {'ratio':>6} {'receipt ns':>11} {'ratio':>6} "
-                                    f"{'faults':>7}" for size in costs))
-    for arm in arms:
-        print(f"{arm:>6}" + "".join(
-            f"{cost[arm][0]:>15,.1f} {cost['none'][0] / cost[arm][0]:>6.2f} {cost[arm][1]:>11,.1f} "
-            f"{cost['none'][1] / cost[arm][1]:>6.2f} {cost[arm][2]:>7.2f}" for cost in costs.values()))
+    costs = {size: pipeline_cost(arms, size, args.read_kib * 1024, args.pipeline_rounds, args.pipeline_seed)
+             for size in (100, 1024)}
+    print_pipeline_table(costs, arms)
     print()
     baseline = measure(0, args.seconds)
     print("engine alone (decode + evaluate), non-matching rules")

@@ -46,10 +46,11 @@ def test_the_telemetry_split_accounts_each_part(tmp_path: Path) -> None:
             "frame counters", "message_count", "all three metrics calls"} <= rows
 
 
-def _passthrough(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """bench/passthrough.py as a module (its library, interleave.py, imported from bench/ as the script does)."""
+def load_bench(script: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """bench/SCRIPT.py as a module, with bench/ on sys.path for the test only (its scripts import their library,
+    interleave.py, from there, as when run; for no longer, or bench's own proxy.py could shadow the package)."""
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location("bench_passthrough", ROOT / "bench" / "passthrough.py")
+    spec = importlib.util.spec_from_file_location(f"bench_{script}", ROOT / "bench" / f"{script}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, module)  # (its dataclasses look their module up there)
@@ -60,7 +61,7 @@ def _passthrough(monkeypatch: pytest.MonkeyPatch) -> Any:
 def test_an_observer_phase_begins_once_the_arms_are_quiet(monkeypatch: pytest.MonkeyPatch) -> None:
     """``wait_for_quiet`` watches the arms' CPU window by window and returns after the first window in which they
     used less than QUIET_CORES: what one arm left running (span exports) is not run in the next arm's phase."""
-    passthrough = _passthrough(monkeypatch)
+    passthrough = load_bench("passthrough", monkeypatch)
     window = passthrough.QUIET_WINDOW_S
     # CPU seconds of the one process read before and after each window: 0.8 cores, then 0.4, then none
     readings = iter([0.0, 0.8 * window, 0.8 * window, 1.2 * window, 1.2 * window, 1.2 * window])
@@ -74,7 +75,7 @@ def test_an_observer_phase_begins_once_the_arms_are_quiet(monkeypatch: pytest.Mo
 
 def test_an_observer_phase_begins_after_the_longest_wait_if_the_arms_stay_busy(monkeypatch: pytest.MonkeyPatch) -> None:
     """Arms that never settle hold a phase back QUIET_TIMEOUT_S at the most (and the wait says so)."""
-    passthrough = _passthrough(monkeypatch)
+    passthrough = load_bench("passthrough", monkeypatch)
     window = passthrough.QUIET_WINDOW_S
     used = iter(range(10_000))  # one CPU second per reading: always busy
     monkeypatch.setattr(passthrough, "proxy_cpu_seconds", lambda pid: float(next(used)))
@@ -83,3 +84,16 @@ def test_an_observer_phase_begins_after_the_longest_wait_if_the_arms_stay_busy(m
     monkeypatch.setattr(passthrough.time, "perf_counter", lambda: now[0])
     waited = passthrough.wait_for_quiet([1234])
     assert passthrough.QUIET_TIMEOUT_S <= waited < passthrough.QUIET_TIMEOUT_S + window
+
+
+def test_each_rounds_ratio_pairs_the_arm_with_the_baseline_of_the_same_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A round the machine slowed down slows both arms of it: the ratio is the baseline's cost over the arm's in
+    that round (above 1: the arm costs less), and the median and quartiles are of those ratios, not of the costs
+    (the best of each arm, 10 and 8 here, would read 1.25)."""
+    interleave = load_bench("interleave", monkeypatch)
+    ratios = interleave.paired_ratios([10.0, 20.0, 10.0, 40.0], [10.0, 25.0, 8.0, 40.0])
+    assert ratios == [1.0, 0.8, 1.25, 1.0]
+    assert interleave.median_and_quartiles(ratios) == pytest.approx((1.0, 0.95, 1.0625))
+    assert interleave.median_and_quartiles([0.9]) == (0.9, 0.9, 0.9)
+    with pytest.raises(ValueError, match="3 baseline rounds against 2"):
+        interleave.paired_ratios([1.0, 2.0, 3.0], [1.0, 2.0])
