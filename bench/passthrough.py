@@ -848,7 +848,7 @@ def measure_observers(target: int, reports: Any, workdir: Path, otlp_port: int,
             running.enter_context(py_spy(started[args.profile_arm][1], args.py_spy))
         print("observer arms started: " + ", ".join(started), flush=True)
         names = list(started)
-        quiet = [pid for _, pid in started.values()] + [pid for part, pid in BENCH_PROCESSES.items() if part == "otlp"]
+        quiet = [pid for _, pid in started.values()] + ([BENCH_PROCESSES["otlp"]] if "otlp" in BENCH_PROCESSES else [])
         for round_index in range(args.observer_rounds):
             shift = round_index % len(names)
             for label, size in OBSERVER_SIZES:
