@@ -65,6 +65,7 @@ from proxy.protocol.validation import (
     closed_mid_frame,
     frame_size_of,
     plainly_valid,
+    row_mask,
 )
 
 #: What the scanner hands out: bytes to pass through unchanged, or a whole wanted Frame.
@@ -490,8 +491,8 @@ class FrameScanner:
                 # the sampler's kinds, as many as it passes over before its next pick, unless it
                 # settles its picks: then the picks inside the row are settled in order)
                 sampled = kind & _SAMPLED
-                rows, fields = _same_frames(data, pos, size, cmd_size, kind & _PAYLOAD,
-                                            sample_skip if sampled and not settles else -1)
+                rows = _same_frames(data, pos, size, cmd_size, kind & _PAYLOAD,
+                                    sample_skip if sampled and not settles else -1)
                 if rows < _STRIDE_FROM:
                     walk = _WALK_FOR
                 if rows and sampled:
@@ -499,7 +500,8 @@ class FrameScanner:
                         at, note, sample_skip = sampler.settle_row(sample_skip, rows)  # type: ignore[union-attr]
                         if note is not None:
                             # a pick it could not settle: the row ends with that frame, handed out
-                            put_aside = self._put_aside_row(fields[:(at + 1) * (cmd_size - 2)], cmd_size - 2)
+                            put_aside = self._put_aside_row(
+                                _unplain_fields(data, pos, size, cmd_size - 2, at + 1), cmd_size - 2)
                             pos += at * size
                             if run_start < pos:
                                 out.append(memoryview(data)[run_start:pos])
@@ -512,7 +514,8 @@ class FrameScanner:
                     else:
                         sample_skip -= rows
                 if rows:
-                    put_aside = self._put_aside_row(fields, cmd_size - 2)
+                    put_aside = self._put_aside_row(_unplain_fields(data, pos, size, cmd_size - 2, rows),
+                                                    cmd_size - 2)
                     scanned += rows
                     pos += rows * size
         self._walk = walk
@@ -574,7 +577,7 @@ def _up_to_bad_frame(data: bytes | memoryview, start: int, pieces: list[Piece], 
 
 
 def _same_frames(data: bytes | memoryview, pos: int, size: int, cmd_size: int,
-                 payload: int, most: int) -> tuple[int, bytes]:
+                 payload: int, most: int) -> int:
     """How many whole frames from ``pos`` (``most`` at the most, unless negative) pass the fast path's checks
     as the frame before them did.
 
@@ -583,7 +586,7 @@ def _same_frames(data: bytes | memoryview, pos: int, size: int, cmd_size: int,
     command's type and its field's tag and length) are the same, and, for a payload
     command, its payload section's magic is and its metadata size fits — exactly what
     :meth:`FrameScanner._scan` reads of each frame.  Returns the row's length up to the
-    first frame that differs (checked one by one after) and its sub-command fields, joined.
+    first frame that differs (checked one by one after).
     """
     count = (len(data) - pos) // size
     if 0 <= most < count:
@@ -597,5 +600,24 @@ def _same_frames(data: bytes | memoryview, pos: int, size: int, cmd_size: int,
         magics = column(data, pos - size + cmd_end, count + 1, size, _MAGIC_FIELD)
         differs |= magics[1:] != magics[0]
         differs |= column(data, pos + cmd_end + 6, count, size, _METADATA_SIZE) > size - cmd_end - 10
-    same = leading_same(differs)
-    return same, column(data, pos + 10, same, size, f"V{cmd_size - 2}").tobytes()
+    return leading_same(differs)
+
+
+def _unplain_fields(data: bytes | memoryview, pos: int, size: int, field_size: int, rows: int) -> bytes:
+    """The sub-command fields (``field_size`` bytes each), joined, of those of the ``rows`` frames of ``size``
+    bytes from ``pos`` that still need a parse: all of them, unless the frame before them is plainly valid.
+
+    Then a frame whose field agrees with that one's on every bit its :func:`row_mask` keeps (tags,
+    lengths, bools, the varints' continuation bits) is plainly valid too, and needs no parse: the
+    row is compared as a (rows, field_size) array of bytes at once.  Only the others are returned,
+    in order (any error is the first bad frame's all the same: the frames left out are valid).
+    """
+    first = bytes(data[pos - size + 10:pos - size + 10 + field_size])
+    fields = numpy.ndarray((rows, field_size), numpy.uint8, data, pos + 10, (size, 1))
+    mask = row_mask(first, 0, field_size)
+    if mask is None:
+        return bytes(fields.tobytes())
+    differs = ((fields ^ numpy.frombuffer(first, numpy.uint8)) & numpy.frombuffer(mask, numpy.uint8)).any(axis=1)
+    if not differs.any():
+        return b""
+    return bytes(fields[differs].tobytes())
