@@ -101,6 +101,8 @@ _SIZE = struct.Struct(">I")
 _HEAD_FIELD: Final = numpy.dtype(f"V{_HEAD_BYTES}")
 _MAGIC_FIELD: Final = numpy.dtype("V2")
 _METADATA_SIZE: Final = numpy.dtype(">u4")
+#: the type of the words a row's sub-command fields are compared by (see _unplain_fields)
+_WORD: Final = numpy.dtype("<u8")
 
 
 @functools.lru_cache(maxsize=256)
@@ -501,7 +503,7 @@ class FrameScanner:
                         if note is not None:
                             # a pick it could not settle: the row ends with that frame, handed out
                             put_aside = self._put_aside_row(
-                                _unplain_fields(data, pos, size, cmd_size - 2, at + 1), cmd_size - 2)
+                                self._row_fields(data, pos, size, cmd_size - 2, at + 1), cmd_size - 2)
                             pos += at * size
                             if run_start < pos:
                                 out.append(memoryview(data)[run_start:pos])
@@ -514,7 +516,7 @@ class FrameScanner:
                     else:
                         sample_skip -= rows
                 if rows:
-                    put_aside = self._put_aside_row(_unplain_fields(data, pos, size, cmd_size - 2, rows),
+                    put_aside = self._put_aside_row(self._row_fields(data, pos, size, cmd_size - 2, rows),
                                                     cmd_size - 2)
                     scanned += rows
                     pos += rows * size
@@ -523,6 +525,20 @@ class FrameScanner:
         self.frames_scanned += scanned
         if run_start < pos:
             out.append(data if run_start == 0 and pos == end else memoryview(data)[run_start:pos])
+
+    def _row_fields(self, data: bytes | memoryview, pos: int, size: int, field_size: int, rows: int) -> bytes:
+        """The joined sub-command fields of a row from ``pos`` that need a parse (:func:`_unplain_fields`).
+
+        When the frame before the row is plainly valid, its own field, the last one put aside, needs
+        none either: it is taken back.
+        """
+        fields = _unplain_fields(data, pos, size, field_size, rows)
+        if fields is None:
+            return bytes(column(data, pos + 10, rows, size, f"V{field_size}").tobytes())
+        pending = self._checks.pending
+        if pending and len(pending[-1]) == field_size:
+            pending.pop()
+        return fields
 
     def _put_aside_row(self, fields: bytes, field_size: int) -> Callable[[bytes | bytearray | memoryview], None]:
         """Put aside the joined command fields of a row (``field_size`` bytes each) in batches of
@@ -603,21 +619,33 @@ def _same_frames(data: bytes | memoryview, pos: int, size: int, cmd_size: int,
     return leading_same(differs)
 
 
-def _unplain_fields(data: bytes | memoryview, pos: int, size: int, field_size: int, rows: int) -> bytes:
+def _unplain_fields(data: bytes | memoryview, pos: int, size: int, field_size: int, rows: int) -> bytes | None:
     """The sub-command fields (``field_size`` bytes each), joined, of those of the ``rows`` frames of ``size``
-    bytes from ``pos`` that still need a parse: all of them, unless the frame before them is plainly valid.
+    bytes from ``pos`` that still need a parse, if the frame before them is plainly valid (else None: all do).
 
     Then a frame whose field agrees with that one's on every bit its :func:`row_mask` keeps (tags,
-    lengths, bools, the varints' continuation bits) is plainly valid too, and needs no parse: the
-    row is compared as a (rows, field_size) array of bytes at once.  Only the others are returned,
-    in order (any error is the first bad frame's all the same: the frames left out are valid).
+    lengths, bools, the varints' continuation bits) is plainly valid too, and needs no parse.  The
+    row is compared eight bytes at a time, as columns of 64-bit words (the last word ends with the
+    field; a word reaching back before the field reads the frame's head, masked out).  Only the
+    frames that differ are returned, in order (any error is the first bad frame's all the same:
+    the frames left out are valid).
     """
-    first = bytes(data[pos - size + 10:pos - size + 10 + field_size])
-    fields = numpy.ndarray((rows, field_size), numpy.uint8, data, pos + 10, (size, 1))
+    start = pos - size + 10
+    first = bytes(data[start:start + field_size])
     mask = row_mask(first, 0, field_size)
     if mask is None:
-        return bytes(fields.tobytes())
-    differs = ((fields ^ numpy.frombuffer(first, numpy.uint8)) & numpy.frombuffer(mask, numpy.uint8)).any(axis=1)
-    if not differs.any():
+        return None
+    differs = None
+    at = 0
+    while at < field_size:
+        if at + 8 > field_size:
+            at = field_size - 8
+        word_mask = int.from_bytes(bytes(-at if at < 0 else 0) + mask[at if at > 0 else 0:at + 8], "little")
+        words = column(data, start + at, rows + 1, size, _WORD)
+        these = ((words[1:] ^ words[0]) & numpy.uint64(word_mask)) != 0
+        differs = these if differs is None else differs | these
+        at += 8
+    if differs is None or not differs.any():
         return b""
-    return bytes(fields[differs].tobytes())
+    return bytes(column(data, pos + 10, rows, size, f"V{field_size}")[differs].tobytes())
+

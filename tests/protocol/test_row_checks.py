@@ -151,6 +151,7 @@ def test_a_frame_left_out_of_the_parse_passes_check_command(data: st.DataObject)
     row = _frame(type_, first) + _frame(type_, other)
     size = len(row) // 2
     left = scanner_module._unplain_fields(row, size, size, len(first), 1)
+    assert left is not None
     verdict = _command_verdict(type_, other)
     if left == b"":
         event("left out of the parse")
