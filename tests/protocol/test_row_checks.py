@@ -166,7 +166,7 @@ def test_a_frame_left_out_of_the_parse_passes_check_command(data: st.DataObject)
     assert scanner_module._unplain_fields(row, size, size, len(first), 1) == b""
 
 
-def _scan_verdict(data: bytes) -> tuple[str, str, int]:
+def _scan_verdict(data: bytes | memoryview) -> tuple[str, str, int]:
     try:
         out = FrameScanner().feed(data)
     except ProtocolError as exc:
@@ -203,3 +203,4 @@ def test_a_row_with_frames_damaged_anywhere_gets_check_frames_verdict(data: st.D
         fields[at] = _damage(data.draw, fields[at])
     row = b"".join(_frame(type_, field) for field in fields)
     assert _scan_verdict(row) == _oracle(row)
+    assert _scan_verdict(memoryview(row)) == _oracle(row)  # (a large read's memoryview: the same compare)
