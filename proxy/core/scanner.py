@@ -533,13 +533,16 @@ class FrameScanner:
         """The joined sub-command fields of a row from ``pos`` that need a parse (:func:`_unplain_fields`).
 
         Rows shorter than ``_ROW_CHECK_FROM`` are all parsed.  When the frame before the row is plainly
-        valid, its own field, the last one put aside, needs none either: it is taken back.
+        valid, its own field needs no parse either: the last field put aside (that frame's, as the scan
+        puts each aside just before it tries a row) is taken back if it holds the same bytes, so that
+        only a plainly valid field is ever taken back, whatever was put aside last.
         """
         fields = _unplain_fields(data, pos, size, field_size, rows) if rows >= _ROW_CHECK_FROM else None
         if fields is None:
             return bytes(column(data, pos + 10, rows, size, f"V{field_size}").tobytes())
         pending = self._checks.pending
-        if pending and len(pending[-1]) == field_size:
+        start = pos - size + 10
+        if pending and pending[-1] == data[start:start + field_size]:
             pending.pop()
         return fields
 

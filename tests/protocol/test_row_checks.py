@@ -12,17 +12,20 @@ field), any row length; and the scanner's verdict on the whole row to check_fram
 
 from __future__ import annotations
 
+import contextlib
 import random
 import struct
 from collections.abc import Callable
 
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from proxy.core import scanner as scanner_module
-from proxy.core.scanner import FrameScanner
+from proxy.core.scanner import FrameScanner, Piece
 from proxy.errors import ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
+from proxy.protocol.frame import Frame
 from proxy.protocol.validation import SUB_TAGS, check_command, check_frame, plainly_valid
 
 PAYLOAD = b"\x0e\x01\x00\x00\x00\x00\x00\x00\x00\x02\x08\x01xyz"
@@ -204,3 +207,169 @@ def test_a_row_with_frames_damaged_anywhere_gets_check_frames_verdict(data: st.D
     row = b"".join(_frame(type_, field) for field in fields)
     assert _scan_verdict(row) == _oracle(row)
     assert _scan_verdict(memoryview(row)) == _oracle(row)  # (a large read's memoryview: the same compare)
+
+
+# -- the field taken back, rows cut by a sampler, rows split across reads -----------------------------
+def _plain_row(count: int, seed: int, type_: int = T.SEND) -> tuple[list[bytes], bytes]:
+    """``count`` frames of one size, plain SENDs (or ``type_``) of other values, and the field of the first."""
+    integer = random.Random(seed).randint
+    layout = [(0x08, "u64", 2), (0x10, "u64", 3), (0x18, "u32", 1), (0x38, "bool", 1)] if type_ == T.SEND \
+        else [(0x08, "u64", 2), (0x10, "u32", 3)]
+    fields = [_fill(integer, type_, layout, [0]) for _ in range(count)]
+    assert all(plainly_valid(field, 0, len(field)) for field in fields)
+    return [_frame(type_, field) for field in fields], fields[0]
+
+
+def test_only_the_plainly_valid_frames_own_field_is_taken_back() -> None:
+    """A row after a plainly valid frame takes that frame's field back from the batch, not whatever field of
+    its size was put aside last (the scan puts the frame's aside just before; a bad field of that size left
+    last by anything else must still be parsed and fail)."""
+    frames, first = _plain_row(300, 1)
+    data = b"".join(frames)
+    size = len(frames[0])
+    bad = first[:-1] + b"\x90"  # the same size; its last varint runs off the field: check_command refuses it
+    assert _command_verdict(T.SEND, bad)[0] == "CommandDecodeError"
+    scanner = FrameScanner()
+    scanner._checks.pending.append(bad)
+    assert scanner._row_fields(data, size, size, len(first), 299) == b""  # the row: all plain
+    assert scanner._checks.pending == [bad]
+    with pytest.raises(ProtocolError) as error:
+        scanner._checks.verify()
+    assert str(error.value) == _command_verdict(T.SEND, bad)[1]
+    # the frame's own field, put aside last as the scan does, is taken back: the row then costs no parse
+    scanner._checks.pending.extend([bad, memoryview(data)[10:10 + len(first)]])
+    assert scanner._row_fields(memoryview(data), size, size, len(first), 299) == b""
+    assert scanner._checks.pending == [bad]
+
+
+def _fed(scanner: FrameScanner, chunks: list[bytes]) -> tuple[str, str, bytes, list[Frame]]:
+    """The scanner's verdict on ``chunks`` fed in turn: error (or "passed"), what it let through, its Frames."""
+    passed = bytearray()
+    frames: list[Frame] = []
+
+    def take(pieces: list[Piece]) -> None:
+        for piece in pieces:
+            if isinstance(piece, Frame):
+                frames.append(piece)
+                passed.extend(piece.raw)
+            else:
+                passed.extend(piece)
+
+    try:
+        for chunk in chunks:
+            take(scanner.feed(chunk))
+        scanner.close()
+    except ProtocolError as exc:
+        take(scanner.passed_before_error)
+        return type(exc).__name__, str(exc), bytes(passed), frames
+    return "passed", "", bytes(passed), frames
+
+
+def _frame_by_frame(data: bytes) -> tuple[str, str, bytes]:
+    """check_frame's verdict, frame by frame, and the frames before the first bad one."""
+    verdict, message, end = _oracle(data)
+    if end >= 0:
+        return verdict, message, data
+    pos = 0
+    with contextlib.suppress(ProtocolError):
+        while True:
+            head = check_frame(data, pos, len(data), 1 << 20)
+            assert not isinstance(head, int)
+            pos += head.frame_size
+    return verdict, message, data[:pos]
+
+
+@pytest.mark.parametrize("type_", [T.SEND, T.FLOW])
+@pytest.mark.parametrize("bad_at", [None, 0, 1, 150, 299])
+def test_a_row_split_across_two_reads_at_every_offset_gets_check_frames_verdict(type_: int, bad_at: int | None) -> None:
+    """A row long enough to be compared (after a frame of another size), cut anywhere into two reads, one frame
+    damaged or none: what passes and the error, word for word, are check_frame's frame by frame."""
+    frames, _ = _plain_row(300, 2, type_)
+    if bad_at is not None:
+        payload = PAYLOAD if type_ == T.SEND else b""  # its last value byte continued: it runs off the field
+        frames[bad_at] = frames[bad_at][:-1 - len(payload)] + b"\x90" + payload
+    other = _frame(T.FLOW, bytes.fromhex("5a0408011064"))  # (not of the row's size)
+    data = other + b"".join(frames) + other
+    expected = _frame_by_frame(data)
+    assert (expected[0] == "passed") == (bad_at is None)
+    step = 1 if type_ == T.FLOW else 3  # (every offset of a SEND row in three passes would take ~10 s)
+    for cut in range(1, len(data), step):
+        assert _fed(FrameScanner(), [data[:cut], data[cut:]])[:3] == expected, cut
+    if type_ == T.SEND:
+        for cut in range(2, len(data), 3):
+            assert _fed(FrameScanner(), [data[:cut], data[cut:]])[:3] == expected, cut
+
+
+class _Sampler:
+    """A sampler of SENDs whose picks, in turn, are settled or not (``unsettled``) and are ``gaps`` apart."""
+
+    kinds = frozenset({T.SEND})
+    passed = "passed"
+
+    def __init__(self, gaps: list[int], unsettled: set[int]) -> None:
+        self.gaps = gaps
+        self.unsettled = unsettled
+        self.picks = 0
+
+    def start(self) -> int:
+        return self.gaps[0]
+
+    def _next(self) -> tuple[int, int]:
+        self.picks += 1
+        return self.picks - 1, self.gaps[self.picks % len(self.gaps)]
+
+    def choose(self) -> tuple[object, int]:
+        pick, gap = self._next()
+        return f"pick {pick}", gap
+
+    def settle(self) -> tuple[object | None, int]:
+        pick, gap = self._next()
+        return (f"pick {pick}" if pick in self.unsettled else None), gap
+
+    def settle_row(self, skip: int, count: int) -> tuple[int, object | None, int]:
+        at = skip
+        while at < count:
+            note, gap = self.settle()
+            if note is not None:
+                return at, note, gap
+            at += gap + 1
+        return count, None, at - count
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_rows_cut_by_a_sampler_get_check_frames_verdict_and_hand_out_its_picks(data: st.DataObject) -> None:
+    """SENDs of one size under a sampler whose picks are settled in the row (``settle_row``, rows of hundreds,
+    cut where a pick is not settled) or chosen (rows cut at each pick), some frames damaged, fed in a few
+    reads: check_frame's verdict word for word, and the picks handed out are the sampler's, in order."""
+    count = data.draw(st.sampled_from([200, 700, 1300]))
+    frames, _ = _plain_row(count, data.draw(st.integers(0, 2**32)))
+    gaps = data.draw(st.lists(st.sampled_from([0, 1, 5, 127, 128, 129, 200, 600]), min_size=1, max_size=6))
+    unsettled = set(data.draw(st.lists(st.integers(0, 12), max_size=4)))
+    settle = data.draw(st.booleans())
+    # the picks, every gaps-th SEND: those handed out (not settled, or all when chosen) and their notes
+    picks, at, pick = [], gaps[0], 0
+    while at < count:
+        if not settle or pick in unsettled:
+            picks.append((at, f"pick {pick}"))
+        pick += 1
+        at += gaps[pick % len(gaps)] + 1
+    for _ in range(data.draw(st.integers(0, 2))):  # anywhere, or a frame handed out (where a row is cut)
+        at = data.draw(st.sampled_from([pick for pick, _ in picks]) if picks and data.draw(st.booleans())
+                       else st.integers(0, count - 1))
+        field = frames[at][10:-len(PAYLOAD)]
+        frames[at] = _frame(T.SEND, _damage(data.draw, field))
+    stream = b"".join(frames)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=3)))
+    chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+    scanner = FrameScanner()
+    scanner.set_wanted((), sampler=_Sampler(gaps, unsettled), settle=settle)
+    verdict, message, passed, handed = _fed(scanner, chunks)
+    expected = _frame_by_frame(stream)
+    assert (verdict, message, passed) == expected
+    size = len(frames[0])
+    picks = [(at, note) for at, note in picks if at < len(expected[2]) // size]  # (those before a bad frame)
+    assert [(frame.raw, frame.draw) for frame in handed] == [
+        (stream[at * size:(at + 1) * size], note) for at, note in picks[:len(handed)]]
+    if verdict == "passed":
+        assert len(handed) == len(picks)
