@@ -292,12 +292,8 @@ def test_a_row_split_across_two_reads_at_every_offset_gets_check_frames_verdict(
     data = other + b"".join(frames) + other
     expected = _frame_by_frame(data)
     assert (expected[0] == "passed") == (bad_at is None)
-    step = 1 if type_ == T.FLOW else 3  # (every offset of a SEND row in three passes would take ~10 s)
-    for cut in range(1, len(data), step):
+    for cut in range(1, len(data)):
         assert _fed(FrameScanner(), [data[:cut], data[cut:]])[:3] == expected, cut
-    if type_ == T.SEND:
-        for cut in range(2, len(data), 3):
-            assert _fed(FrameScanner(), [data[:cut], data[cut:]])[:3] == expected, cut
 
 
 class _Sampler:
