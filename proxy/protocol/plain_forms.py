@@ -126,4 +126,54 @@ def plainly_valid(buf: bytes, start: int, end: int) -> bool:
     return at == end
 
 
-__all__ = ["plainly_valid"]
+#: what :func:`row_mask` keeps of a byte: all of it, or only its continuation bit (a varint's payload)
+_FIXED: Final = 0xFF
+_FREE: Final = 0x80
+
+
+def _free_varints(buf: bytes, at: int, end: int, mask: bytearray, start: int, bools: bool) -> None:
+    """Mark the payload bits of the varints in the plainly valid fields ``buf[at:end]`` free in ``mask``
+    (indexed from ``start``); a MessageIdData's fields too; with ``bools``, tags 0x38 and 0x40 are SEND's bools."""
+    while at < end:
+        tag = buf[at]
+        at += 1
+        if tag & 7 == 2:  # a MessageIdData: its length stays fixed, its two varints are free
+            stop = at + 1 + buf[at]
+            _free_varints(buf, at + 1, stop, mask, start, False)
+            at = stop
+            continue
+        first = at
+        while buf[at] >= 0x80:
+            at += 1
+        at += 1
+        if not (bools and (tag == 0x38 or tag == 0x40)):
+            while first < at:
+                mask[first - start] = _FREE
+                first += 1
+
+
+def row_mask(buf: bytes, start: int, end: int) -> bytes | None:
+    """For a field :func:`plainly_valid` accepts, what of each byte another field must share to be accepted too.
+
+    ``None`` when it is not plainly valid.  Otherwise one byte per byte of the field: 0xFF where
+    the walk reads the value (tags, lengths, bools), 0x80 in a varint of a number, where the walk
+    reads only the continuation bit.  A field of the same size that agrees with this one on
+    every bit the mask keeps takes every branch of the walk this one takes: the positions the
+    walk compares are the fixed bytes (an absent optional field's tag position is the next
+    field's tag), and how far a varint reaches, and whether it is at most 9 or 4 bytes long,
+    depends on continuation bits only.  So it is plainly valid too, and valid by check_command
+    (the forms hold no enum, whose value would matter; a number of at most 9 or 4 bytes always
+    fits its field).
+    """
+    if not plainly_valid(buf, start, end):
+        return None
+    mask = bytearray(end - start)
+    for index in range(end - start):
+        mask[index] = _FIXED
+    tag = buf[start]
+    if tag != _PING_LOW and tag != _PONG_LOW:
+        _free_varints(buf, start + 2, end, mask, start, tag == _SEND)
+    return bytes(mask)
+
+
+__all__ = ["plainly_valid", "row_mask"]

@@ -42,7 +42,7 @@ from google.protobuf.message import DecodeError, EncodeError, Message
 from proxy.errors import BadMagic, CommandDecodeError, FrameTooLarge, MalformedFrame, ProtocolError, UnknownCommand
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.commands import PAYLOAD_TYPES, SUB_FIELDS, TYPE_NAMES, type_name
-from proxy.protocol.plain_forms import plainly_valid
+from proxy.protocol.plain_forms import plainly_valid, row_mask
 
 MAGIC_CHECKSUM: Final = 0x0E01
 MAGIC_BROKER_ENTRY_METADATA: Final = 0x0E02
@@ -468,6 +468,6 @@ __all__ = [
     "HEADER_SIZE", "MAGIC_BROKER_ENTRY_METADATA", "MAGIC_CHECKSUM", "MIN_COMMAND_SIZE", "SUB_TAGS", "CommandBatch",
     "CommandCheck", "FrameHead", "PayloadLayout", "ProtocolError", "StrictBaseCommand", "SubCommands",
     "canonical_envelope", "check_command", "check_frame", "check_payload", "check_sizes", "check_sub_body",
-    "check_total", "closed_mid_frame", "frame_size_of", "has_bad_text", "peek_command", "plainly_valid",
+    "check_total", "closed_mid_frame", "frame_size_of", "has_bad_text", "peek_command", "plainly_valid", "row_mask",
     "strict_class",
 ]

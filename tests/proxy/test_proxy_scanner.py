@@ -429,9 +429,9 @@ def test_a_read_of_thousands_of_commands_parses_them_in_batches_of_bounded_size(
     passed, _ = collect(scanner, chunks)
     assert passed == data
     assert max(batch.parsed) <= 2 * _CHECKED_TOGETHER * field_size
-    # every frame's fields were parsed (those of a frame split by a cut are checked whole on their own)
+    # at most every frame's fields were parsed; a row after a plainly valid frame is vouched for by the row
+    # check instead (tests/protocol/test_row_checks.py), so here nearly none are
     assert sum(batch.parsed) <= 3000 * field_size + len(FLOW) + len(PING)
-    assert sum(batch.parsed) >= (3000 - len(cuts)) * field_size
 
 
 @pytest.mark.parametrize("fault", ["undecodable-field", "missing-required"])
