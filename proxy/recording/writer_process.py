@@ -69,9 +69,12 @@ _NICENESS: Final = 10
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 _HEAP_ALLOCATIONS_BELOW: Final = 16 * 1024 * 1024
 #: the most of one core the child takes for writes (see CpuBudget), and the burst it may take at once: what
-#: ``CPU_WINDOW_SECONDS`` earn (12.5 ms of CPU).  With 0.25 s (62.5 ms) the burst alone took the writer to
-#: ~0.4 of a core over a 0.4 s stretch of saturation after a quiet one
-CPU_SHARE: Final = 0.25
+#: ``CPU_WINDOW_SECONDS`` earn (6.25 ms of CPU).  With a window of 0.25 s the burst alone took the writer to
+#: ~0.4 of a core over a 0.4 s stretch of saturation after a quiet one.  An eighth of a core, not a quarter,
+#: since the relay's 100 B frames cost half what they did (the row check): raw SENDs saturating 2 cores, a
+#: quarter kept recording at 0.74-0.81x of plain, an eighth 0.89-0.93x, recording 14 % of the frames that
+#: passed instead of 19 % (bench/passthrough.py --observers --arms recording, 5 rounds of 1.2 s phases)
+CPU_SHARE: Final = 0.125
 CPU_WINDOW_SECONDS: Final = 0.05
 #: the longest pause, and the longest the pauses within one write come to (a sync or a close waits for them)
 MAX_PAUSE_SECONDS: Final = 0.5
