@@ -49,7 +49,7 @@ def send_frame(payload_size: int, sequence_id: int) -> bytes:
 
 
 def build_buffer(payload_size: int, target_bytes: int) -> tuple[bytes, int]:
-    frames = []
+    frames: list[bytes] = []
     total = 0
     while total < target_bytes or len(frames) < 100:
         frame = send_frame(payload_size, len(frames))

@@ -160,7 +160,7 @@ def seeds() -> Iterator[bytes]:
 # -- the targets -----------------------------------------------------------------------------
 T = api.BaseCommand
 #: the wanted sets an input can choose (two flag bits); a third bit sets want_all
-WANTED_CHOICES = (frozenset(), frozenset({T.PING, T.PONG, T.CONNECT}),
+WANTED_CHOICES: tuple[frozenset[int], ...] = (frozenset(), frozenset({T.PING, T.PONG, T.CONNECT}),
                   frozenset({T.SEND, T.MESSAGE, T.FLOW, T.LOOKUP_RESPONSE, T.ACK}), frozenset(TYPE_NAMES))
 
 
@@ -283,7 +283,7 @@ def _rules() -> Any:
 def check_pipeline(data: bytes, cuts: list[int], flags: int) -> None:
     """The relay of one connection: only ProtocolErrors, and nothing more after one."""
     from proxy.config.proxy_config import ServiceUrl
-    from proxy.core.hooks import ConnectionInfo, FrameEvent
+    from proxy.core.hooks import ConnectionEvent, ConnectionInfo, FrameEvent, RunEvent
     from proxy.core.lookup import BrokerDirectory
     from proxy.core.pipeline import ConnectionPipeline, PipelineSettings
     from proxy.protocol.session import Direction
@@ -291,7 +291,7 @@ def check_pipeline(data: bytes, cuts: list[int], flags: int) -> None:
     from proxy.rules.hook import RulesHook
 
     rules = _rules()
-    events: list[FrameEvent] = []
+    events: list[FrameEvent | RunEvent | ConnectionEvent] = []
     directory = BrokerDirectory("127.0.0.1", upstream_tls=False, open_listener=lambda broker: 40000)
     pipeline = ConnectionPipeline(
         ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None),

@@ -139,7 +139,7 @@ def measure_kernel(target: int, workdir: Path, rounds: int, baseline: Path | Non
         cpu = {name: schedstat_ns(pid) - cpu[name] for name, pid in proxies.items()}
         ticks = {name: (user_system_ticks(pid)[0] - ticks[name][0], user_system_ticks(pid)[1] - ticks[name][1])
                  for name, pid in proxies.items()}
-        traced = [name for name in ("haproxy", "pulsar-tap") if name in proxies]
+        traced: list[str] = [name for name in ("haproxy", "pulsar-tap") if name in proxies]
         with contextlib.ExitStack() as perf:
             for name in traced:
                 perf.enter_context(perf_stat(proxies[name], workdir / f"{name}.perf"))

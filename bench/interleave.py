@@ -112,12 +112,11 @@ class CpuParts:
         own = os.getpid()
         samples = {("proxy thread", self.proxy_pid, self.proxy_tid): task_cpu_seconds(self.proxy_pid, self.proxy_tid)}
         if self.proxy_pid == own:
-            others = {thread.native_id for thread in threading.enumerate()} - {
-                threading.main_thread().native_id, self.proxy_tid, *self.broker_tids, None}
+            others = {thread.native_id for thread in threading.enumerate() if thread.native_id is not None} - {
+                threading.main_thread().native_id, self.proxy_tid, *self.broker_tids}
         else:
             others = threads_of(self.proxy_pid) - {self.proxy_tid}
         for tid in others:
-            assert tid is not None
             samples[("other proxy", self.proxy_pid, tid)] = task_cpu_seconds(self.proxy_pid, tid)
         for child in children_of(self.proxy_pid) - {self.broker_pid}:
             samples[("writer", child, 0)] = process_cpu_seconds(child)

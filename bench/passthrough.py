@@ -242,8 +242,8 @@ def broker_main(listen: socket.socket, reports: Any) -> None:
                 del peer.buf[:size]
                 peer.mode = connect.client_version.removeprefix("bench-")
                 if peer.mode.startswith("sinkr-"):
-                    _, size, count = peer.mode.split("-")
-                    peer.mode, peer.frame_size = "sink", int(size)
+                    _, frame_size, count = peer.mode.split("-")
+                    peer.mode, peer.frame_size = "sink", int(frame_size)
                     peer.receipts = numbered_receipts(int(count))
                 peer.sock.setblocking(True)
                 peer.sock.sendall(CONNECTED)
@@ -529,7 +529,7 @@ backend broker
 def pulsar_proxy(target: int, workdir: Path, log_level: int) -> Iterator[tuple[int, int] | None]:
     """Apache Pulsar's proxy (tests/peers/) in front of the stand-in broker; None when it is not installed."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "peers"))
-    import real_pulsar
+    import real_pulsar  # type: ignore[import-not-found]  # (found on the path just made)
 
     try:
         proxy = real_pulsar.start_pulsar_proxy(f"pulsar://127.0.0.1:{target}", log_level=log_level,
@@ -957,10 +957,10 @@ def print_observers(run: ObserverRun) -> None:
         print("per-round ratios to plain (frames/s):")
         for name in samples:
             for label, _ in OBSERVER_SIZES:
-                ratios = round_ratios(samples, name, plain_of(name), f"frames/s {label}")
-                if arm_kind(name) != "plain" and ratios is not None:
-                    print(f"  {name:<22}{label:<7}" + " ".join(f"{ratio:5.2f}" for ratio in ratios)
-                          + f"   median {median(ratios):.2f}  min {min(ratios):.2f}")
+                arm_ratios = round_ratios(samples, name, plain_of(name), f"frames/s {label}")
+                if arm_kind(name) != "plain" and arm_ratios is not None:
+                    print(f"  {name:<22}{label:<7}" + " ".join(f"{ratio:5.2f}" for ratio in arm_ratios)
+                          + f"   median {median(arm_ratios):.2f}  min {min(arm_ratios):.2f}")
     compared = [name for name in samples if not name.endswith(BASELINE_ARM) and name + BASELINE_ARM in samples]
     if compared:
         print("this tree's arms over the baseline's same arm, round by round (frames/s), and CPU per frame "
@@ -1276,10 +1276,10 @@ def main(argv: list[str] | None = None) -> int:
             if not args.observers:
                 with contextlib.ExitStack() as running_paths:
                     paths = start_paths(running_paths, target, workdir, reports, args)
-                    running = {name: path for name, path in paths.items() if path is not None}
-                    samples = measure_interleaved(running, reports, args)
+                    live = {name: path for name, path in paths.items() if path is not None}
+                    samples = measure_interleaved(live, reports, args)
                     # (latency too with every path's round trips taken in turn: see interleaved_latency)
-                    latency_rows = interleaved_latency(running, args.rounds) if args.only in (None, "latency") else {}
+                    latency_rows = interleaved_latency(live, args.rounds) if args.only in (None, "latency") else {}
                     print("latency done", flush=True)
                     for name, path in paths.items():
                         if path is None:

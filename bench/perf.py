@@ -128,7 +128,7 @@ def main() -> int:
     port = free_port()
     broker = start_broker(port)
     url = f"pulsar://127.0.0.1:{port}"
-    rows = []
+    rows: list[dict[str, Any]] = []
     try:
         for mode in ("produce", "roundtrip"):
             for batching in (True, False):

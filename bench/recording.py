@@ -34,7 +34,7 @@ async def bench(frames: int, size: int, queue: int) -> None:
                                  api.MessageMetadata(producer_name="p", sequence_id=1, publish_time=1), b"x" * size)
     with tempfile.TemporaryDirectory() as directory:
         start = time.perf_counter()
-        async with Recorder(RecordConfig(dir=directory, queue_size=queue)) as recorder:
+        async with Recorder(RecordConfig(dir=Path(directory), queue_size=queue)) as recorder:
             recorder.open_connection(1, "127.0.0.1:5000", "127.0.0.1:6650", "rewrite", time.time_ns())
             for i in range(frames):
                 recorder.record(1, "to_broker", "client", time.time_ns(), raw)
