@@ -78,6 +78,10 @@ CPU_SHARE: Final = 0.125
 CPU_WINDOW_SECONDS: Final = 0.05
 #: the longest pause, and the longest the pauses within one write come to (a sync or a close waits for them)
 MAX_PAUSE_SECONDS: Final = 0.5
+#: the child does no linear algebra: without these numpy's BLAS starts a thread per core, which spins
+#: ~30-40 ms of CPU as the child starts (on the cores the relay needs; its first write was charged for it
+#: and paused ~0.2 s, while the run ring filled).  A user's own setting wins.
+_ONE_THREAD_LIBRARIES: Final = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 
 
 def _record_from(data: bytes) -> rpb.Record:
@@ -155,8 +159,8 @@ class WriterProcess:
 
     def __init__(self, path: Path, config: RecordConfig, ring: RunRing | None = None) -> None:
         package_root = str(Path(__file__).resolve().parents[2])
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root,
-                                                                         os.environ.get("PYTHONPATH")]))}
+        env = {**_ONE_THREAD_LIBRARIES, **os.environ,
+               "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
         ring_fd = ring.fd if ring is not None and ring.fd is not None else -1
         self._process = subprocess.Popen(
             [sys.executable, "-m", "proxy.recording.writer_process", str(os.getpid()), str(ring_fd)],
@@ -241,12 +245,13 @@ class CpuBudget:
     (``SegmentWriter.write``), so that a batch does not take the writer past its share before
     it is asked.  A pause is at most ``max_pause`` seconds, and so are the pauses within one
     write together (a sync or a close waits for a write and the pause after it), and so is
-    the debt carried into the next write.
+    the debt carried into the next write.  It counts its own thread's CPU time, not the process's: a
+    library's thread (as BLAS's, see ``_ONE_THREAD_LIBRARIES``) is not the writes' work.
     """
 
     def __init__(self, share: float = CPU_SHARE, window: float = CPU_WINDOW_SECONDS,
                  max_pause: float = MAX_PAUSE_SECONDS, *,
-                 cpu: Callable[[], float] = time.process_time, wall: Callable[[], float] = time.monotonic,
+                 cpu: Callable[[], float] = time.thread_time, wall: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         if not 0.0 < share <= 1.0:
             raise ValueError(f"share {share} is not in (0, 1]")

@@ -190,3 +190,36 @@ def test_a_paced_write_asks_its_pace_between_pieces_and_writes_the_same_segments
         assert len(calls) == (2 if paced else 0)  # pieces of 4 runs (and the close), 4, 2
         written[name] = [(path / segment).read_bytes() for segment in writer.files.segments]
     assert len(written["whole"]) >= 3 and written["paced"] == written["whole"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="threads are counted in /proc (Linux)")
+@pytest.mark.parametrize("user_setting", [None, "2"])
+def test_the_writer_process_runs_one_thread_unless_the_user_asks_for_more(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, user_setting: str | None) -> None:
+    """No library's thread spins in the writer process on the cores the relay needs (numpy's BLAS started
+    one per core, which took ~30-40 ms of CPU as the child started, charged to its first write: a pause of
+    ~0.2 s while the run ring filled); a user's own ``OPENBLAS_NUM_THREADS`` is kept."""
+    from proxy.pb import PulsarApi_pb2 as api
+    from proxy.pb import recording_pb2 as rpb
+    from proxy.recording.writer import FrameItem, RecordConfig
+    from proxy.recording.writer_process import WriterProcess
+
+    if user_setting is None:
+        monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OPENBLAS_NUM_THREADS", user_setting)
+    command = api.BaseCommand(type=api.BaseCommand.PING, ping=api.CommandPing()).SerializeToString()
+    frame = (len(command) + 4).to_bytes(4, "big") + len(command).to_bytes(4, "big") + command
+    process = WriterProcess(tmp_path, RecordConfig(dir=tmp_path))
+    try:
+        process.started()
+        assert process.write([FrameItem(1, rpb.TO_BROKER, rpb.CLIENT, 1, frame, ())]).frames == 1
+        child = process._process.pid
+        threads = len(list(Path(f"/proc/{child}/task").iterdir()))
+        environment = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+    finally:
+        process.close(None)
+    assert f"OPENBLAS_NUM_THREADS={user_setting or 1}".encode() in environment
+    if user_setting is None:
+        assert threads == 1
