@@ -151,7 +151,7 @@ def span_exporter(settings: ExportSettings, console: IO[str] | None = None) -> S
     endpoint = settings.signal_endpoint("traces")
     inner: SpanExporter
     if settings.protocol == "http":
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
+        from proxy.telemetry.otlp_spans import HttpSpanExporter
         inner = HttpSpanExporter(endpoint=endpoint, timeout=settings.timeout_s)
     else:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
