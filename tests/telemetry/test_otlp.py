@@ -5,7 +5,9 @@ from __future__ import annotations
 import gzip
 import io
 import socket
+import threading
 import time
+from collections.abc import Sequence
 from concurrent import futures
 from functools import partial
 
@@ -20,12 +22,13 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from proxy.telemetry import ExportSettings, build_telemetry
+from proxy.telemetry.exporters import SPAN_BATCH_SIZE, SPAN_QUEUE_SIZE
 from proxy.telemetry.otlp_spans import SpanEncoder
 
 from .scripted import BASE_NS, connect, create_producer, produce
@@ -247,3 +250,44 @@ def test_the_own_otlp_encoding_is_the_sdks_byte_for_byte() -> None:
         assert encoder.request(spans) == encode_spans(spans).SerializeToString()
     assert encoder.request(spans[:1]) == encode_spans(spans[:1]).SerializeToString()
     assert encoder.request([]) == b""
+
+
+class HeldExporter(SpanExporter):
+    """An exporter whose exports wait until ``release`` is set (a collector slower than the traffic)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.exported = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        assert self.release.wait(30)
+        self.exported += len(spans)
+        return SpanExportResult.SUCCESS
+
+
+def test_spans_a_full_queue_refuses_are_dropped_and_counted_on_metrics(caplog: pytest.LogCaptureFixture) -> None:
+    """More spans than the exporter takes: the queue keeps SPAN_QUEUE_SIZE, the rest are dropped without a log
+    line each and counted as pulsar_tap_dropped_events_total{source="spans"}; every span is exported or counted."""
+    exporter = HeldExporter()
+    pipeline = build_telemetry(span_exporter=exporter, seed=1)
+    try:
+        telemetry = pipeline.telemetry
+        assert telemetry.spans is not None
+        ts = connect(telemetry, 1, BASE_NS)
+        ts = create_producer(telemetry, 1, ts)
+        produce(telemetry, 1, ts, SPAN_QUEUE_SIZE + SPAN_BATCH_SIZE + 300)
+        telemetry.connection_closed(1, ts)
+        exporter.release.set()
+        assert pipeline.force_flush(10_000)
+        written = telemetry.spans.spans_written + 1  # (and the connection's)
+        text = pipeline.prometheus_text()
+        sample = 'pulsar_tap_dropped_events_total{source="spans"}'
+        dropped = [line for line in text.splitlines() if line.startswith(sample)]
+        assert len(dropped) == 1
+        count = float(dropped[0].rsplit(" ", 1)[1])
+        assert 300 <= count <= written - SPAN_QUEUE_SIZE
+        assert exporter.exported + count == written
+        assert not [record for record in caplog.records if "Queue full" in record.getMessage()]
+    finally:
+        exporter.release.set()
+        pipeline.shutdown()
