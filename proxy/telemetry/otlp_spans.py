@@ -69,6 +69,8 @@ _VARINTS: Final = tuple(bytes((n,)) for n in range(128))
 def _varint(value: int) -> bytes:
     if value < 128:
         return _VARINTS[value] if value >= 0 else _varint(value & 0xFFFF_FFFF_FFFF_FFFF)
+    if value < 16384:
+        return bytes(((value & 0x7F) | 0x80, value >> 7))
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
@@ -209,10 +211,23 @@ class SpanEncoder:
     def _attributes_of(self, tag: int, attributes: Mapping[str, Any]) -> bytes:
         """``attributes`` as repeated ``KeyValue`` fields numbered ``tag``."""
         out = bytearray()
-        cache = self._attributes
-        prefix = bytes((tag,))
+        cache, keys = self._attributes, self._keys
+        prefix = _VARINTS[tag]
         for key, value in attributes.items():
-            cacheable = type(value) is str or type(value) is bool
+            kind = type(value)
+            if (kind is int and value >= 0) or kind is float:
+                # (inline: most of a request span's attributes that are not cached: ids, sizes, times)
+                encoded_key = keys.get(key) or self._key(key)
+                number = b"\x18" + _varint(value) if kind is int else b"\x21" + _DOUBLE(value)
+                size = len(encoded_key) + len(number) + 2
+                out += prefix
+                out += _VARINTS[size] if size < 128 else _varint(size)
+                out += encoded_key
+                out += b"\x12"
+                out += _VARINTS[len(number)]
+                out += number
+                continue
+            cacheable = kind is str or kind is bool
             if cacheable:
                 encoded = cache.get((tag, key, value))
                 if encoded is not None:
