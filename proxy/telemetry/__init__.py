@@ -87,14 +87,19 @@ def build_telemetry(settings: ExportSettings | None = None, *, metrics: bool = T
     resource = Resource.create({"service.name": "pulsar-tap"})
     provider: TracerProvider | None = None
     spans: SpanWriter | None = None
+    processor = None
     if settings.tracing or span_exporter is not None:
-        provider = tracer_provider(settings, resource, exporter=span_exporter, console=console)
+        provider, processor = tracer_provider(settings, resource, exporter=span_exporter, console=console)
         spans = SpanWriter(provider.get_tracer("pulsar-tap"), sample=settings.sample,
                            rng=random.Random(seed))
     proxy_metrics = None
     if metrics:
         proxy_metrics = ProxyMetrics(topic_policy=topic_policy, extra_readers=metric_readers(settings),
                                      resource=resource)
+        if processor is not None:
+            # (bound to a variable: mypy cannot carry the narrowing into the lambda)
+            span_processor = processor
+            proxy_metrics.add_drop_source("spans", lambda: span_processor.dropped)
     telemetry = Telemetry(spans, proxy_metrics)
     return TelemetryPipeline(telemetry, TelemetryObserver(telemetry), provider, proxy_metrics)
 

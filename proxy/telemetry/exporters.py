@@ -3,9 +3,11 @@
 This is telemetry's only I/O, and it happens on the OpenTelemetry SDK's own worker
 threads, never on the relay's path.  Spans go through a
 :class:`~opentelemetry.sdk.trace.export.BatchSpanProcessor` whose queue is bounded
-(:data:`SPAN_QUEUE_SIZE`; overflow policy: the SDK drops the newest spans and
-counts them), so a slow or absent collector costs memory up to that bound and
-nothing else.  An unreachable collector is logged once (and its recovery once),
+(:data:`SPAN_QUEUE_SIZE`; overflow policy: :class:`BoundedSpanProcessor` drops the
+newest span and counts it, /metrics' ``pulsar_tap_dropped_events_total{source="spans"}``),
+so a slow or absent collector — or spans at 100 % on a saturated proxy, more than
+the exporter's thread encodes — costs memory up to that bound and nothing else.  An
+unreachable collector is logged once (and its recovery once),
 not per batch: :class:`ReportingSpanExporter` wraps the exporter, and the SDK
 exporters' own per-batch log lines are silenced.
 
@@ -141,6 +143,54 @@ class ReportingSpanExporter(SpanExporter):
         return self.inner.force_flush(timeout_millis)
 
 
+class _Taken(SpanExporter):
+    """Counts the spans the batch processor took off its queue (every batch it takes goes to ``export``)."""
+
+    def __init__(self, inner: SpanExporter) -> None:
+        self.inner = inner
+        self.taken = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.taken += len(spans)
+        return self.inner.export(spans)
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
+class BoundedSpanProcessor(BatchSpanProcessor):
+    """A batch processor that drops the newest span when its queue is full, and counts it.
+
+    The SDK's own overflow (it pushes the oldest span out) logs a warning and counts
+    the drop only in its self-metrics, which are off; here a span that finds the
+    queue full is not queued at all (the cheapest thing to do with it) and counts in
+    ``dropped``.  The queue's length is what was queued less what the worker thread
+    took to export (both counted here: no reach into the SDK's queue).
+    """
+
+    def __init__(self, exporter: SpanExporter, *, max_queue_size: int = SPAN_QUEUE_SIZE,
+                 max_export_batch_size: int = SPAN_BATCH_SIZE, schedule_delay_millis: float = 1000,
+                 export_timeout_millis: float = EXPORT_TIMEOUT_S * 1000) -> None:
+        self._taken = _Taken(exporter)
+        super().__init__(self._taken, max_queue_size=max_queue_size, max_export_batch_size=max_export_batch_size,
+                         schedule_delay_millis=schedule_delay_millis, export_timeout_millis=export_timeout_millis)
+        self.max_queue_size = max_queue_size
+        self.queued = 0
+        self.dropped = 0
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if span.context is None or not span.context.trace_flags.sampled:
+            return  # (the SDK's processor queues no unsampled span either)
+        if self.queued - self._taken.taken >= self.max_queue_size:
+            self.dropped += 1
+            return
+        self.queued += 1
+        super().on_end(span)
+
+
 def span_exporter(settings: ExportSettings, console: IO[str] | None = None) -> SpanExporter | None:
     """The exporter ``settings`` ask for (None for ``none``)."""
     if settings.exporter == "none":
@@ -151,7 +201,7 @@ def span_exporter(settings: ExportSettings, console: IO[str] | None = None) -> S
     endpoint = settings.signal_endpoint("traces")
     inner: SpanExporter
     if settings.protocol == "http":
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
+        from proxy.telemetry.otlp_spans import HttpSpanExporter
         inner = HttpSpanExporter(endpoint=endpoint, timeout=settings.timeout_s)
     else:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
@@ -188,17 +238,20 @@ def metric_readers(settings: ExportSettings) -> list[MetricReader]:
 
 
 def tracer_provider(settings: ExportSettings, resource: Resource, *, exporter: SpanExporter | None = None,
-                    console: IO[str] | None = None) -> TracerProvider:
+                    console: IO[str] | None = None) -> tuple[TracerProvider, BoundedSpanProcessor | None]:
     """A provider whose spans go to ``exporter`` (default: the one ``settings`` name) in bounded batches.
 
     Sampling decisions are the SpanWriter's; the provider only honours a remote
-    parent's sampled flag (a SEND joining a W3C trace).
+    parent's sampled flag (a SEND joining a W3C trace).  Returned with its span
+    processor (None without an exporter), whose ``dropped`` counts the spans a full queue refused.
     """
     provider = TracerProvider(resource=resource, sampler=ParentBased(ALWAYS_ON))
     target = exporter if exporter is not None else span_exporter(settings, console)
+    processor = None
     if target is not None:
-        provider.add_span_processor(BatchSpanProcessor(
+        processor = BoundedSpanProcessor(
             target, max_queue_size=SPAN_QUEUE_SIZE, max_export_batch_size=SPAN_BATCH_SIZE,
             schedule_delay_millis=settings.schedule_delay_ms,
-            export_timeout_millis=int(settings.timeout_s * 1000)))
-    return provider
+            export_timeout_millis=int(settings.timeout_s * 1000))
+        provider.add_span_processor(processor)
+    return provider, processor

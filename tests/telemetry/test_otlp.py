@@ -5,7 +5,9 @@ from __future__ import annotations
 import gzip
 import io
 import socket
+import threading
 import time
+from collections.abc import Sequence
 from concurrent import futures
 from functools import partial
 
@@ -13,13 +15,24 @@ import grpc
 import pytest
 import structlog
 import trio
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from proxy.telemetry import ExportSettings, build_telemetry
+from proxy.telemetry.exporters import SPAN_BATCH_SIZE, SPAN_QUEUE_SIZE
+from proxy.telemetry.otlp_spans import SpanEncoder
 
 from .scripted import BASE_NS, connect, create_producer, produce
+from .test_spans import _mixed_traffic
 
 HTTP_OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n"
 
@@ -195,3 +208,86 @@ def test_console_exporter_writes_spans_to_its_stream() -> None:
     pipeline.shutdown()
     text = out.getvalue()
     assert '"name": "SEND"' in text and '"pulsar.sequence_id": 0' in text
+
+
+def test_the_own_otlp_encoding_is_the_sdks_byte_for_byte() -> None:
+    """:class:`~proxy.telemetry.otlp_spans.SpanEncoder` (the OTLP/HTTP exporter's) writes the bytes the SDK's
+    encoder serializes: the spans of scripted traffic, and spans with every field and attribute type, over two
+    resources and three scopes (one with a version, a schema and attributes)."""
+    exporter = InMemorySpanExporter()
+    pipeline = build_telemetry(span_exporter=exporter, seed=1)
+    try:
+        _mixed_traffic(pipeline)
+        assert pipeline.force_flush(5_000)
+        spans = list(exporter.get_finished_spans())
+    finally:
+        pipeline.shutdown()
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "other", "n": 3}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("a")
+    versioned = provider.get_tracer("b", "1.2", schema_url="https://schema", attributes={"k": "v"})
+    connection = tracer.start_span("pulsar.connection", context=Context(), kind=SpanKind.SERVER, start_time=5)
+    remote = SpanContext(2**127 + 5, 2**63 + 7, is_remote=True, trace_flags=TraceFlags(1),
+                         trace_state=TraceState([("a", "b"), ("c", "d")]))
+    every_type = {"s": "é", "t": True, "f": False, "zero": 0, "negative": -5, "big": 2**63 - 1, "d": 1.5, "z": 0.0,
+                  "strings": ["x", "y"], "ints": (1, 2), "bytes": b"\x00\x01", "empty": "", "map": {"in": 1}}
+    span = tracer.start_span("SEND", context=trace.set_span_in_context(connection), kind=SpanKind.PRODUCER,
+                             attributes=every_type, start_time=10,
+                             links=[Link(remote, {"pulsar.link": "batch_entry"}), Link(connection.get_span_context())])
+    span.add_event("rule", {"rule.name": "r"}, timestamp=11)
+    span.add_event("", {}, timestamp=12)
+    span.set_status(Status(StatusCode.ERROR, "boom"))
+    span.end(end_time=20)
+    child = versioned.start_span("", context=trace.set_span_in_context(trace.NonRecordingSpan(remote)), start_time=1)
+    child.set_status(Status(StatusCode.OK))
+    child.end(end_time=1)
+    connection.end(end_time=30)
+    spans += exporter.get_finished_spans()
+    assert len({span.resource for span in spans}) == 2 and len({span.instrumentation_scope for span in spans}) == 3
+    encoder = SpanEncoder()
+    for _ in range(2):  # (the second time from its caches)
+        assert encoder.request(spans) == encode_spans(spans).SerializeToString()
+    assert encoder.request(spans[:1]) == encode_spans(spans[:1]).SerializeToString()
+    assert encoder.request([]) == b""
+
+
+class HeldExporter(SpanExporter):
+    """An exporter whose exports wait until ``release`` is set (a collector slower than the traffic)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.exported = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        assert self.release.wait(30)
+        self.exported += len(spans)
+        return SpanExportResult.SUCCESS
+
+
+def test_spans_a_full_queue_refuses_are_dropped_and_counted_on_metrics(caplog: pytest.LogCaptureFixture) -> None:
+    """More spans than the exporter takes: the queue keeps SPAN_QUEUE_SIZE, the rest are dropped without a log
+    line each and counted as pulsar_tap_dropped_events_total{source="spans"}; every span is exported or counted."""
+    exporter = HeldExporter()
+    pipeline = build_telemetry(span_exporter=exporter, seed=1)
+    try:
+        telemetry = pipeline.telemetry
+        assert telemetry.spans is not None
+        ts = connect(telemetry, 1, BASE_NS)
+        ts = create_producer(telemetry, 1, ts)
+        produce(telemetry, 1, ts, SPAN_QUEUE_SIZE + SPAN_BATCH_SIZE + 300)
+        telemetry.connection_closed(1, ts)
+        exporter.release.set()
+        assert pipeline.force_flush(10_000)
+        written = telemetry.spans.spans_written + 1  # (and the connection's)
+        text = pipeline.prometheus_text()
+        sample = 'pulsar_tap_dropped_events_total{source="spans"}'
+        dropped = [line for line in text.splitlines() if line.startswith(sample)]
+        assert len(dropped) == 1
+        count = float(dropped[0].rsplit(" ", 1)[1])
+        assert 300 <= count <= written - SPAN_QUEUE_SIZE
+        assert exporter.exported + count == written
+        assert not [record for record in caplog.records if "Queue full" in record.getMessage()]
+    finally:
+        exporter.release.set()
+        pipeline.shutdown()

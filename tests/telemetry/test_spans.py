@@ -259,3 +259,89 @@ def test_odd_frames_never_raise(pipeline: TelemetryPipeline, exporter: InMemoryS
     telemetry.connection_closed(5, BASE_NS + MS)
     spans = finished(pipeline, exporter)
     assert [s.name for s in spans if s.name != "pulsar.connection"] == ["DELIVERY"]
+
+
+def _mixed_traffic(pipeline: TelemetryPipeline) -> None:
+    """Every kind of span: connections, requests (ok, error, unanswered, rules and marks fired), LOOKUP hops
+    linked across a redirect, delivery cycles, and SENDs joining a W3C trace."""
+    telemetry = pipeline.telemetry
+    ts = connect(telemetry, 1, BASE_NS)
+    ts = create_producer(telemetry, 1, ts)
+    ts = produce(telemetry, 1, ts, 3)
+    telemetry.frame(1, TO_BROKER, send(1, 7), ts, forwarded_ns=ts + 100 * MS, fired=("slow-sends", "tag"))
+    telemetry.frame(1, TO_CLIENT, frame(api.CommandSendReceipt(producer_id=1, sequence_id=7)), ts + 103 * MS)
+    telemetry.frame(1, TO_BROKER, send(1, 8), ts, fired=("fail-sends",))
+    telemetry.frame(1, TO_CLIENT, frame(api.CommandSendError(producer_id=1, sequence_id=8,
+                                                             error=api.ServerError.PersistenceError,
+                                                             message="injected")), ts + 2 * MS, origin="proxy")
+    telemetry.frame(1, TO_BROKER, send(1, 9, properties={"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"}), ts)
+    telemetry.frame(1, TO_CLIENT, frame(api.CommandSendReceipt(producer_id=1, sequence_id=9)), ts + MS)
+    telemetry.frame(1, TO_BROKER, frame(api.CommandLookupTopic(topic=TOPIC, request_id=1)), ts)
+    telemetry.frame(1, TO_CLIENT, frame(api.CommandLookupTopicResponse(
+        request_id=1, response=api.CommandLookupTopicResponse.Redirect,
+        brokerServiceUrl="pulsar://127.0.0.1:6651")), ts + MS)
+    telemetry.frame(1, TO_BROKER, frame(api.CommandSubscribe(
+        topic=TOPIC, subscription="sub", subType=api.CommandSubscribe.Shared, consumer_id=3, request_id=5,
+        consumer_name="cons-1")), ts)
+    telemetry.frame(1, TO_CLIENT, frame(api.CommandSuccess(request_id=5)), ts + MS)
+    telemetry.frame(1, TO_BROKER, frame(api.CommandFlow(consumer_id=3, messagePermits=2)), ts + 2 * MS)
+    telemetry.frame(1, TO_CLIENT, message(3, 0), ts + 3 * MS, fired=("slow-messages",))
+    telemetry.frame(1, TO_CLIENT, message(3, 1, batch=2), ts + 5 * MS)
+    telemetry.frame(1, TO_BROKER, send(1, 10), ts + 6 * MS)
+    ts2 = connect(telemetry, 2, ts + 2 * MS, broker="pulsar://127.0.0.1:6651")
+    telemetry.frame(2, TO_BROKER, frame(api.CommandLookupTopic(topic=TOPIC, request_id=1, authoritative=True)), ts2)
+    telemetry.frame(2, TO_CLIENT, frame(api.CommandLookupTopicResponse(
+        request_id=1, response=api.CommandLookupTopicResponse.Connect,
+        brokerServiceUrl="pulsar://127.0.0.1:6651")), ts2 + MS)
+    telemetry.connection_closed(1, ts + 50 * MS, "broker went away")
+    telemetry.connection_closed(2, ts + 60 * MS)
+
+
+def _described(spans: list[ReadableSpan]) -> list[tuple[object, ...]]:
+    """Everything an exporter reads of the spans, their ids replaced by their order of first appearance."""
+    ids: dict[int, int] = {}
+
+    def of(span_id: int | None) -> int | None:
+        return None if span_id is None else ids.setdefault(span_id, len(ids))
+
+    traces: dict[int, int] = {}
+    described = []
+    for span in spans:
+        context, parent = span.context, span.parent
+        assert context is not None
+        described.append((
+            span.name, span.kind, of(context.span_id), traces.setdefault(context.trace_id, len(traces)),
+            int(context.trace_flags), tuple(context.trace_state.items()), context.is_remote,
+            None if parent is None else (of(parent.span_id), parent.is_remote),
+            dict(span.attributes or {}), span.dropped_attributes,
+            [(event.name, dict(event.attributes or {}), event.timestamp) for event in span.events],
+            [(of(link.context.span_id), dict(link.attributes or {})) for link in span.links],
+            span.status.status_code, span.status.description, span.start_time, span.end_time,
+            span.resource, span.instrumentation_scope))
+    return described
+
+
+def test_spans_written_directly_are_the_spans_the_sdk_tracer_writes(exporter: InMemorySpanExporter) -> None:
+    """Requests and deliveries skip the SDK's live span (:class:`~proxy.telemetry.tracer.DirectSpans`): what the
+    exporter gets is what ``start_span`` ... ``end`` gave, field by field, ids aside."""
+    sdk_exporter = InMemorySpanExporter()
+    direct, through_sdk = (build_telemetry(span_exporter=exporter, seed=1),
+                           build_telemetry(span_exporter=sdk_exporter, seed=1))
+    writer, sdk_writer = direct.telemetry.spans, through_sdk.telemetry.spans
+    assert writer is not None and sdk_writer is not None
+    sdk_writer.direct = None
+    started: list[str] = []
+    start_span = writer.tracer.start_span
+    writer.tracer.start_span = lambda name, *args, **kwargs: started.append(name) or start_span(  # type: ignore
+        name, *args, **kwargs)
+    try:
+        for pipeline in (direct, through_sdk):
+            _mixed_traffic(pipeline)
+        spans, sdk_spans = finished(direct, exporter), finished(through_sdk, sdk_exporter)
+        assert len(spans) == 16
+        assert _described(spans) == _described(sdk_spans)
+        # the live spans: the connections (they end later) and the SEND joining a remote trace
+        assert started == ["pulsar.connection", "SEND", "pulsar.connection"]
+    finally:
+        direct.shutdown()
+        through_sdk.shutdown()
