@@ -174,7 +174,7 @@ class Telemetry:
         inspect = timeline.inspect_trace_context
         # (one search of the run: in most runs no frame names a trace context)
         marked = inspect and buf.find(TRACEPARENT_BYTES, pos) >= 0
-        plain = searchable if inspect else None
+        trace_search = searchable if inspect else None  # (None: traces are off, nothing to look for)
         capacity, forgets = timeline.bulk_capacity() if timeline.connected else (0, False)
         producers: dict[bytes, tuple[bool, str | None]] = {}
         messages: dict[str | None, int] = {}
@@ -183,7 +183,7 @@ class Telemetry:
             stretch = pos
             pos, frames, capacity = take_sends(buf, pos, entries, other_keys, producers, timeline.bulk_producer,
                                                capacity, forgets, timeline.bulk_forget_oldest, received_ns,
-                                               forwarded_ns, plain, marked, messages)
+                                               forwarded_ns, trace_search, marked, messages)
             self._count_sends(frames, pos - stretch, messages, origin)
             if end_of_data - pos < 8 or (end := pos + _SIZE_AT(buf, pos)[0] + 4) > end_of_data:
                 return pos
