@@ -33,8 +33,8 @@ from proxy.errors import ProtocolError
 from proxy.protocol.commands import T, type_name
 from proxy.protocol.frame import Frame, peek_type
 from proxy.protocol.session import Direction
-from proxy.telemetry.bulk import FRAME_HEAD
-from proxy.telemetry.bulk_forms import receipt_key, send_command
+from proxy.telemetry.bulk import FRAME_HEAD, BookEntry
+from proxy.telemetry.bulk_forms import receipt_key, send_command, take_receipts, take_sends
 from proxy.telemetry.data_path import receipt_fields, searchable, send_fields
 from proxy.telemetry.metrics import ProxyMetrics
 from proxy.telemetry.tracer import Peer, SpanWriter
@@ -43,8 +43,6 @@ from proxy.telemetry.tracker import TRACEPARENT, ConnectionTimeline, Exchange, F
 TRACEPARENT_BYTES: Final = TRACEPARENT.encode()
 #: ``TRACEPARENT_BYTES`` searched for in a run (a ``memoryview`` has no ``find``)
 _TRACEPARENT_IN: Final = re.compile(re.escape(TRACEPARENT_BYTES)).search
-#: no topic at all (not even None): what the bulk path's last-topic caches hold before the first frame
-_NO_TOPIC: Final = object()
 #: the directions' label values (``Direction.value`` is a property call, ~0.1 us, twice a message in bulk)
 _TO_BROKER: Final = Direction.TO_BROKER.value
 _TO_CLIENT: Final = Direction.TO_CLIENT.value
@@ -170,53 +168,32 @@ class Telemetry:
 
     def _sends(self, timeline: ConnectionTimeline, conn_id: int, data: bytes | memoryview, pos: int, received_ns: int,
                forwarded_ns: int, origin: str, broker: str | None) -> int:
-        end_of_data, head = len(data), FRAME_HEAD.unpack_from
-        book = timeline.book
-        entries, other_keys, inspect = book.entries, book.other_keys, timeline.inspect_trace_context
+        buf = _run_bytes(data)
+        end_of_data, book = len(buf), timeline.book
+        entries, other_keys = book.entries, book.other_keys
+        inspect = timeline.inspect_trace_context
         # (one search of the run: in most runs no frame names a trace context)
-        marked = inspect and _TRACEPARENT_IN(data, pos, end_of_data) is not None
+        marked = inspect and buf.find(TRACEPARENT_BYTES, pos) >= 0
+        trace_search = searchable if inspect else None  # (None: traces are off, nothing to look for)
         capacity, forgets = timeline.bulk_capacity() if timeline.connected else (0, False)
         producers: dict[bytes, tuple[bool, str | None]] = {}
-        frames, stretch = 0, pos  # (the frames taken in bulk lie together from ``stretch`` to ``pos``)
         messages: dict[str | None, int] = {}
-        while end_of_data - pos >= 8:
-            total, cmd_size = head(data, pos)
-            end = pos + total + 4
-            if end > end_of_data:
-                break
-            found = send_command(data, pos + 8, pos + 8 + cmd_size) if capacity > 0 else None
-            if found is not None:
-                key, producer, number = found
-                known = producers.get(producer)
-                if known is None:
-                    known = producers[producer] = timeline.bulk_producer(producer)
-                in_bulk, topic = known
-                if in_bulk and not (other_keys and key in other_keys) and not (
-                        inspect and end > pos + 8 + cmd_size and (
-                            (marked and _TRACEPARENT_IN(data, pos, end) is not None)
-                            or not searchable(data, pos + 8 + cmd_size, end))):
-                    entries[key] = (received_ns, forwarded_ns, end - pos, number, topic)
-                    if not forgets:
-                        capacity -= 1
-                    elif len(entries) > capacity:
-                        timeline.bulk_forget_oldest()
-                    frames += 1
-                    if number:
-                        messages[topic] = messages.get(topic, 0) + number
-                    pos = end
-                    continue
-            # another path for this one: what the run added up so far goes first
+        while True:
+            # the SENDs taken in bulk lie together from ``stretch`` to ``pos``
+            stretch = pos
+            pos, frames, capacity = take_sends(buf, pos, entries, other_keys, producers, timeline.bulk_producer,
+                                               capacity, forgets, timeline.bulk_forget_oldest, received_ns,
+                                               forwarded_ns, trace_search, marked, messages)
             self._count_sends(frames, pos - stretch, messages, origin)
-            frames = 0
+            if end_of_data - pos < 8 or (end := pos + _SIZE_AT(buf, pos)[0] + 4) > end_of_data:
+                return pos
+            # another path for this one (what the stretch added up went first)
             messages = {}
-            self._one_frame(conn_id, Direction.TO_BROKER, bytes(data[pos:end]), received_ns, forwarded_ns, origin,
-                            broker)
+            self._one_frame(conn_id, Direction.TO_BROKER, buf[pos:end], received_ns, forwarded_ns, origin, broker)
             producers.clear()
             capacity, forgets = timeline.bulk_capacity() if timeline.connected and conn_id in self._timelines \
                 else (0, False)
-            pos = stretch = end
-        self._count_sends(frames, pos - stretch, messages, origin)
-        return pos
+            pos = end
 
     def passed_send(self, conn_id: int, data: bytes | memoryview, received_ns: int, forwarded_ns: int,
                     broker: str | None) -> None:
@@ -294,58 +271,33 @@ class Telemetry:
 
     def _receipts(self, timeline: ConnectionTimeline, conn_id: int, data: bytes | memoryview, pos: int,
                   received_ns: int, forwarded_ns: int, origin: str, broker: str | None) -> int:
-        end_of_data, head = len(data), FRAME_HEAD.unpack_from
-        book, spans = timeline.book, self.spans
+        buf = _run_bytes(data)
+        end_of_data, book, spans = len(buf), timeline.book, self.spans
         entries, other_keys = book.entries, book.other_keys
+        # (spans.sampled() in the walk: drawn in the same order, a span built only for a sampled exchange)
+        draw, rate = (spans.draw, spans.sample) if spans is not None else (None, 0.0)
+        sampled: list[tuple[bytes, BookEntry]] = []
         bulk = timeline.connected
-        # spans.sampled() inlined: two calls per receipt were ~0.2 us of the ~1.5 us an unsampled one cost
-        rate = spans.sample if spans is not None else 0.0
-        every = rate >= 1.0
-        skipped = 0
-        frames, stretch = 0, pos  # (the frames taken in bulk lie together from ``stretch`` to ``pos``)
-        latencies: dict[str | None, list[float]] = {}
-        # the latencies of the last topic seen (consecutive receipts are mostly of one topic)
-        last_topic: object = _NO_TOPIC
-        last_latencies: list[float] = []
-        # the latency of the SENDs received at ``sent_ns`` (a run's SENDs share their instant)
-        sent_ns, seconds = -1, 0.0
-        while end_of_data - pos >= 8:
-            total, cmd_size = head(data, pos)
-            end = pos + total + 4
-            if end > end_of_data:
-                break
-            key = receipt_key(data, pos + 8, pos + 8 + cmd_size) if bulk else None
-            if key is not None and not (other_keys and key in other_keys and key not in entries):
-                frames += 1
-                entry = entries.pop(key, None)
-                if entry is not None:
-                    topic = entry[4]
-                    if entry[0] != sent_ns:
-                        sent_ns = entry[0]
-                        waited = forwarded_ns - sent_ns
-                        seconds = (waited if waited > 0 else 0) / 1e9
-                    if topic is not last_topic:
-                        last_topic = topic
-                        last_latencies = latencies.setdefault(topic, [])
-                    last_latencies.append(seconds)
-                    if spans is not None:
-                        if every or spans.draw() < rate:
-                            spans.sampled_exchange(timeline.bulk_exchange(key, entry, received_ns, forwarded_ns,
-                                                                          origin), self._peers[conn_id])
-                        else:
-                            skipped += 1
-                pos = end
-                continue
+        while True:
+            # the receipts taken in bulk lie together from ``stretch`` to ``pos``
+            stretch, frames, skipped = pos, 0, 0
+            latencies: dict[str | None, list[float]] = {}
+            if bulk:
+                pos, frames, skipped = take_receipts(buf, pos, entries, other_keys, forwarded_ns, latencies, draw,
+                                                     rate, sampled)
+                if sampled:
+                    assert spans is not None
+                    for key, entry in sampled:
+                        spans.sampled_exchange(timeline.bulk_exchange(key, entry, received_ns, forwarded_ns, origin),
+                                               self._peers[conn_id])
+                    sampled.clear()
             self._count_receipts(frames, pos - stretch, latencies, origin, skipped)
-            frames = skipped = 0
-            latencies = {}
-            last_topic = _NO_TOPIC
-            self._one_frame(conn_id, Direction.TO_CLIENT, bytes(data[pos:end]), received_ns, forwarded_ns, origin,
-                            broker)
+            if end_of_data - pos < 8 or (end := pos + _SIZE_AT(buf, pos)[0] + 4) > end_of_data:
+                return pos
+            # another path for this one (what the stretch added up went first)
+            self._one_frame(conn_id, Direction.TO_CLIENT, buf[pos:end], received_ns, forwarded_ns, origin, broker)
             bulk = timeline.connected and conn_id in self._timelines
-            pos = stretch = end
-        self._count_receipts(frames, pos - stretch, latencies, origin, skipped)
-        return pos
+            pos = end
 
     def _count_receipts(self, frames: int, size: int, latencies: dict[str | None, list[float]], origin: str,
                         skipped: int) -> None:
@@ -422,6 +374,12 @@ class Telemetry:
                                  exchange.duration_ns / 1e9)
         if self.spans is not None:
             self.spans.exchange(exchange, peer)
+
+
+def _run_bytes(data: bytes | memoryview) -> bytes:
+    """A run's bytes: the compiled walks read ``bytes`` natively (a view's copy, once a run, costs less than
+    copying each command out of it)."""
+    return data if type(data) is bytes else bytes(data)
 
 
 def _broker_of(connection: ConnectionInfo) -> str | None:

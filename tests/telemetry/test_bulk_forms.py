@@ -229,3 +229,51 @@ def test_the_common_receipt_pattern_reads_what_the_general_one_reads(ids: tuple[
         assert general is not None and general.group(1, 2, 3) == common.group(1, 2, 3)
     if general is not None and not tail and size_shift == 0 and max(ledger, entry) < 2**63:
         assert common is not None  # the common shape is taken by the common pattern
+
+
+@st.composite
+def payload_sends(draw: st.DrawFn) -> tuple[bytes, int]:
+    """A SEND frame whose payload section holds metadata drawn near what clients write (a compression named or
+    not, its tag plain or padded, a ``@`` or a 0 in a field, a damaged size, bytes protobuf cannot read, broker
+    entry metadata first), and where its command ends."""
+    metadata = api.MessageMetadata(producer_name=draw(st.sampled_from(["p", "standalone-0-7", "p@host"])),
+                                   sequence_id=draw(st.integers(0, 2**40)), publish_time=draw(st.integers(0, 2**42)))
+    if draw(st.booleans()):
+        metadata.compression = draw(st.sampled_from([api.NONE, api.LZ4, api.ZLIB, api.ZSTD, api.SNAPPY]))
+    if draw(st.booleans()):
+        metadata.num_messages_in_batch = draw(st.integers(0, 5))
+    spelt = metadata.SerializeToString() + draw(st.sampled_from([b"", b"\xc0\x00\x01", b"\x40\x00", b"\xff\xff"]))
+    frame = bytearray(encode_payload_command(
+        api.CommandSend(producer_id=1, sequence_id=2), spelt, b"payload",
+        broker_entry_metadata=api.BrokerEntryMetadata(index=3) if draw(st.integers(0, 4)) == 0 else None))
+    cmd_end = 8 + int.from_bytes(frame[4:8], "big")
+    if draw(st.integers(0, 5)) == 0:  # the metadata's size damaged
+        frame[cmd_end + 6:cmd_end + 10] = draw(st.integers(0, 2**32 - 1)).to_bytes(4, "big")
+    return bytes(frame), cmd_end
+
+
+@settings(max_examples=1500, deadline=None)
+@given(payload_sends())
+def test_metadata_bytes_the_walk_takes_as_plain_are_what_searchable_takes(drawn: tuple[bytes, int]) -> None:
+    """take_sends asks data_path.searchable only when plain_metadata_bytes cannot tell: it says True only for
+    the common layout whose metadata holds neither byte ``compression``'s tag needs, where searchable says True."""
+    from proxy.telemetry.bulk_forms import plain_metadata_bytes
+    from proxy.telemetry.data_path import searchable
+
+    raw, cmd_end = drawn
+    plain = plain_metadata_bytes(raw, cmd_end, len(raw))
+    event(f"plain {plain}")
+    if plain:
+        assert searchable(raw, cmd_end, len(raw))
+    start = cmd_end + 10
+    common = raw[cmd_end:cmd_end + 2] == b"\x0e\x01" and start + int.from_bytes(raw[cmd_end + 6:start], "big") <= len(
+        raw)
+    metadata = raw[start:start + int.from_bytes(raw[cmd_end + 6:start], "big")]
+    assert plain == (common and 0 not in metadata and 0x40 not in metadata)
+
+
+def test_the_walk_looks_for_the_trace_context_the_tracker_reads() -> None:
+    from proxy.telemetry.bulk_forms import TRACEPARENT as WALKED
+    from proxy.telemetry.tracker import TRACEPARENT
+
+    assert TRACEPARENT.encode() == WALKED
