@@ -612,17 +612,24 @@ async def test_runs_trickling_in_go_to_the_writer_a_gathering_window_at_a_time(t
     the run ring fills up first: then the window ends early (a batch per ring's worth, not per window).
 
     With a ring of a few runs, a writer starved of CPU (niced, on a machine whose cores are busy) may not free
-    room within the 10 ms between runs: a run refused then is counted, never lost (as the queue's drops are)."""
+    room within the 10 ms between runs: a run refused then is counted, never lost (as the queue's drops are).
+    Whether the window ended early shows only where the writer kept up (every write done within 20 ms, while
+    two runs came): then a window's 10 runs would have overfilled the ring of 4 and none may be refused; where a
+    write took longer (CI's busy cores: 13 of 20 refused), only the accounting and the ring's bound are checked."""
     run = b"".join(f.raw for f in session(sends=3) if f.direction == "to_broker")
     per_run = count_frame_starts(run, 0)
     for queue_bytes, batches_allowed in ((64 << 20, range(1, 5)), (4 * len(run), range(4, 26))):
         async with Recorder(RecordConfig(dir=tmp_path / str(queue_bytes), queue_bytes=queue_bytes)) as recorder:
             batches: list[int] = []
+            write_seconds: list[float] = []
             write_batch = recorder._write_batch
 
-            async def counting(batch: list[object], write: object = write_batch, sizes: list[int] = batches) -> None:
+            async def counting(batch: list[object], write: object = write_batch, sizes: list[int] = batches,
+                               took: list[float] = write_seconds) -> None:
                 sizes.append(len(batch))
+                start = time.monotonic()
                 await write(batch)  # type: ignore[operator]
+                took.append(time.monotonic() - start)
 
             recorder._write_batch = counting  # type: ignore[method-assign,assignment]
             recorder.open_connection(1, ("127.0.0.1", 1), ("127.0.0.1", 2), None, BASE_NS)
@@ -632,10 +639,14 @@ async def test_runs_trickling_in_go_to_the_writer_a_gathering_window_at_a_time(t
                 await trio.sleep(0.01)
         frames = list(open_recordings(recorder.path).frames())
         refused = taken.count(False)
-        if queue_bytes == 64 << 20:
-            assert refused == 0  # (the ring holds every run: room is never wanting)
+        kept_up = max(write_seconds) < 0.02  # (two runs came meanwhile: the ring held them)
+        if queue_bytes == 64 << 20 or kept_up:
+            assert refused == 0, (batches, write_seconds)  # (room was never wanting)
         assert len(frames) == (20 - refused) * per_run and recorder.stats.frames_dropped == refused * per_run
-        assert len(batches) in batches_allowed, (batches, refused)
+        if kept_up or queue_bytes == 64 << 20:
+            assert len(batches) in batches_allowed, (batches, refused, write_seconds)
+        else:  # (a batch holds at most the ring's 4 runs, and the connection's opening)
+            assert -(-(20 - refused) // 4) <= len(batches) <= 25, (batches, refused, write_seconds)
 
 
 @pytest.mark.parametrize("direction", [*Direction, "to_broker", "TO_CLIENT", "To_Broker"])
