@@ -13,7 +13,8 @@
   ``pulsar_tap_outstanding_permits`` — gauges;
 - ``pulsar_tap_rule_hits_total{rule=...}`` — fired rules (SPEC.md fixes this name);
 - ``pulsar_tap_dropped_events_total{source=...}`` — events that observers (the
-  recorder, telemetry itself) lost to a full queue, read from callbacks.
+  recorder, telemetry itself, the span exporter's queue: ``source="spans"``) lost to a
+  full queue, read from callbacks.
 
 Topic labels have bounded cardinality: the policy keeps at most ``max_topics``
 distinct topic values (optionally only those matching glob patterns) and folds the
