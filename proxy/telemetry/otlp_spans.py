@@ -49,6 +49,8 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.semconv.attributes.http_attributes import HTTP_RESPONSE_STATUS_CODE
 from opentelemetry.trace import SpanContext, SpanKind, Status
 
+from proxy.recording.segment import varint
+
 #: encoded ``KeyValue`` fields of string and bool attributes, by (field tag, key, value); cleared when full
 MAX_CACHED_ATTRIBUTES: Final = 65_536
 
@@ -71,12 +73,7 @@ def _varint(value: int) -> bytes:
         return _VARINTS[value] if value >= 0 else _varint(value & 0xFFFF_FFFF_FFFF_FFFF)
     if value < 16384:
         return bytes(((value & 0x7F) | 0x80, value >> 7))
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+    return varint(value)
 
 
 def _field(tag: int, body: bytes) -> bytes:
