@@ -113,7 +113,8 @@ class DirectSpans:
     What ``tracer.start_span(...)`` then ``end()`` would produce for a span whose parent is a local sampled span
     (a connection's) or none, under the provider's ``ParentBased(ALWAYS_ON)`` sampler: the parent's trace id and
     flags (a root: a new trace id, sampled, and random if the id generator says so), a new span id, the
-    parent's trace state; attribute sequences as tuples.
+    parent's trace state.  ``attributes`` are the span's as they are (their sequences tuples, as the SDK would
+    have made them: :class:`SpanWriter` builds them so).
     """
 
     __slots__ = ("_ids", "_on_end", "_resource", "_scope", "_info", "_root_flags")
@@ -158,10 +159,6 @@ class DirectSpans:
         else:
             context = SpanContext(parent.trace_id, ids.generate_span_id(), False, parent.trace_flags,
                                   parent.trace_state)
-        for key in ("pulsar.rules", "pulsar.marks"):
-            value = attributes.get(key)
-            if type(value) is list:
-                attributes[key] = tuple(value)
         events = [Event("rule", {"rule.name": rule.name, "pulsar.command": rule.command,
                                  "pulsar.direction": rule.direction}, rule.ts_ns) for rule in rules]
         span = ReadableSpan(name, context, parent, self._resource, attributes, events, links, kind, self._info,
@@ -335,9 +332,9 @@ class SpanWriter:
             if marker is not None:
                 attributes["pulsar.replication.marker"] = marker
         if exchange.rules:
-            attributes["pulsar.rules"] = list(dict.fromkeys(rule.name for rule in exchange.rules))
+            attributes["pulsar.rules"] = tuple(dict.fromkeys(rule.name for rule in exchange.rules))
         if exchange.marks:
-            attributes["pulsar.marks"] = list(dict.fromkeys(exchange.marks))
+            attributes["pulsar.marks"] = tuple(dict.fromkeys(exchange.marks))
         return attributes
 
     # -- deliveries -----------------------------------------------------------------------
@@ -368,9 +365,9 @@ class SpanWriter:
         if cycle.consumer_name:
             attributes["messaging.client.id"] = cycle.consumer_name
         if cycle.rules:
-            attributes["pulsar.rules"] = list(dict.fromkeys(rule.name for rule in cycle.rules))
+            attributes["pulsar.rules"] = tuple(dict.fromkeys(rule.name for rule in cycle.rules))
         if cycle.marks:
-            attributes["pulsar.marks"] = list(dict.fromkeys(cycle.marks))
+            attributes["pulsar.marks"] = tuple(dict.fromkeys(cycle.marks))
         end_ns = max(cycle.end_ns, cycle.flow_received_ns)
         direct = self.direct
         if direct is not None and direct.fits(attributes, cycle.rules, ()):
