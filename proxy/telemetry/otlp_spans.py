@@ -159,8 +159,7 @@ class SpanEncoder:
         """One ``Span`` message's body."""
         context = span.context
         assert context is not None  # (every span the SDK finishes has one)
-        out = bytearray(b"\x0a\x10" + context.trace_id.to_bytes(16, "big") + b"\x12\x08"
-                        + context.span_id.to_bytes(8, "big"))
+        out = bytearray(_ids(context))
         trace_state = _trace_state(context)
         if trace_state:
             out += _field(0x1A, trace_state)
@@ -191,8 +190,7 @@ class SpanEncoder:
             out += b"\x60" + _varint(span.dropped_events)
         for link in span.links:
             linked = link.context
-            body = bytearray(b"\x0a\x10" + linked.trace_id.to_bytes(16, "big") + b"\x12\x08"
-                             + linked.span_id.to_bytes(8, "big"))
+            body = bytearray(_ids(linked))
             if link.attributes:
                 body += self._attributes_of(0x22, link.attributes)
             if link.dropped_attributes:
@@ -250,6 +248,11 @@ class SpanEncoder:
                 self._keys.clear()
             encoded = self._keys[key] = _field(0x0A, key.encode()) if key else b""
         return encoded
+
+
+def _ids(context: SpanContext) -> bytes:
+    """The ``trace_id`` (1) and ``span_id`` (2) fields a ``Span`` and a ``Span.Link`` begin with."""
+    return b"\x0a\x10" + context.trace_id.to_bytes(16, "big") + b"\x12\x08" + context.span_id.to_bytes(8, "big")
 
 
 def _trace_state(context: SpanContext) -> bytes:
