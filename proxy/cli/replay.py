@@ -73,6 +73,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from proxy.native_threads import use_one_thread
+
+    use_one_thread()  # before numpy's import
+
     from proxy.errors import UsageError
     from proxy.telemetry.logs import configure_logging
 

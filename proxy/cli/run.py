@@ -175,6 +175,10 @@ def write_ready_file(path: str, listen: list[str], admin: str | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from proxy.native_threads import use_one_thread
+
+    use_one_thread()  # before numpy's import
+
     import trio
 
     from proxy.cli.interrupt import on_signals, signal_name
