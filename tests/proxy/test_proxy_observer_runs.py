@@ -253,6 +253,39 @@ async def test_the_hub_hands_a_long_run_over_in_pieces_cut_between_frames() -> N
     assert hub.delivered == len(pieces) and hub._queued_run_bytes == 0
 
 
+def _piece_starts_frame_by_frame(data: bytes, pos: int, limit: int) -> list[int]:
+    """The cuts of a run as the hub found them walking frame by frame (what piece_starts must give)."""
+    cuts, start, end = [], 0, len(data)
+    while end - pos >= 4:
+        frame_end = pos + int.from_bytes(data[pos:pos + 4], "big") + 4
+        if frame_end - start > limit and pos > start:
+            cuts.append(pos)
+            start = pos
+        pos = frame_end
+    return cuts
+
+
+def test_a_run_is_cut_where_the_walk_frame_by_frame_cut_it_though_rows_of_one_size_are_read_at_once() -> None:
+    """piece_starts reads rows of frames of one size as one array: its cuts are those of the walk frame by
+    frame, for rows long and short, frames shorter and longer than a piece, a run that begins with a lead
+    and one that ends inside a frame."""
+    from proxy.server.observer_hub import piece_starts
+
+    rng = random.Random(17)
+    for _ in range(300):
+        frames, count = [], rng.randrange(1, 400)
+        while len(frames) < count:
+            size = rng.choice([8, 40, 41, 100, 1000, 1024, 5000, 40_000])
+            frames += [(size - 4).to_bytes(4, "big") + bytes(size - 4)] * rng.choice([1, 2, 15, 16, 17, 40, 300])
+        lead = rng.choice([0, 0, 3, 700, 50_000])
+        data = bytes(lead) + b"".join(frames)
+        data = data[:len(data) - rng.choice([0, 0, 1, 3, 4, 500])]
+        limit = rng.choice([100, 1024, 4096, 32 * 1024])
+        assert piece_starts(data, lead, limit) == _piece_starts_frame_by_frame(data, lead, limit), (lead, limit)
+        view = memoryview(bytearray(data))  # (the hub's ring hands over views)
+        assert piece_starts(view, lead, limit) == _piece_starts_frame_by_frame(data, lead, limit)  # type: ignore[arg-type]
+
+
 async def test_the_relays_run_between_the_pieces_of_a_long_run() -> None:
     log: list[object] = []
     hub = ObserverHub([_Collect(log)], slice_seconds=0.0, run_piece_bytes=4096, share=0.0)
