@@ -253,6 +253,39 @@ async def test_the_hub_hands_a_long_run_over_in_pieces_cut_between_frames() -> N
     assert hub.delivered == len(pieces) and hub._queued_run_bytes == 0
 
 
+def _piece_starts_frame_by_frame(data: bytes, pos: int, limit: int) -> list[int]:
+    """The cuts of a run as the hub found them walking frame by frame (what piece_starts must give)."""
+    cuts, start, end = [], 0, len(data)
+    while end - pos >= 4:
+        frame_end = pos + int.from_bytes(data[pos:pos + 4], "big") + 4
+        if frame_end - start > limit and pos > start:
+            cuts.append(pos)
+            start = pos
+        pos = frame_end
+    return cuts
+
+
+def test_a_run_is_cut_where_the_walk_frame_by_frame_cut_it_though_rows_of_one_size_are_read_at_once() -> None:
+    """piece_starts reads rows of frames of one size as one array: its cuts are those of the walk frame by
+    frame, for rows long and short, frames shorter and longer than a piece, a run that begins with a lead
+    and one that ends inside a frame."""
+    from proxy.server.observer_hub import piece_starts
+
+    rng = random.Random(17)
+    for _ in range(300):
+        frames, count = [], rng.randrange(1, 400)
+        while len(frames) < count:
+            size = rng.choice([8, 40, 41, 100, 1000, 1024, 5000, 40_000])
+            frames += [(size - 4).to_bytes(4, "big") + bytes(size - 4)] * rng.choice([1, 2, 15, 16, 17, 40, 300])
+        lead = rng.choice([0, 0, 3, 700, 50_000])
+        data = bytes(lead) + b"".join(frames)
+        data = data[:len(data) - rng.choice([0, 0, 1, 3, 4, 500])]
+        limit = rng.choice([100, 1024, 4096, 32 * 1024])
+        assert piece_starts(data, lead, limit) == _piece_starts_frame_by_frame(data, lead, limit), (lead, limit)
+        view = memoryview(bytearray(data))  # (the hub's ring hands over views)
+        assert piece_starts(view, lead, limit) == _piece_starts_frame_by_frame(data, lead, limit)  # type: ignore[arg-type]
+
+
 async def test_the_relays_run_between_the_pieces_of_a_long_run() -> None:
     log: list[object] = []
     hub = ObserverHub([_Collect(log)], slice_seconds=0.0, run_piece_bytes=4096, share=0.0)
@@ -496,7 +529,6 @@ async def test_the_hubs_ring_gives_back_a_backlogs_pages_once_it_has_gone_though
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A burst fills the hub's ring past the pages runs reuse; once delivered, those pages go back to the
     system although the proxy then stays idle (the hub's delivery task waits for an event for good)."""
-    import os
 
     import trio
     import trio.testing
@@ -512,8 +544,8 @@ async def test_the_hubs_ring_gives_back_a_backlogs_pages_once_it_has_gone_though
     run = sends(1300, 40)  # ~100 KiB of frames
 
     def resident_kib() -> int:
-        assert hub._ring is not None and hub._ring.fd is not None
-        return os.fstat(hub._ring.fd).st_blocks // 2
+        assert hub._ring is not None and hub._ring._address is not None
+        return _resident_kib(hub._ring._address, hub._ring.size)
 
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
@@ -533,6 +565,72 @@ async def test_the_hubs_ring_gives_back_a_backlogs_pages_once_it_has_gone_though
             assert hub.queued == 0 and hub._ring is not None and hub._ring.runs == 0
             hub.close()
     assert b"".join(data for _, data in sorted(log)) == run * 9  # type: ignore[misc]
+
+
+async def test_the_hubs_ring_is_memory_of_its_own_in_huge_pages_where_the_system_gives_them() -> None:
+    """The hub's ring is private memory in transparent huge pages: a saturating burst's backlog faults in
+    2 MiB at a time on the relay's thread, not each page of 4 KiB (memory shared with a writer process, as
+    the recorder's ring is, gets no huge pages)."""
+    import trio
+    import trio.testing
+
+    if not _huge_pages_offered():
+        pytest.skip("no transparent huge pages here")
+    log: list[object] = []
+    hub = ObserverHub([_Views(log)], queue_bytes=8 << 20, slice_seconds=60.0)
+    info = ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None)
+    run = sends(1300, 40)  # ~100 KiB of frames
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(hub.run)
+            for position in range(0, 60 * len(run), len(run)):  # a burst of ~6 MiB
+                hub.publish(RunEvent(info, TO_BROKER, 0, run, 0, position, 0))
+            assert hub.dropped == 0 and hub._ring is not None and hub._ring._address is not None
+            assert hub._ring.fd is None  # (no descriptor: no other process maps it)
+            assert _huge_kib(hub._ring._address) >= 2048
+            await trio.testing.wait_all_tasks_blocked()
+            hub.close()
+    assert len(log) >= 60
+
+
+def _huge_pages_offered() -> bool:
+    """Whether the system gives transparent huge pages (to memory that asks: ``madvise``, or ``always``)."""
+    from pathlib import Path
+
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    return thp.exists() and "[never]" not in thp.read_text()
+
+
+def _huge_kib(address: int) -> int:
+    """The memory of the mapping at ``address`` in huge pages (its ``AnonHugePages`` in /proc/self/smaps)."""
+    return _smaps_kib(address, "AnonHugePages:")
+
+
+def _resident_kib(address: int, size: int) -> int:
+    """The memory from ``address`` on, ``size`` bytes, that is in use (``mincore``: the mapping in smaps may
+    have merged with others)."""
+    import ctypes
+    import mmap
+
+    mincore = ctypes.CDLL(None, use_errno=True).mincore
+    mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    pages = ctypes.create_string_buffer(-(-size // mmap.PAGESIZE))
+    assert mincore(address, size, pages) == 0, ctypes.get_errno()
+    return sum(byte & 1 for byte in pages.raw) * mmap.PAGESIZE // 1024
+
+
+def _smaps_kib(address: int, field: str) -> int:
+    """A field of the mapping at ``address`` in /proc/self/smaps (KiB)."""
+    inside = False
+    with open("/proc/self/smaps", encoding="ascii") as smaps:
+        for line in smaps:
+            head = line.split(maxsplit=1)[0]
+            if "-" in head and not head.endswith(":"):
+                start, end = (int(bound, 16) for bound in head.split("-"))
+                inside = start <= address < end
+            elif inside and head == field:
+                return int(line.split()[1])
+    raise AssertionError("no mapping at the ring's address")
 
 
 class _Failing(_Views):
