@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Final, cast
 
 from proxy.errors import RecordingError
+from proxy.native_threads import ONE_THREAD_LIBRARIES
 from proxy.pb import recording_pb2 as rpb
 from proxy.recording import run_ring
 from proxy.recording.run_ring import RunRing
@@ -78,10 +79,6 @@ CPU_SHARE: Final = 0.125
 CPU_WINDOW_SECONDS: Final = 0.05
 #: the longest pause, and the longest the pauses within one write come to (a sync or a close waits for them)
 MAX_PAUSE_SECONDS: Final = 0.5
-#: the child does no linear algebra: without these numpy's BLAS starts a thread per core, which spins
-#: ~30-40 ms of CPU as the child starts (on the cores the relay needs; its first write was charged for it
-#: and paused ~0.2 s, while the run ring filled).  A user's own setting wins.
-_ONE_THREAD_LIBRARIES: Final = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 
 
 def _record_from(data: bytes) -> rpb.Record:
@@ -159,7 +156,7 @@ class WriterProcess:
 
     def __init__(self, path: Path, config: RecordConfig, ring: RunRing | None = None) -> None:
         package_root = str(Path(__file__).resolve().parents[2])
-        env = {**_ONE_THREAD_LIBRARIES, **os.environ,
+        env = {**ONE_THREAD_LIBRARIES, **os.environ,  # (the child's BLAS on one thread)
                "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
         ring_fd = ring.fd if ring is not None and ring.fd is not None else -1
         self._process = subprocess.Popen(
@@ -246,7 +243,7 @@ class CpuBudget:
     it is asked.  A pause is at most ``max_pause`` seconds, and so are the pauses within one
     write together (a sync or a close waits for a write and the pause after it), and so is
     the debt carried into the next write.  It counts its own thread's CPU time, not the process's: a
-    library's thread (as BLAS's, see ``_ONE_THREAD_LIBRARIES``) is not the writes' work.
+    library's thread (as BLAS's, see :mod:`proxy.native_threads`) is not the writes' work.
     """
 
     def __init__(self, share: float = CPU_SHARE, window: float = CPU_WINDOW_SECONDS,
