@@ -230,6 +230,7 @@ class ConnectionPipeline:
         self.bytes_in[direction] += len(data)
         scanner = self.scanners[direction]
         lead = scanner.passing_through if self._runs else 0
+        scanned = scanner.frames_scanned
         try:
             pieces = scanner.feed(data)
         except ProtocolError as exc:
@@ -245,7 +246,9 @@ class ConnectionPipeline:
         if len(pieces) == 1 and type(pieces[0]) is not Frame and not self._injections_waiting \
                 and direction not in self.held.lanes:
             if self._runs:
-                self._publish_run(direction, pieces[0], lead, now_ns)
+                # (the frames the scanner counted in this receive are the run's: it carries a frame's
+                # head it has not read whole into the next receive, and hands out each frame it counts)
+                self._publish_run(direction, pieces[0], lead, now_ns, scanner.frames_scanned - scanned)
             return [Send(direction, pieces)]  # the fast path: nothing to look at, nothing held
         return self._receive_pieces(direction, pieces, lead, now_ns)
 
@@ -609,10 +612,11 @@ class ConnectionPipeline:
             self._emit(direction, list(run), actions)
             run.clear()
 
-    def _publish_run(self, direction: Direction, piece: Piece, lead: int, now_ns: int) -> int:
+    def _publish_run(self, direction: Direction, piece: Piece, lead: int, now_ns: int, frames: int = -1) -> int:
         """Hand passed-through bytes to the observers that take runs (a copy unless ``run_views``: the
-        buffer is reused); ``lead`` of them finish a frame begun before.  Returns the lead of a run
-        that follows this one in the same receive.
+        buffer is reused); ``lead`` of them finish a frame begun before, ``frames`` frames begin in them
+        (-1: not counted; see ``RunEvent.frames``).  Returns the lead of a run that follows this one in
+        the same receive.
 
         Runs follow one another in a receive only where the scanner completed a frame head it
         carried over from the receive before: that head (one frame start, at its start), then the
@@ -626,7 +630,7 @@ class ConnectionPipeline:
         position = self._stream_pos[direction]
         self._stream_pos[direction] = position + size
         self.publish(RunEvent(self.info, direction, now_ns, data, min(lead, size), position,
-                              self._forward_time(direction, now_ns)))
+                              self._forward_time(direction, now_ns), frames))
         if lead >= size:
             return lead - size
         if size - lead < 4:
