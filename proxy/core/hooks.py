@@ -140,6 +140,9 @@ class RunEvent:
     stream_pos: int
     #: when the bytes left the proxy: ``ts_ns``, or later behind what a rule's delay holds
     forwarded_ns: int
+    #: how many frames begin in ``data`` (past ``lead``) when the relay's scanner counted them as it read
+    #: (a receive that came out as this one run); -1 when it did not: count them from ``data``
+    frames: int = -1
     #: no rule looked at these frames, so none fired (as ``FrameEvent.fired``)
     fired: ClassVar[tuple[str, ...]] = ()
 

@@ -67,6 +67,7 @@ from proxy.core.hooks import (
 )
 from proxy.core.interest import NO_INTEREST, ConnectionInterest
 from proxy.core.lookup import BROKER_NAMING_TYPES, BrokerDirectory, Redirected, failed_answer, rewrite_broker_urls
+from proxy.core.run_cutter import count_frame_starts
 from proxy.core.scanner import FrameScanner, Piece
 from proxy.errors import ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
@@ -230,6 +231,7 @@ class ConnectionPipeline:
         self.bytes_in[direction] += len(data)
         scanner = self.scanners[direction]
         lead = scanner.passing_through if self._runs else 0
+        scanned = scanner.frames_scanned
         try:
             pieces = scanner.feed(data)
         except ProtocolError as exc:
@@ -242,22 +244,40 @@ class ConnectionPipeline:
             actions = self._receive_pieces(direction, passed, lead, now_ns)
             actions.append(Fail(exc))
             return actions
+        # (the frames the scanner counted in this receive are those that begin in what it handed out: it
+        # carries a frame's head it has not read whole into the next receive, and hands out each frame it counts)
+        frames = scanner.frames_scanned - scanned
         if len(pieces) == 1 and type(pieces[0]) is not Frame and not self._injections_waiting \
                 and direction not in self.held.lanes:
             if self._runs:
-                self._publish_run(direction, pieces[0], lead, now_ns)
+                self._publish_run(direction, pieces[0], lead, now_ns, frames)
             return [Send(direction, pieces)]  # the fast path: nothing to look at, nothing held
-        return self._receive_pieces(direction, pieces, lead, now_ns)
+        return self._receive_pieces(direction, pieces, lead, now_ns, frames)
 
-    def _receive_pieces(self, direction: Direction, pieces: list[Piece], lead: int, now_ns: int) -> list[Action]:
-        """What the scanner handed out of a read: each wanted Frame looked at, the rest sent as it is."""
+    def _receive_pieces(self, direction: Direction, pieces: list[Piece], lead: int, now_ns: int,
+                        frames: int = -1) -> list[Action]:
+        """What the scanner handed out of a read: each wanted Frame looked at, the rest sent as it is.
+
+        ``frames``: how many frames begin in ``pieces`` (-1: not known).  When they are all runs, the
+        runs before the last are the rest of a frame begun before and a head the scanner carried over
+        (a frame or none, counted from their bytes), and the last run has the rest of the count.
+        """
         actions: list[Action] = []
         run: list[Piece | bytes] = []
-        for piece in pieces:
+        last = len(pieces) - 1 if frames >= 0 and self._runs and all(type(piece) is not Frame for piece in pieces) \
+            else -1
+        for index, piece in enumerate(pieces):
             if type(piece) is not Frame:
                 run.append(piece)
                 if self._runs:
-                    lead = self._publish_run(direction, piece, lead, now_ns)
+                    counted = -1
+                    if index == last:
+                        counted = frames
+                    elif last >= 0:
+                        data = cast(bytes, piece)
+                        counted = count_frame_starts(data, min(lead, len(data)))
+                        frames -= counted
+                    lead = self._publish_run(direction, piece, lead, now_ns, counted)
                 continue
             lead = 0  # (a Frame ends where the next one begins)
             if self._runs:
@@ -609,10 +629,11 @@ class ConnectionPipeline:
             self._emit(direction, list(run), actions)
             run.clear()
 
-    def _publish_run(self, direction: Direction, piece: Piece, lead: int, now_ns: int) -> int:
+    def _publish_run(self, direction: Direction, piece: Piece, lead: int, now_ns: int, frames: int = -1) -> int:
         """Hand passed-through bytes to the observers that take runs (a copy unless ``run_views``: the
-        buffer is reused); ``lead`` of them finish a frame begun before.  Returns the lead of a run
-        that follows this one in the same receive.
+        buffer is reused); ``lead`` of them finish a frame begun before, ``frames`` frames begin in them
+        (-1: not counted; see ``RunEvent.frames``).  Returns the lead of a run that follows this one in
+        the same receive.
 
         Runs follow one another in a receive only where the scanner completed a frame head it
         carried over from the receive before: that head (one frame start, at its start), then the
@@ -626,7 +647,7 @@ class ConnectionPipeline:
         position = self._stream_pos[direction]
         self._stream_pos[direction] = position + size
         self.publish(RunEvent(self.info, direction, now_ns, data, min(lead, size), position,
-                              self._forward_time(direction, now_ns)))
+                              self._forward_time(direction, now_ns), frames))
         if lead >= size:
             return lead - size
         if size - lead < 4:

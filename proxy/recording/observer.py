@@ -65,7 +65,7 @@ class RecordingObserver:
         if self.frame_filter is not None and not self.frame_filter(cast(FrameEvent, event)):
             return
         self.recorder.record_run(event.connection.conn_id, event.direction, event.ts_ns, event.data,
-                                 event.lead, event.stream_pos)
+                                 event.lead, event.stream_pos, event.frames)
 
     def on_connection(self, event: ConnectionEvent) -> None:
         conn = event.connection

@@ -30,7 +30,8 @@ in.  Once a second the segment is fsynced and the index rewritten
 finished with ``end_ns``.
 
 Accounting: every frame the proxy passed is either recorded or counted as dropped,
-once.  A dropped run counts the frames that begin in it; the writer counts a frame
+once.  A dropped run counts the frames that begin in it (as the relay's scanner counted them where it
+did, ``RunEvent.frames``: no second walk of the run on the relay's path); the writer counts a frame
 begun in a run it wrote and never finished (cut by a dropped run, or by the end of
 its connection or of the recording).
 """
@@ -177,7 +178,7 @@ class Recorder:
         return True
 
     def record_run(self, conn_id: int, direction: str | enum.Enum, ts_ns: int, data: bytes | memoryview, lead: int,
-                   stream_pos: int) -> bool:
+                   stream_pos: int, frames: int = -1) -> bool:
         """Queue bytes the proxy passed through unchanged, received at ``ts_ns`` (see ``hooks.RunEvent``).
 
         They are copied into the run ring (``data`` may be a view of a buffer the relay
@@ -185,7 +186,10 @@ class Recorder:
         frame begun in an earlier run, and a frame cut at the end continues in the next
         run of the same direction.  ``stream_pos`` (the offset of ``data`` in the
         direction's stream) shows the writer when a run in between was dropped.  False
-        when it was dropped (ring or queue full, or closed); the frames that begin in it are counted.
+        when it was dropped (ring or queue full, or closed); the frames that begin in it are counted:
+        ``frames`` of them when the relay's scanner counted them (``RunEvent.frames``), else counted
+        here from ``data`` (``count_frame_starts``: a look at every frame's size, on the relay's path,
+        for every run a saturated proxy drops).
         """
         ring = self._ring
         if not data:
@@ -194,7 +198,7 @@ class Recorder:
         offset = ring.put(data) if ring is not None and self._send is not None \
             and self._waiting < self.config.queue_size else None
         if offset is None:
-            self.book.dropped(conn_id, count_frame_starts(data, lead))
+            self.book.dropped(conn_id, frames if frames >= 0 else count_frame_starts(data, lead))
             return False
         assert ring is not None
         if offset + len(data) > ring.populate_at and self._populate is not None:
@@ -202,7 +206,7 @@ class Recorder:
         if not self._offer_data(run_item(conn_id, direction, ts_ns, ring.view[offset:offset + len(data)], lead,
                                          stream_pos, offset)):
             ring.take_back()  # (the queue is closed)
-            self.book.dropped(conn_id, count_frame_starts(data, lead))
+            self.book.dropped(conn_id, frames if frames >= 0 else count_frame_starts(data, lead))
             return False
         self._waiting_bytes += len(data)
         if self._waiting_bytes >= self._hurry_bytes and self._hurry is not None:

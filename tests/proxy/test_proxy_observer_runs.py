@@ -10,11 +10,14 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.config.proxy_config import ServiceUrl
 from proxy.core.hooks import ConnectionEvent, ConnectionInfo, FrameEvent, Origin, RunEvent
 from proxy.core.lookup import BrokerDirectory
 from proxy.core.pipeline import ConnectionPipeline, PipelineSettings, Send
+from proxy.core.run_cutter import count_frame_starts
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.frame import encode_command, encode_payload_command
 from proxy.protocol.session import Direction
@@ -121,6 +124,41 @@ def test_every_run_says_how_many_of_its_first_bytes_finish_a_frame_begun_before_
         while start + lead < start + len(run.data) and start + lead not in starts:
             lead += 1
         assert run.lead == lead, (start, len(run.data))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from([0, 10, 100, 1000, 70_000]), min_size=1, max_size=40),
+       st.lists(st.integers(1, 90_000), min_size=1, max_size=60), st.booleans())
+def test_a_run_that_says_how_many_frames_begin_in_it_counts_as_the_recorder_would(
+        payloads: list[int], cuts: list[int], receipts: bool) -> None:
+    """A receive that comes out as one run carries the frames its scanner counted (``RunEvent.frames``),
+    which the recorder counts for a dropped run in place of walking it (``count_frame_starts``): for
+    any stream cut anywhere (heads cut short, frames longer than a receive, rows of one size), each
+    such run's count is the walk's (a receive that also hands out a Frame leaves its runs at -1: walked)."""
+    events: list[Event] = []
+    p = pipeline(events)
+    p.receive(TO_BROKER, CONNECT, 0)
+    p.receive(TO_CLIENT, CONNECTED, 0)
+    if receipts:  # (the broker's answers: rows of small frames, their sequence ids' sizes varying)
+        direction = TO_CLIENT
+        frames = [encode_command(api.CommandSendReceipt(producer_id=1, sequence_id=seq * 97))
+                  for seq, _ in enumerate(payloads * 8)]
+    else:
+        direction, frames = TO_BROKER, [sends(1, size) for size in payloads]
+    stream = b"".join(frames)
+    pos = index = 0
+    while pos < len(stream):
+        take = cuts[index % len(cuts)]
+        index += 1
+        p.receive(direction, stream[pos:pos + take], 1)
+        pos += take
+    runs = [e for e in events if isinstance(e, RunEvent) and e.direction is direction]
+    assert b"".join(bytes(r.data) for r in runs) == stream
+    for run in runs:  # (nothing here is looked at: every receive comes out as runs only, all counted)
+        assert run.frames == count_frame_starts(run.data, run.lead), (run.stream_pos, len(run.data), run.lead)
+    assert sum(r.frames for r in runs) == len(frames)
+    if len(cuts) == 1 and cuts[0] >= len(stream):
+        assert [r.frames for r in runs] == [len(frames)]  # one receive, one run: the scanner's count
 
 
 def test_the_hub_hands_runs_only_when_every_observer_takes_them() -> None:

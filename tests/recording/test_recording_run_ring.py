@@ -320,6 +320,32 @@ async def test_a_run_the_full_queue_refuses_is_counted_and_never_copied_into_the
     assert recorder.stats.frames_recorded + recorder.stats.frames_dropped == 50 * frames_per_run
 
 
+async def test_a_dropped_run_whose_frames_the_relay_counted_is_counted_without_a_walk(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run the relay's scanner counted (``RunEvent.frames``) is counted dropped as that many frames: the
+    recorder does not walk it again on the relay's path (at saturation most runs are dropped); a run
+    without a count (-1) is walked, as before."""
+    walked: list[int] = []
+
+    def counting_walk(data: bytes | memoryview, lead: int) -> int:
+        walked.append(len(data))
+        return count_frame_starts(data, lead)
+
+    monkeypatch.setattr("proxy.server.recorder.count_frame_starts", counting_walk)
+    run = b"".join(f.raw for f in session(sends=20) if f.direction == "to_broker")
+    frames_per_run = count_frame_starts(run, 0)
+    with trio.fail_after(10):
+        async with Recorder(RecordConfig(dir=tmp_path, queue_size=4)) as recorder:
+            recorder.open_connection(1, "127.0.0.1:5000", "127.0.0.1:6650", "rewrite", BASE_NS)
+            accepted = [recorder.record_run(1, "to_broker", BASE_NS, run, 0, index * len(run),
+                                            frames_per_run if index % 2 else -1)  # no checkpoint
+                        for index in range(20)]
+    assert accepted == [True] * 4 + [False] * 16
+    assert walked == [len(run)] * 8  # the refused runs without a count only
+    assert recorder.stats.frames_dropped == 16 * frames_per_run
+    assert recorder.stats.frames_recorded + recorder.stats.frames_dropped == 20 * frames_per_run
+
+
 async def test_after_the_writer_process_died_runs_are_counted_as_dropped_and_the_ring_never_stays_full(
         tmp_path: Path) -> None:
     """Runs taken by a batch the dead writer could not write give their ring space back: later runs
