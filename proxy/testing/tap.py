@@ -33,6 +33,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Protocol, Self
 
+from proxy.native_threads import ONE_THREAD_LIBRARIES
 from proxy.testing.admin_client import AdminClient, RuleLike, RuleStatus
 from proxy.testing.capture import Capture, CaptureObserver, CaptureWindow
 from proxy.testing.cluster import EmbeddedCluster
@@ -187,7 +188,9 @@ class TapProcess:
     def start(self, timeout: float = DEFAULT_START_TIMEOUT) -> None:
         self._process = subprocess.Popen(
             [sys.executable, "-m", "proxy.testing.tap_process"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=self._log, text=True, bufsize=1, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            stderr=self._log, text=True, bufsize=1,
+            # (numpy's BLAS on one thread, as in pulsar-tap's own server processes, unless the user says otherwise)
+            env={**ONE_THREAD_LIBRARIES, **os.environ, "PYTHONUNBUFFERED": "1"})
         threading.Thread(target=self._read_lines, name="pulsar-tap-process-reader", daemon=True).start()
         try:
             ready = self._call({"settings": self.settings.to_json(), "token": self._token}, timeout)
