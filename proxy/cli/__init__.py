@@ -26,6 +26,7 @@ from types import ModuleType
 from proxy import __version__
 from proxy.cli.interrupt import EXIT_INTERRUPTED, handling_signals
 from proxy.errors import ConfigError, PulsarTapError, UsageError, find_error
+from proxy.native_threads import use_one_thread
 
 #: exit status for bad input and errors
 EXIT_ERROR = 2
@@ -115,8 +116,11 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_ERROR
+    module = modules[args.command]
+    if getattr(module, "ONE_THREAD", False):
+        use_one_thread()  # (before numpy's import: the command's run imports it)
     try:
-        status: int = modules[args.command].run(args)
+        status: int = module.run(args)
     except (PulsarTapError, BaseExceptionGroup) as exc:
         error = find_error(exc, PulsarTapError)
         if error is None:

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from proxy.broker.replication import GeoSettings
 
 NAME = "broker"
+#: a server process: numpy's BLAS keeps to one thread (see proxy.native_threads)
+ONE_THREAD = True
 HELP = "run the embedded in-memory Pulsar broker (a cluster of N brokers)"
 DESCRIPTION = """\
 Run an in-memory Apache Pulsar broker cluster that the official clients accept.
@@ -208,10 +210,6 @@ def write_ready_file(path: str, listen: list[str], admin: str | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from proxy.native_threads import use_one_thread
-
-    use_one_thread()  # before numpy's import
-
     import trio
 
     from proxy.broker.cluster import ClusterConfig

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from proxy.protocol.frame import Frame
 
 NAME = "demo"
+#: a server process: numpy's BLAS keeps to one thread (see proxy.native_threads)
+ONE_THREAD = True
 HELP = "run the main job on embedded defaults: broker, proxy, rules, traffic, recording"
 DESCRIPTION = """\
 Start an embedded 2-broker Pulsar cluster, put the proxy in front of it with the
@@ -85,10 +87,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from proxy.native_threads import use_one_thread
-
-    use_one_thread()  # before numpy's import
-
     from proxy.errors import UsageError
 
     if args.sample:

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 NAME = "replay"
+#: a server process: numpy's BLAS keeps to one thread (see proxy.native_threads)
+ONE_THREAD = True
 HELP = "replay a recording against a broker, or serve it to live clients as a broker"
 DESCRIPTION = """\
 Client-side replay (default): re-enact the recorded clients against the broker at
@@ -73,10 +75,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from proxy.native_threads import use_one_thread
-
-    use_one_thread()  # before numpy's import
-
     from proxy.errors import UsageError
     from proxy.telemetry.logs import configure_logging
 

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 NAME = "run"
+#: a server process: numpy's BLAS keeps to one thread (see proxy.native_threads)
+ONE_THREAD = True
 HELP = "run the proxy"
 DESCRIPTION = """\
 Run the Pulsar proxy: clients connect to --listen, traffic goes to --upstream.
@@ -175,10 +177,6 @@ def write_ready_file(path: str, listen: list[str], admin: str | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from proxy.native_threads import use_one_thread
-
-    use_one_thread()  # before numpy's import
-
     import trio
 
     from proxy.cli.interrupt import on_signals, signal_name
