@@ -103,6 +103,26 @@ def test_every_help_has_a_description_examples_and_a_help_text_for_every_option(
     assert "pulsar-tap perf consume" in seen and "pulsar-tap rules check" in seen
 
 
+def test_every_rule_file_a_help_example_names_is_shipped() -> None:
+    """A new user pastes the examples: the rules/*.yaml they name must be there."""
+    import argparse
+    import re
+
+    parser, _ = build_parser()
+    named: set[str] = set()
+
+    def walk(sub: argparse.ArgumentParser) -> None:
+        named.update(re.findall(r"rules/[\w.-]+\.yaml", sub.format_help()))
+        for action in sub._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for child_parser in action.choices.values():
+                    walk(child_parser)
+
+    walk(parser)
+    assert named, "no help example names a rule file"
+    assert sorted(path for path in named if not (ROOT / path).is_file()) == []
+
+
 def test_broker_with_no_arguments_serves_on_6650_or_names_the_busy_port() -> None:
     process = TapProcess("broker")
     try:
