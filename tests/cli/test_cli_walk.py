@@ -161,6 +161,15 @@ def test_run_reports_every_error_of_a_config_each_with_file_line_and_key(tmp_pat
     assert err[0] == "--listen: 'nowhere' is not HOST:PORT" and len(err) == 5
 
 
+@pytest.mark.parametrize("text", ["", "# listen: 127.0.0.1:6650\n"], ids=["empty", "only-comments"])
+def test_run_with_an_empty_config_names_its_first_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        text: str) -> None:
+    config = tmp_path / "proxy.yaml"
+    config.write_text(text)
+    assert main(["run", "-c", str(config)]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"{config}:1: upstream: is required"]  # was {config}:0
+
+
 def test_rules_check_reports_a_repeated_name_with_the_other_errors_and_takes_several_files(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.yaml"
