@@ -74,7 +74,7 @@ def configure_actions(actions: Any) -> None:
                "  pulsar-tap rules add --admin 127.0.0.1:9650 delay ms=200 --command SEND_RECEIPT --topic orders\n"
                "  pulsar-tap rules add --admin 127.0.0.1:9650 disconnect how=reset --after 10 --times 1\n"
                "  pulsar-tap rules add --admin 127.0.0.1:9650 throttle messages_per_second=100 --topic 'orders-*'\n"
-               "  pulsar-tap rules add --admin 127.0.0.1:9650 --file rules/flaky-producers.yaml")
+               "  pulsar-tap rules add --admin 127.0.0.1:9650 --file rules/flaky-producer-creation.yaml")
     _admin_options(add)
     add.add_argument("action", metavar="ACTION", nargs="?",
                      help="delay, drop, error, disconnect, close, corrupt, duplicate, rewrite, throttle, redirect, "

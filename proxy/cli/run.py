@@ -118,8 +118,9 @@ def _document(args: argparse.Namespace) -> tuple[Any, str | None, Path | None, d
     file = base = None
     if args.config:
         document = load_file(args.config)
-        if document is None:
+        if document is None:  # empty, or only comments: what it lacks is reported at its first line
             document = LineMap()
+            document.line = 1
         file, base = args.config, Path(args.config).resolve().parent
     from_flags: dict[tuple[str, ...], str] = {}
     if not isinstance(document, dict):

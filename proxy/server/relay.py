@@ -257,7 +257,16 @@ class Relay:
         except UpstreamUnavailable as exc:
             self.end(_Ending(f"upstream unavailable: {exc}", level="warning"))
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            self.end(_Ending(f"{sender} connection lost: {exc}"))
+            self.end(_Ending(f"{self._lost_side(sender, str(exc))} connection lost: {exc}"))
+
+    def _lost_side(self, sender: str, failure: str) -> str:
+        """Whose connection a pump's failure lost: a failed write names the peer written to
+        ("send to HOST:PORT failed": the client, when a receipt finds it gone), anything else the sender."""
+        if failure.startswith(f"send to {self.info.client} "):
+            return "client"
+        if sender == "client" and failure.startswith("send to "):
+            return "broker"
+        return sender
 
     async def _pump_loop(self, direction: Direction) -> None:
         source = self.client if direction is TO_BROKER else self.upstream

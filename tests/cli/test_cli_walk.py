@@ -103,6 +103,26 @@ def test_every_help_has_a_description_examples_and_a_help_text_for_every_option(
     assert "pulsar-tap perf consume" in seen and "pulsar-tap rules check" in seen
 
 
+def test_every_rule_file_a_help_example_names_is_shipped() -> None:
+    """A new user pastes the examples: the rules/*.yaml they name must be there."""
+    import argparse
+    import re
+
+    parser, _ = build_parser()
+    named: set[str] = set()
+
+    def walk(sub: argparse.ArgumentParser) -> None:
+        named.update(re.findall(r"rules/[\w.-]+\.yaml", sub.format_help()))
+        for action in sub._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for child_parser in action.choices.values():
+                    walk(child_parser)
+
+    walk(parser)
+    assert named, "no help example names a rule file"
+    assert sorted(path for path in named if not (ROOT / path).is_file()) == []
+
+
 def test_broker_with_no_arguments_serves_on_6650_or_names_the_busy_port() -> None:
     process = TapProcess("broker")
     try:
@@ -139,6 +159,15 @@ def test_run_reports_every_error_of_a_config_each_with_file_line_and_key(tmp_pat
     assert main(["run", "-c", str(config), "--listen", "nowhere"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "--listen: 'nowhere' is not HOST:PORT" and len(err) == 5
+
+
+@pytest.mark.parametrize("text", ["", "# listen: 127.0.0.1:6650\n"], ids=["empty", "only-comments"])
+def test_run_with_an_empty_config_names_its_first_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        text: str) -> None:
+    config = tmp_path / "proxy.yaml"
+    config.write_text(text)
+    assert main(["run", "-c", str(config)]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"{config}:1: upstream: is required"]  # was {config}:0
 
 
 def test_rules_check_reports_a_repeated_name_with_the_other_errors_and_takes_several_files(

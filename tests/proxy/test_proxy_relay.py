@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import struct
 
 import pytest
 import structlog
@@ -296,6 +297,24 @@ async def test_a_broker_that_closes_is_logged_as_the_broker_closing(nursery: tri
         assert await stream.receive_some(1024) == b""  # the broker's FIN, passed on
         await stream.aclose()
         assert await _logged_closing_reasons(logs) == ["broker closed the connection"]
+
+
+@pytest.mark.parametrize("reactor", [True, False], ids=["reactor", "task-per-direction"])
+async def test_a_write_to_a_client_gone_with_a_reset_is_logged_as_the_client_lost(
+        nursery: trio.Nursery, reactor: bool) -> None:
+    # the client half-closes with a SEND in flight, then resets; its receipt, passed on late,
+    # finds the client gone: that is the client's connection lost, not the broker's
+    broker = FakeBroker(receipt_delay=0.3)
+    server = await start(nursery, broker, reactor)
+    with structlog.testing.capture_logs() as logs, trio.fail_after(10):
+        stream, _ = await handshake(server.main_address.port)
+        await stream.send_all(send_frame(0, 10))
+        await stream.send_eof()
+        await trio.sleep(0.05)
+        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await stream.aclose()  # a reset: the proxy's next write to it fails
+        [reason] = await _logged_closing_reasons(logs)
+        assert isinstance(reason, str) and reason.startswith("client connection lost: send to "), reason
 
 
 @pytest.mark.parametrize("reactor", [True, False], ids=["reactor", "task-per-direction"])
