@@ -7,7 +7,8 @@ publish time.  ``roundtrip`` does both at once, stamping each payload with its
 send time so end-to-end latency is exact.  Progress goes to stderr once a second;
 the summary goes to stdout, as JSON with ``--json``.  SIGINT/SIGTERM stop the run
 and print the summary of what ran (``"interrupted": true`` in the JSON), exit 0; a
-second signal also skips closing the producers and consumers gracefully.
+second signal also skips closing the producers and consumers gracefully (the sends it
+leaves without a receipt are counted as ``unfinished``, not as errors).
 """
 
 from __future__ import annotations
@@ -147,6 +148,8 @@ class _Totals:
     messages: int = 0
     bytes: int = 0
     errors: int = 0
+    #: sends an interrupt cut short (the client closed with their receipts outstanding): not errors
+    unfinished: int = 0
     last_messages: int = 0
     histogram: Any = None
     window: Any = None
@@ -168,6 +171,7 @@ class _Totals:
         hist = self.histogram
         return {
             "messages": self.messages, "bytes": self.bytes, "errors": self.errors,
+            **({"unfinished": self.unfinished} if self.unfinished else {}),
             "seconds": round(elapsed, 3),
             "msg_per_sec": round(self.messages / elapsed, 1) if elapsed > 0 else 0.0,
             "mbit_per_sec": round(self.bytes * 8 / elapsed / 1e6, 2) if elapsed > 0 else 0.0,
@@ -312,7 +316,7 @@ async def _produce(state: _Run, producer: Any, count: int, rate: float) -> None:
     import trio
 
     from proxy.client.receipt import Receipt
-    from proxy.errors import ClientError
+    from proxy.errors import ClientClosed, ClientError
 
     args = state.args
     totals = state.produced
@@ -322,6 +326,10 @@ async def _produce(state: _Run, producer: Any, count: int, rate: float) -> None:
 
     def on_done(receipt: Receipt, sent_at: float) -> None:
         if receipt.error is not None:
+            if state.interrupted and isinstance(receipt.error, ClientClosed):
+                # (a second signal skipped the wait for outstanding receipts: the send was cut short, not refused)
+                totals.unfinished += 1
+                return
             totals.errors += 1
             totals.first_error = totals.first_error or str(receipt.error)
         else:
@@ -394,7 +402,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
         lat = part["latency_ms"]
         kind = "publish" if label == "produce" else "end-to-end"
         print(f"{label}: {part['messages']} messages in {part['seconds']} s = {part['msg_per_sec']} msg/s "
-              f"({part['mbit_per_sec']} Mbit/s), errors {part['errors']}")
+              f"({part['mbit_per_sec']} Mbit/s), errors {part['errors']}"
+              + (f", {part['unfinished']} sends cut short by the signal" if part.get("unfinished") else ""))
         print(f"  {kind} latency ms: mean {lat['mean']} p50 {lat['p50']} p95 {lat['p95']} p99 {lat['p99']} "
               f"p99.9 {lat['p999']} max {lat['max']}")
         if part.get("first_error"):

@@ -20,6 +20,7 @@ from tap_process import ROOT, TapProcess, no_traceback
 from proxy.broker.cluster import ClusterConfig
 from proxy.broker.embedded import ThreadedCluster
 from proxy.recording.reader import open_recordings
+from proxy.testing import Tap, drop
 from proxy.testing.rig import RecordingProxy
 
 SIGINT, SIGTERM = signal.SIGINT, signal.SIGTERM
@@ -109,6 +110,19 @@ def test_perf_prints_the_figures_so_far_on_a_signal(broker: ThreadedCluster, mod
     assert summary["interrupted"] is True and summary["mode"] == mode
     part = summary["consume" if mode == "consume" else "produce"]
     assert 0 < part["seconds"] < 120 and (mode == "consume" or part["messages"] > 0)
+
+
+def test_perf_counts_the_sends_a_second_signal_cuts_short_as_unfinished_not_as_errors(broker: ThreadedCluster) -> None:
+    """The first signal waits for outstanding receipts; a second one (as `timeout` sends it) closes at once: the sends
+    left without a receipt were cut short by the user, and the exit status stays 0."""
+    with Tap(broker.service_url) as tap, tap.inject(drop().on("SEND_RECEIPT").after(5)):
+        process = started("perf", "produce", "--url", tap.service_url, "--topic", "perf-cut", "--rate", "200",
+                          "--duration", "120", "--json", ready=r"^\s+\d+\.\ds \| produced .* total [1-9]",
+                          stream="stderr")
+        time.sleep(0.3)  # (more sends waiting for the receipts the tap drops)
+        assert stopped(process, SIGINT, SIGTERM) == 0 and no_traceback(process)
+    part = json.loads(process.stdout)["produce"]
+    assert part["errors"] == 0 and part["unfinished"] > 0 and part["messages"] >= 1
 
 
 def test_perf_consume_reads_a_backlog_from_earliest_and_says_latest_is_the_default(broker: ThreadedCluster) -> None:
