@@ -8,10 +8,8 @@ checked on frames made here, with no sockets.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pulsar
 import pytest
@@ -252,28 +250,6 @@ def test_a_tap_in_a_child_process_does_the_same(broker: ThreadedCluster) -> None
     process = getattr(backend, "log_path", None)
     assert process is not None and not process.exists()  # a clean exit leaves no log behind
 
-
-def _child_threads(monkeypatch: pytest.MonkeyPatch, openblas: str | None) -> int:
-    """Threads of a ``Tap(process=True)``'s child once it listens, ``OPENBLAS_NUM_THREADS`` set so (None: unset)."""
-    with monkeypatch.context() as patched:
-        patched.delenv("OMP_NUM_THREADS", raising=False)
-        if openblas is None:
-            patched.delenv("OPENBLAS_NUM_THREADS", raising=False)
-        else:
-            patched.setenv("OPENBLAS_NUM_THREADS", openblas)
-        with Tap("pulsar://127.0.0.1:1", process=True) as tap:
-            time.sleep(0.3)  # (past the start's short-lived work)
-            return len(list(Path(f"/proc/{tap._backend._process.pid}/task").iterdir()))  # type: ignore[union-attr]
-
-
-@pytest.mark.skipif(not Path("/proc/self/task").is_dir() or (os.cpu_count() or 1) < 2,
-                    reason="threads are counted in /proc (Linux); BLAS starts none on one core")
-def test_a_tap_in_a_child_process_runs_numpys_blas_on_one_thread_unless_the_user_asks_for_more(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    # (BLAS's pool, a thread per core, spun on the cores the relays need as the child started)
-    unset, two = _child_threads(monkeypatch, None), _child_threads(monkeypatch, "2")
-    assert unset == _child_threads(monkeypatch, "1")
-    assert two > unset  # (the count sees BLAS's threads: a user's setting is kept)
 
 
 # -- the observer's bounds (no sockets) --------------------------------------------------------------------------
