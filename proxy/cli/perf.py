@@ -39,7 +39,8 @@ examples:
 
 EPILOG = """\
 exit status:
-  0    done, or stopped by SIGINT/SIGTERM (the summary covers what ran)
+  0    done, or stopped by SIGINT/SIGTERM (the summary covers what ran; sends a second
+       signal left without a receipt are counted as unfinished, not as errors)
   1    some messages could not be published (the summary counts them, with the first error)
   2    bad arguments, a broker that cannot be reached
 """
