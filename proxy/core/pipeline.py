@@ -244,15 +244,16 @@ class ConnectionPipeline:
             actions = self._receive_pieces(direction, passed, lead, now_ns)
             actions.append(Fail(exc))
             return actions
-        # (the frames the scanner counted in this receive are those that begin in what it handed out: it
-        # carries a frame's head it has not read whole into the next receive, and hands out each frame it counts)
-        frames = scanner.frames_scanned - scanned
+        # (the frames the scanner counted in this receive, counted only for observers of runs, are those that
+        # begin in what it handed out: it carries a frame's head it has not read whole into the next receive, and
+        # hands out each frame it counts)
         if len(pieces) == 1 and type(pieces[0]) is not Frame and not self._injections_waiting \
                 and direction not in self.held.lanes:
             if self._runs:
-                self._publish_run(direction, pieces[0], lead, now_ns, frames)
+                self._publish_run(direction, pieces[0], lead, now_ns, scanner.frames_scanned - scanned)
             return [Send(direction, pieces)]  # the fast path: nothing to look at, nothing held
-        return self._receive_pieces(direction, pieces, lead, now_ns, frames)
+        return self._receive_pieces(direction, pieces, lead, now_ns,
+                                    scanner.frames_scanned - scanned if self._runs else -1)
 
     def _receive_pieces(self, direction: Direction, pieces: list[Piece], lead: int, now_ns: int,
                         frames: int = -1) -> list[Action]:

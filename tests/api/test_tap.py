@@ -251,7 +251,6 @@ def test_a_tap_in_a_child_process_does_the_same(broker: ThreadedCluster) -> None
     assert process is not None and not process.exists()  # a clean exit leaves no log behind
 
 
-
 # -- the observer's bounds (no sockets) --------------------------------------------------------------------------
 def _event(conn: int, sub: object, ts_ns: int, direction: Direction = Direction.TO_BROKER) -> FrameEvent:
     raw = encode_command(sub)  # type: ignore[arg-type]
