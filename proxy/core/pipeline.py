@@ -225,6 +225,11 @@ class ConnectionPipeline:
     # -- input -----------------------------------------------------------------------------
     def receive(self, direction: Direction, data: bytes | memoryview, now_ns: int) -> list[Action]:
         """Bytes read from one side (``direction`` is where they travel)."""
+        actions = self.relay_read(direction, data, now_ns)
+        return [Send(direction, [data])] if actions is None else actions
+
+    def relay_read(self, direction: Direction, data: bytes | memoryview, now_ns: int) -> list[Action] | None:
+        """:meth:`receive` for the relay's hop: None when ``data`` goes on as it is, as one write."""
         if self.hook is not None and getattr(self.hook, "generation", None) != self._hook_generation:
             self._refresh_wanted()  # the rules changed: look at what they can match now
         self.sides[direction].last_rx_ns = now_ns
@@ -251,7 +256,8 @@ class ConnectionPipeline:
                 and direction not in self.held.lanes:
             if self._runs:
                 self._publish_run(direction, pieces[0], lead, now_ns, scanner.frames_scanned - scanned)
-            return [Send(direction, pieces)]  # the fast path: nothing to look at, nothing held
+            # the fast path: nothing to look at, nothing held
+            return None if pieces[0] is data else [Send(direction, pieces)]
         return self._receive_pieces(direction, pieces, lead, now_ns,
                                     scanner.frames_scanned - scanned if self._runs else -1)
 

@@ -3,7 +3,8 @@
 While Trio would sleep, the :class:`~proxy.server.reactor.Reactor` waits in its place
 (:func:`serve_in_trios_place`).  When a relay socket becomes readable it calls its
 direction's :meth:`ReactorPump.on_readable`: it receives, runs the sans-IO pipeline and writes
-the usual single Send at once, as long as nothing has to wait.  The moment something must
+at once — the usual read as it came (:meth:`~proxy.core.pipeline.ConnectionPipeline.relay_read`
+says so), any other the pipeline's Sends — as long as nothing has to wait.  The moment something must
 wait (a partial write, connecting upstream, a rule's delay, a close, an error, draining),
 it hands the work to the direction's own task (``Relay._serve_with_reactor``) and stands
 aside until that task has finished it — so ordering and backpressure are exactly the async
@@ -22,13 +23,13 @@ import trio
 
 from proxy.core.pipeline import TO_BROKER, Action, Send
 from proxy.protocol.session import Direction
-from proxy.server.plain_socket import RECV_SIZE, ReceiveScratch
+from proxy.server.plain_socket import RECV_SIZE, PlainSocket, ReceiveScratch
 from proxy.server.transport import READY_STREAK, SocketTransport
 
 if TYPE_CHECKING:
     from proxy.core.pipeline import ConnectionPipeline
     from proxy.server.reactor import LoopWait, Reactor
-    from proxy.server.relay import Relay, TrioEpochClock
+    from proxy.server.relay import Relay
 
 _HANGUP: Final = select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR
 
@@ -58,7 +59,10 @@ class ReactorPump:
         # (read on every hop: each held here, one attribute away)
         self.pipeline: ConnectionPipeline = relay.pipeline
         self.scratch: ReceiveScratch = reactor.scratch
-        self.clock: TrioEpochClock = relay.clock
+        # (the clock's two parts, fixed for its life: now is base_ns + elapsed_ns())
+        self.base_ns: int = relay.clock.base_ns
+        self.elapsed_ns: Callable[[], int] = relay.clock.elapsed_ns
+        self.source_plain: PlainSocket = source.plain
         self.busy = True
         self.work: list[Action] | BaseException | None = None
         #: the direction's task, and whether it sleeps until work is handed over (set by it)
@@ -91,30 +95,28 @@ class ReactorPump:
             self.peer_hung_up = True
         if self.busy:
             return False
-        relay, pipeline, clock = self.relay, self.pipeline, self.clock
+        relay, pipeline, direction = self.relay, self.pipeline, self.direction
         try:
             for _ in range(READY_STREAK):
                 if self.from_client and relay.draining and pipeline.scanners[TO_BROKER].at_frame_boundary:
                     self.hand_over(Stop())
                     return False
-                data = self.source.plain.try_receive(self.scratch)
+                data = self.source_plain.try_receive(self.scratch)
                 if not data:
                     if data is None:
                         return False
-                    pipeline.peer_closed(self.direction)
+                    pipeline.peer_closed(direction)
                     self.hand_over(Stop(finished=True))
                     return False
-                actions = pipeline.receive(self.direction, data, clock.base_ns + clock.elapsed_ns())
-                # (the usual read: one write, at once)
-                send = actions[0] if len(actions) == 1 else None
-                if type(send) is Send and not send.slice_bytes:
-                    target = relay.upstream if send.direction is TO_BROKER else relay.client
-                    left = target.plain.try_send(send.data) if type(target) is SocketTransport else None
+                actions = pipeline.relay_read(direction, data, self.base_ns + self.elapsed_ns())
+                if actions is None:  # (the usual read: it goes on as it is, one write, at once)
+                    target = relay.upstream if self.from_client else relay.client
+                    left = target.plain.try_send([data]) if type(target) is SocketTransport else None
                     if left is None:
-                        self.hand_over(relay.queue_writes(actions))
+                        self.hand_over(relay.queue_writes([Send(direction, [data])]))
                         return False
                     if left:  # (the transport owes the rest)
-                        self.hand_over([Send(send.direction, [])])
+                        self.hand_over([Send(direction, [])])
                         return False
                 else:
                     rest = self._write_now(actions)

@@ -336,6 +336,24 @@ def test_proxy_frames_are_never_spliced_into_a_frame_passing_through() -> None:
     assert sent(rest, TO_CLIENT) == message[1000:] + PING
 
 
+def test_relay_read_says_none_only_for_a_read_that_goes_on_as_it_came() -> None:
+    """The reactor's hop writes the read itself when ``relay_read`` answers None: only for a read the pipeline
+    hands on whole and alone — never for the rest of a frame whose head an earlier read left behind."""
+    p = pipeline()
+    connected(p)
+    send = encode_payload_command(api.CommandSend(producer_id=1, sequence_id=0), api.MessageMetadata(
+        producer_name="p", sequence_id=0, publish_time=1), b"x" * 60)
+    assert p.relay_read(TO_BROKER, send, 0) is None
+    assert p.receive(TO_BROKER, send, 0) == [Send(TO_BROKER, [send])]
+    # the rest of a frame passing through, then the first bytes of the next: only the rest goes on now
+    assert p.relay_read(TO_BROKER, send[:40], 0) is None  # (its head checked: it streams through)
+    rest = p.relay_read(TO_BROKER, send[40:] + send[:6], 0)
+    assert rest is not None and sent(rest, TO_BROKER) == send[40:]
+    last = p.relay_read(TO_BROKER, send[6:], 0)
+    assert last is not None and sent(last, TO_BROKER) == send
+    assert p.bytes_in[TO_BROKER] == len(CONNECT) + 4 * len(send)
+
+
 def test_observers_that_read_no_observation_get_every_frame_without_the_session_tracker() -> None:
     """``observations=False`` (no observer reads FrameEvent.observation, no hook): frames still
     reach observers as received, but nothing is decoded for an Observation."""

@@ -496,7 +496,7 @@ def test_a_read_of_one_whole_frame_gets_the_scans_verdict_through_the_small_read
     assert _frame_per_read(with_lane, fed) == _frame_per_read(scan_only, fed, lane=False)
 
 
-def _lane_takes(read: bytes) -> bool:
+def _lane_takes(read: bytes | memoryview) -> bool:
     """Whether a fresh scanner's feed hands ``read`` out through its small-read lane (the scan is not asked)."""
     scanner = FrameScanner(1 << 20, frozenset({T.PING}))
     watch = scanner._checks = CountingBatch()
@@ -519,3 +519,4 @@ def test_the_small_read_lane_takes_a_lone_frame_nobody_wants_and_leaves_the_rest
     cmd_end = 8 + int.from_bytes(send[4:8], "big")
     cut_section = (cmd_end + 5 - 4).to_bytes(4, "big") + send[4:cmd_end] + send[cmd_end:cmd_end + 5]
     assert not _lane_takes(cut_section)     # a SEND whose payload section is cut short
+    assert not _lane_takes(memoryview(send))  # a view (a large read's): the scan's
