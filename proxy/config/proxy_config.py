@@ -34,6 +34,8 @@ TOP_LEVEL_KEYS: Final = ("listen", "upstream", "advertise", "lookup", "tls", "ad
                          "limits", "rules", "broker_ports", "allowed_brokers")
 
 _HOST_PORT = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.\-]+)):(?P<port>\d{1,5})$")
+#: a host of digits and dots only must be a whole dotted IPv4 address
+_NUMERIC_HOST = re.compile(r"[0-9.]+")
 _SERVICE_URL = re.compile(r"^(?P<scheme>pulsar|pulsar\+ssl)://(?P<rest>[^/?#]+)/?$")
 
 
@@ -53,7 +55,16 @@ class HostPort:
         port = int(match["port"])
         if not 0 <= port <= 65535:
             raise ValueError(f"port {port} is out of range")
-        return cls(match["v6"] or match["host"], port)
+        host = match["v6"] or match["host"]
+        try:
+            if match["v6"]:
+                ipaddress.IPv6Address(host)
+            elif _NUMERIC_HOST.fullmatch(host):
+                # (the resolver would take '1' as 0.0.0.1 and '10.0.0' as 10.0.0.0: a typo dialled elsewhere)
+                ipaddress.IPv4Address(host)
+        except ValueError:
+            raise ValueError(f"{host!r} is not an IP address (a.b.c.d, [v6]) nor a host name") from None
+        return cls(host, port)
 
     def __str__(self) -> str:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"

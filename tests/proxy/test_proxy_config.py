@@ -87,6 +87,10 @@ def test_defaults_are_the_specs(tmp_path: Path) -> None:
     ("upstream: pulsar://b\nbroker_ports: 9000-8000\n", 2, "broker_ports", "START"),
     ("upstream: pulsar://b\nallowed_brokers:\n  - b:1\n  - nope\n", 4, "allowed_brokers[1]", "HOST:PORT"),
     ("upstream: pulsar://b\nupstream: pulsar://c\n", 2, "upstream", "duplicate"),
+    ("upstream: pulsar://1\n", 1, "upstream", "'1' is not an IP address"),
+    ("upstream: pulsar://10.0.0:6650\n", 1, "upstream", "'10.0.0' is not an IP address"),
+    ("upstream: pulsar://b\nlisten: 127.0.0.256:6650\n", 2, "listen", "not an IP address"),
+    ("upstream: pulsar://[::1::2]:6650\n", 1, "upstream", "not an IP address"),
     ("upstream: pulsar://b\nlimits: [1, 2\n", 3, "yaml", ""),
     ("- just\n- a list\n", 1, None, "mapping"),
 ])
@@ -149,3 +153,11 @@ def test_run_refusing_a_config_prints_one_line_and_exits_2(tmp_path: Path) -> No
     assert result.stderr.strip().splitlines() == [f"{path}:3: limits.max_conns: unknown key (known keys: "
                                                   "drain_seconds, keepalive_seconds, max_connections, "
                                                   "max_frame_bytes, verify_checksums)"]
+
+
+@pytest.mark.parametrize(("text", "host"), [
+    ("10.0.0.7:6650", "10.0.0.7"), ("broker-1:6650", "broker-1"), ("1broker:6650", "1broker"),
+    ("[::1]:6650", "::1"), ("localhost:0", "localhost"),
+])
+def test_hosts_of_every_form_parse_and_only_whole_addresses_of_digits(text: str, host: str) -> None:
+    assert HostPort.parse(text).host == host
