@@ -6,7 +6,7 @@ the receive buffer it holds between a large read and the next wait, the writes i
 writes the reactor's hop (:mod:`proxy.server.hop`) makes without waiting.  The transport
 adds the waiting (Trio) around it.  The hop runs this once per relayed read and write, so
 ``scripts/setup.sh`` compiles this module with mypyc (see :mod:`proxy.compiled`).
-OS errors become ``trio.BrokenResourceError`` here, at the edge.
+OS errors become :class:`PeerLost` (a ``trio.BrokenResourceError``) here, at the edge.
 """
 
 from __future__ import annotations
@@ -62,6 +62,14 @@ class ReceiveScratch:
         self.view = memoryview(buffer)
 
 
+class PeerLost(trio.BrokenResourceError):
+    """A read from or a write to ``peer`` failed: the connection to that peer is lost (whichever side's task saw it)."""
+
+    def __init__(self, what: str, peer: str, cause: object) -> None:
+        super().__init__(f"{what} {peer} failed: {cause}")
+        self.peer = peer
+
+
 class PlainSocket:
     """One non-blocking stdlib socket's reads and writes that never wait (see the module docstring)."""
 
@@ -80,7 +88,7 @@ class PlainSocket:
         """What an OS error of a read or write (``what``: "send to", "receive from") is raised as."""
         if self.closed:
             return trio.ClosedResourceError("transport closed")
-        return trio.BrokenResourceError(f"{what} {self.peer} failed: {exc}")
+        return PeerLost(what, self.peer, exc)
 
     def release_buffer(self) -> None:
         """Give the buffer back to the pool (the next read takes one again)."""

@@ -65,6 +65,7 @@ from proxy.core.pipeline import (
 from proxy.errors import ProtocolError
 from proxy.protocol.session import Direction
 from proxy.server.hop import ReactorPump, Stop
+from proxy.server.plain_socket import PeerLost
 from proxy.server.redirects import LookupFailed, LookupLinks
 from proxy.server.transport import SocketTransport, StreamTransport, Transport
 from proxy.server.upstream import UpstreamUnavailable
@@ -257,15 +258,13 @@ class Relay:
         except UpstreamUnavailable as exc:
             self.end(_Ending(f"upstream unavailable: {exc}", level="warning"))
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            self.end(_Ending(f"{self._lost_side(sender, str(exc))} connection lost: {exc}"))
+            self.end(_Ending(f"{self._lost_side(sender, exc)} connection lost: {exc}"))
 
-    def _lost_side(self, sender: str, failure: str) -> str:
-        """Whose connection a pump's failure lost: a failed write names the peer written to
-        ("send to HOST:PORT failed": the client, when a receipt finds it gone), anything else the sender."""
-        if failure.startswith(f"send to {self.info.client} "):
-            return "client"
-        if sender == "client" and failure.startswith("send to "):
-            return "broker"
+    def _lost_side(self, sender: str, failure: Exception) -> str:
+        """Whose connection a pump's failure lost: the peer a failed read or write names (the client, when
+        a receipt finds it gone, on the broker's task), anything else the sender's."""
+        if isinstance(failure, PeerLost):
+            return "client" if failure.peer == self.info.client else "broker"
         return sender
 
     async def _pump_loop(self, direction: Direction) -> None:

@@ -27,7 +27,7 @@ from typing import Final, Protocol
 import trio
 
 from proxy.core.scanner import Piece
-from proxy.server.plain_socket import BUFFER_POOL, COPY_BELOW, RECV_SIZE, PlainSocket
+from proxy.server.plain_socket import BUFFER_POOL, COPY_BELOW, RECV_SIZE, PeerLost, PlainSocket
 
 #: receives served one after another without waiting before a direction lets the other
 #: connections go first (its own task, and the reactor's handler): 2 MiB a turn
@@ -258,7 +258,7 @@ class StreamTransport:
         try:
             return bytes(await self.stream.receive_some(_STREAM_RECV_SIZE))
         except trio.BrokenResourceError as exc:
-            raise trio.BrokenResourceError(f"receive from {self.peer} failed: {exc.__cause__ or exc}") from None
+            raise PeerLost("receive from", self.peer, exc.__cause__ or exc) from None
 
     def queue_write(self, pieces: Sequence[Piece | bytes]) -> None:
         """Owe ``pieces`` (copied) behind what is owed already: the next ``send`` (anyone's) writes them first."""
@@ -272,16 +272,22 @@ class StreamTransport:
                 return
             if slice_bytes > 0:
                 for start in range(0, len(data), slice_bytes):
-                    await self.stream.send_all(data[start:start + slice_bytes])
+                    await self._send_all(data[start:start + slice_bytes])
                     await trio.sleep(0.001)
             else:
-                await self.stream.send_all(data)
+                await self._send_all(data)
 
     async def _send_owed(self) -> None:
         """(Holding the write lock.)"""
         if self._owed:
             owed, self._owed = self._owed, []
-            await self.stream.send_all(b"".join(owed))
+            await self._send_all(b"".join(owed))
+
+    async def _send_all(self, data: bytes) -> None:
+        try:
+            await self.stream.send_all(data)
+        except trio.BrokenResourceError as exc:
+            raise PeerLost("send to", self.peer, exc.__cause__ or exc) from None
 
     async def send_eof(self) -> None:
         if isinstance(self.stream, trio.abc.HalfCloseableStream):  # a memory stream in tests

@@ -37,13 +37,17 @@ BROKER_URL = "pulsar://broker.test:6650"
 
 @contextlib.asynccontextmanager
 async def memory_relay(broker: FakeBroker, *, hook: FrameHook | None = None,
-                       **limits: Any) -> AsyncIterator[tuple[trio.abc.Stream, Relay]]:
-    """A relay between the test (the client end it yields) and ``broker``, over memory streams."""
+                       broker_ends: list[trio.StapledStream[Any, Any]] | None = None,
+                       **limits: Any) -> AsyncIterator[tuple[trio.StapledStream[Any, Any], Relay]]:
+    """A relay between the test (the client end it yields) and ``broker``, over memory streams
+    (``broker_ends`` gets the broker's end of each upstream connection)."""
     config = ProxyConfig(upstream=ServiceUrl.parse(BROKER_URL), listen=HostPort("127.0.0.1", 0),
                          limits=LimitsConfig(**limits))
     async with trio.open_nursery() as nursery:
         async def connect_upstream(url: ServiceUrl) -> Transport:
             proxy_end, broker_end = trio.testing.memory_stream_pair()
+            if broker_ends is not None:
+                broker_ends.append(broker_end)
             nursery.start_soon(broker.handle, broker_end)
             return StreamTransport(proxy_end, str(url.address))
 
@@ -113,6 +117,25 @@ async def test_a_client_that_never_sends_connect_is_closed_after_two_keepalive_i
             assert await client.receive_some(1024) == b""
             assert 0.4 < trio.current_time() - start <= 0.45 + 1e-6
             assert broker.connections == 0  # no upstream was ever opened
+
+
+@pytest.mark.parametrize("gone", ["client", "broker"])
+async def test_a_write_to_a_peer_gone_over_a_stream_transport_is_logged_as_that_peers_connection_lost(
+        autojump_clock: trio.testing.MockClock, gone: str) -> None:
+    """A TLS connection is a StreamTransport: a write that finds its peer gone names that peer, as a socket's
+    does — the client when its receipt cannot be delivered, the broker when a SEND cannot."""
+    broker = FakeBroker(receipt_delay=0.3)
+    broker_ends: list[trio.StapledStream[Any, Any]] = []
+    with structlog.testing.capture_logs() as logs, trio.fail_after(60):
+        async with memory_relay(broker, broker_ends=broker_ends) as (client, _relay):
+            await connected(client)
+            # the peer stops reading: its side's next write from the proxy fails, its own reads go on
+            await (client if gone == "client" else broker_ends[0]).receive_stream.aclose()
+            await client.send_all(send_frame(0, 10))
+            await trio.sleep(5)  # (virtual time: the receipt's 0.3 s delay and the connection's end long past)
+    [reason] = [entry["reason"] for entry in logs if entry.get("event") == "connection closed"]
+    written = "client.test:50000" if gone == "client" else "broker.test:6650"
+    assert reason.startswith(f"{gone} connection lost: send to {written} failed"), reason
 
 
 async def receipts_under_rule(rule: str, writes: list[bytes], gap_s: float) -> list[tuple[int, float]]:
