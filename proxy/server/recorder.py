@@ -198,20 +198,23 @@ class Recorder:
         offset = ring.put(data) if ring is not None and self._send is not None \
             and self._waiting < self.config.queue_size else None
         if offset is None:
-            self.book.dropped(conn_id, frames if frames >= 0 else count_frame_starts(data, lead))
-            return False
+            return self._run_dropped(conn_id, data, lead, frames)
         assert ring is not None
         if offset + len(data) > ring.populate_at and self._populate is not None:
             self._populate.set()
         if not self._offer_data(run_item(conn_id, direction, ts_ns, ring.view[offset:offset + len(data)], lead,
                                          stream_pos, offset)):
             ring.take_back()  # (the queue is closed)
-            self.book.dropped(conn_id, frames if frames >= 0 else count_frame_starts(data, lead))
-            return False
+            return self._run_dropped(conn_id, data, lead, frames)
         self._waiting_bytes += len(data)
         if self._waiting_bytes >= self._hurry_bytes and self._hurry is not None:
             self._hurry.set()
         return True
+
+    def _run_dropped(self, conn_id: int, data: bytes | memoryview, lead: int, frames: int) -> bool:
+        """Count the frames that begin in a run not recorded (see :meth:`record_run`); False."""
+        self.book.dropped(conn_id, frames if frames >= 0 else count_frame_starts(data, lead))
+        return False
 
     def open_connection(self, conn_id: int, client_addr: Address, broker_addr: Address,
                         lookup_mode: str | enum.Enum | None, ts_ns: int) -> None:
