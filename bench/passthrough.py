@@ -34,7 +34,9 @@ Latency runs after the rounds, path by path.
     .venv/bin/python bench/passthrough.py --no-pulsar-proxy         # without the two JVM arms
     .venv/bin/python bench/passthrough.py --observers               # only the observer arms (below)
     .venv/bin/python bench/passthrough.py --interleaved --baseline /tmp/main   # latency only, every
-        path's round trips taken in turn (a shared machine's load shifts between phases)
+        path's round trips taken in turn (a shared machine's load shifts between phases), with a
+        "python floor" path: the least a relay in Python does (one recv_into and one send a hop), what
+        no Python proxy's round trip gets under on the machine
     .venv/bin/python bench/passthrough.py --baseline /tmp/main      # also the pulsar-tap of another
         checkout (e.g. ``git archive main | tar -x -C /tmp/main``), measured in the same rounds:
         a before/after from the same run, as the ``tap/baseline`` column
@@ -91,6 +93,7 @@ import json
 import multiprocessing
 import os
 import random
+import select
 import selectors
 import shutil
 import signal
@@ -439,10 +442,10 @@ def interleaved_latency(arms: dict[str, tuple[int, int | None]], rounds: int) ->
 
 def print_interleaved(results: dict[str, dict[str, float]]) -> None:
     direct = results["direct"]
-    print(f"{'interleaved':<12}{'p50 us':>10}{'added':>9}{'p99 us':>10}{'added':>9}{'CPU us/rt':>11}")
+    print(f"{'interleaved':<14}{'p50 us':>10}{'added':>9}{'p99 us':>10}{'added':>9}{'CPU us/rt':>11}")
     for name, row in results.items():
         added_p50, added_p99 = row["p50 us"] - direct["p50 us"], row["p99 us"] - direct["p99 us"]
-        print(f"{name:<12}{row['p50 us']:>10.1f}{added_p50:>+9.1f}{row['p99 us']:>10.1f}{added_p99:>+9.1f}"
+        print(f"{name:<14}{row['p50 us']:>10.1f}{added_p50:>+9.1f}{row['p99 us']:>10.1f}{added_p99:>+9.1f}"
               f"{row['proxy CPU us/rt seq']:>11.1f}")
 
 
@@ -542,6 +545,61 @@ def pulsar_proxy(target: int, workdir: Path, log_level: int) -> Iterator[tuple[i
         yield proxy.port, proxy.pid
     finally:
         proxy.stop()
+
+
+def floor_relay_main(listen: socket.socket, target: int) -> None:
+    """The least a relay written in Python does: one epoll, per readable socket one ``recv_into``, one write to
+    its peer (level-triggered; a write that would wait blocks).  No framing, no checks: a floor, not a proxy."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    poller = select.epoll()
+    listen.setblocking(False)
+    poller.register(listen.fileno(), select.EPOLLIN)
+    peers: dict[int, tuple[socket.socket, socket.socket]] = {}
+    buffer = bytearray(WRITE_SIZE)
+    view = memoryview(buffer)
+    while True:
+        for fd, _ in poller.poll():
+            if fd == listen.fileno():
+                client, _ = listen.accept()
+                upstream = socket.create_connection(("127.0.0.1", target))
+                for sock, peer in ((client, upstream), (upstream, client)):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    sock.setblocking(False)
+                    peers[sock.fileno()] = (sock, peer)
+                    poller.register(sock.fileno(), select.EPOLLIN)
+                continue
+            sock, peer = peers[fd]
+            try:
+                size = sock.recv_into(buffer)
+            except BlockingIOError:
+                continue
+            except OSError:
+                size = 0
+            if size:
+                peer.setblocking(True)
+                peer.sendall(view[:size])
+                peer.setblocking(False)
+                continue
+            for side in (sock, peer):
+                poller.unregister(side.fileno())
+                del peers[side.fileno()]
+                side.close()
+
+
+@contextlib.contextmanager
+def python_floor(target: int) -> Iterator[tuple[int, int]]:
+    """:func:`floor_relay_main` in its own process in front of the stand-in broker: (port, pid)."""
+    listen = socket.create_server(("127.0.0.1", 0))
+    port = listen.getsockname()[1]
+    process = multiprocessing.get_context("fork").Process(target=floor_relay_main, args=(listen, target), daemon=True)
+    process.start()
+    listen.close()  # (the relay's process holds it)
+    try:
+        assert process.pid is not None
+        yield port, process.pid
+    finally:
+        process.terminate()
+        process.join(10)
 
 
 def warm_up(port: int, reports: Any) -> None:
@@ -1215,8 +1273,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-pulsar-proxy", action="store_true",
                         help="leave out Apache Pulsar's proxy (its two arms start a JVM each)")
     parser.add_argument("--interleaved", action="store_true",
-                        help="only latency, of direct, haproxy, --baseline and pulsar-tap together: their round "
-                             "trips taken in turn, so that each meets the same load (see interleaved_latency)")
+                        help="only latency, of direct, haproxy, a Python floor relay (floor_relay_main: the least "
+                             "a relay in Python does), --baseline and pulsar-tap together: their round trips taken "
+                             "in turn, so that each meets the same load (see interleaved_latency)")
     args = parser.parse_args(argv)
     if args.quick:
         args.duration, args.rounds = 0.7, 2000
@@ -1263,6 +1322,7 @@ def main(argv: list[str] | None = None) -> int:
                     hap = running.enter_context(haproxy(target, workdir))
                     if hap is not None:
                         arms["haproxy"] = hap
+                    arms["python floor"] = running.enter_context(python_floor(target))
                     if args.baseline is not None:
                         (workdir / "baseline").mkdir()
                         arms["baseline"] = running.enter_context(

@@ -9,6 +9,7 @@ as a user may run it.
 from __future__ import annotations
 
 import importlib.util
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -97,3 +98,27 @@ def test_each_rounds_ratio_pairs_the_arm_with_the_baseline_of_the_same_round(mon
     assert interleave.median_and_quartiles([0.9]) == (0.9, 0.9, 0.9)
     with pytest.raises(ValueError, match="3 baseline rounds against 2"):
         interleave.paired_ratios([1.0, 2.0, 3.0], [1.0, 2.0])
+
+
+def test_the_python_floor_relays_both_ways_and_ends_both_sides_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The latency bench's floor path (loopback): what a client writes reaches the server and back, whole, and a
+    client that leaves takes the server's connection with it."""
+    passthrough = load_bench("passthrough", monkeypatch)
+    with socket.create_server(("127.0.0.1", 0)) as server, passthrough.python_floor(server.getsockname()[1]) as (
+            port, _pid):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+            upstream, _ = server.accept()
+            upstream.settimeout(10)
+            for size in (1, 100, 300_000):
+                data = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+                client.sendall(data)
+                got = b""
+                while len(got) < size:
+                    got += upstream.recv(1 << 20)
+                upstream.sendall(got)
+                back = b""
+                while len(back) < size:
+                    back += client.recv(1 << 20)
+                assert got == back == data
+        assert upstream.recv(1) == b""  # the client left: the floor closed the server's side
+        upstream.close()
