@@ -246,9 +246,9 @@ class FrameScanner:
         one message) costs a third of the scan's setup this way.  It takes ``bytes`` only (a small
         read's; a large one's memoryview is the scan's) and reads their fields byte by byte: integer
         arithmetic, compiled, where a ``struct`` unpack made a tuple of objects to compare (a 100 B
-        SEND's lane 1.4 -> 0.37 us).  (It is this method's body, not a
-        method of its own, because it runs twice per round trip: a call level less.)  Any other
-        read goes to the scan, and so does this one before the lane changed anything.
+        SEND's lane 1.4 -> 0.37 us).  (It is this method's body, not a method of its own, because it
+        runs twice per round trip: a call level less.)  Any other read goes to the scan, and so does
+        this one before the lane changed anything.
         """
         if self._skip or self._carry or self._error is not None or not isinstance(data, bytes):
             return self._feed(data)
