@@ -11,6 +11,8 @@ Apache Pulsar standalone, with the client programs of tests/peers/:
   Java and Go clients re-open their connection (through the proxy) and send again
   everything pending, so without deduplication most messages are stored more than once;
   a delivery with a bad checksum is dropped by the client.
+- ``consumer-throttling.yaml``: 50 messages per second per consumer on the wire, so a
+  consumer of a 4-partition topic (4 consumers) receives up to 200 per second.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from peers_rig import TENANT_NS, Upstream, proxy_running, run_with_watcher, service_url
+from peers_rig import TENANT_NS, Upstream, delivery_problems, proxy_running, run_with_watcher, service_url
 from real_pulsar import ClientRun, PeerFailed, run_client, start_client
 
 from proxy.server.stack import ProxyStack
@@ -101,3 +103,23 @@ def test_lossy_topic_resends_what_was_in_flight_through_the_proxy_and_drops_bad_
     # a delivery with a bad checksum is dropped (and acknowledged): up to that many never reach the consumer
     never_received = acked - set(run.received_indices())
     assert len(never_received) <= hits["corrupted-deliveries"], never_received
+
+
+@pytest.mark.parametrize("client", ["java", "go"])
+def test_consumer_throttling_holds_each_partition_of_a_partitioned_orders_topic_to_50_per_second(
+        client: str, real_upstream: Upstream) -> None:
+    """A consumer of a 4-partition topic is 4 consumers on the wire, each with its own bucket."""
+    upstream = real_upstream
+    messages, partitions, limit = 600, 4, 50
+    topic = upstream.create_partitioned(f"orders-rule-files-{client}-{uuid.uuid4().hex[:8]}", partitions)
+    with proxy_running(upstream.service_url, lookup="rewrite",
+                       rules=str(RULES / "consumer-throttling.yaml")) as proxy:
+        run = run_client(client, service_url(proxy), topic, messages=messages, batching=False, timeout=120)
+        hits = _hits(proxy)
+    assert delivery_problems(run, messages, partitions) == []
+    assert hits["slow-dispatch"] >= partitions  # every partition's consumer granted permits through the rule
+    elapsed = run.report["elapsed_seconds"]
+    # never faster than 50 per second per partition (150 each, the first passing at once) ...
+    assert elapsed >= (messages / partitions - 1) / limit * 0.9, elapsed
+    # ... and not held to 50 per second in all (12 s): the partitions are paced side by side
+    assert elapsed < messages / limit * 0.75, elapsed
