@@ -196,6 +196,13 @@ def _frames_in(buf: bytearray) -> int:
     return count
 
 
+def _write_all(sock: socket.socket, data: bytes | memoryview) -> None:
+    """Write all of ``data`` to a non-blocking socket, waiting where it must (the stand-ins' loops stay simple)."""
+    sock.setblocking(True)
+    sock.sendall(data)
+    sock.setblocking(False)
+
+
 def broker_main(listen: socket.socket, reports: Any) -> None:
     """Answer CONNECT, then either swallow bytes (sink) or answer each frame with a receipt (echo)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -248,9 +255,7 @@ def broker_main(listen: socket.socket, reports: Any) -> None:
                     _, frame_size, count = peer.mode.split("-")
                     peer.mode, peer.frame_size = "sink", int(frame_size)
                     peer.receipts = numbered_receipts(int(count))
-                peer.sock.setblocking(True)
-                peer.sock.sendall(CONNECTED)
-                peer.sock.setblocking(False)
+                _write_all(peer.sock, CONNECTED)
                 if peer.mode == "sink":
                     peer.received = len(peer.buf)
                     peer.first_ns = now if peer.buf else 0
@@ -265,9 +270,7 @@ def broker_main(listen: socket.socket, reports: Any) -> None:
                     continue
             count = _frames_in(peer.buf)
             if count:
-                peer.sock.setblocking(True)
-                peer.sock.sendall(RECEIPT * count)
-                peer.sock.setblocking(False)
+                _write_all(peer.sock, RECEIPT * count)
 
 
 def _answer_sends(peer: _Peer) -> None:
@@ -286,9 +289,7 @@ def _answer_sends(peer: _Peer) -> None:
         left -= take
         start = 0
     peer.answered = whole
-    peer.sock.setblocking(True)
-    peer.sock.sendall(b"".join(out))
-    peer.sock.setblocking(False)
+    _write_all(peer.sock, b"".join(out))
 
 
 # -- the load client -------------------------------------------------------------------------
@@ -576,9 +577,7 @@ def floor_relay_main(listen: socket.socket, target: int) -> None:
             except OSError:
                 size = 0
             if size:
-                peer.setblocking(True)
-                peer.sendall(view[:size])
-                peer.setblocking(False)
+                _write_all(peer, view[:size])
                 continue
             for side in (sock, peer):
                 poller.unregister(side.fileno())
