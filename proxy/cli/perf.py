@@ -4,8 +4,10 @@
 fast as the pending-message limit allows) and measures publish latency (send to
 receipt).  ``consume`` runs N consumers and measures end-to-end latency from the
 publish time.  ``roundtrip`` does both at once, stamping each payload with its
-send time so end-to-end latency is exact.  Progress goes to stderr once a second;
-the summary goes to stdout, as JSON with ``--json``.  SIGINT/SIGTERM stop the run
+send time so end-to-end latency is exact.  Progress goes to stderr once a second,
+with how many producers or consumers are reconnecting and why while any is (a chaos
+rule's cut, a broker away); the summary, with the reconnections counted
+(``reconnects``), goes to stdout, as JSON with ``--json``.  SIGINT/SIGTERM stop the run
 and print the summary of what ran (``"interrupted": true`` in the JSON), exit 0; a
 second signal also skips closing the producers and consumers gracefully (the sends it
 leaves without a receipt are counted as ``unfinished``, not as errors).
@@ -26,7 +28,9 @@ HELP = "load generator on the built-in client"
 DESCRIPTION = """\
 Produce and/or consume messages with the built-in Pulsar client and report
 throughput and latency (p50/p99/max).  MODE is produce, consume or roundtrip;
-'pulsar-tap perf MODE --help' lists its options.
+'pulsar-tap perf MODE --help' lists its options.  Through a pulsar-tap proxy whose
+rules cut connections, the progress lines say while producers or consumers are
+reconnecting and why, and the summary counts the reconnections.
 
 examples:
   pulsar-tap perf produce --url pulsar://127.0.0.1:6650 --topic perf --messages 100000 --size 1024
@@ -188,6 +192,9 @@ class _Run:
     produced: _Totals = field(default_factory=_Totals)
     consumed: _Totals = field(default_factory=_Totals)
     done_producing: bool = False
+    #: the producers and consumers once created (their connection state is reported as it changes)
+    producers: list[Any] = field(default_factory=list)
+    consumers: list[Any] = field(default_factory=list)
     #: stopped by SIGINT/SIGTERM
     interrupted: bool = False
 
@@ -250,7 +257,7 @@ async def _main(state: _Run) -> dict[str, Any]:
         try:
             async with PulsarClient(args.url, token=args.token, operation_timeout=30.0) as client:
                 with measuring:
-                    consumers = []
+                    consumers = state.consumers
                     if args.mode in ("consume", "roundtrip"):
                         for index in range(args.consumers):
                             topic = args.topic[index % len(args.topic)]
@@ -258,7 +265,7 @@ async def _main(state: _Run) -> dict[str, Any]:
                                 topic, args.subscription, subscription_type=args.sub_type,
                                 initial_position=args.initial_position.capitalize(),
                                 receiver_queue_size=args.receiver_queue_size))
-                    producers = []
+                    producers = state.producers
                     if args.mode in ("produce", "roundtrip"):
                         for index in range(args.producers):
                             topic = args.topic[index % len(args.topic)]
@@ -288,12 +295,14 @@ async def _main(state: _Run) -> dict[str, Any]:
         summary["interrupted"] = True
     if args.mode in ("produce", "roundtrip"):
         summary["produce"] = state.produced.summary(elapsed)
+        summary["produce"]["reconnects"] = sum(producer.reconnects for producer in state.producers)
         summary["produce"]["config"] = {"producers": args.producers, "size": args.size, "rate": args.rate,
                                         "batching": args.batching, "compression": args.compression}
         if state.produced.first_error:
             summary["produce"]["first_error"] = state.produced.first_error
     if args.mode in ("consume", "roundtrip"):
         summary["consume"] = state.consumed.summary(elapsed)
+        summary["consume"]["reconnects"] = sum(consumer.reconnects for consumer in state.consumers)
         summary["consume"]["config"] = {"consumers": args.consumers, "subscription_type": args.sub_type,
                                         "initial_position": args.initial_position}
     return summary
@@ -390,6 +399,12 @@ async def _report(state: _Run, started: float) -> None:
                              + (f"  errors {totals.errors}" if totals.errors else ""))
                 totals.window.reset()
         last = now
+        for kind, handles in (("producer", state.producers), ("consumer", state.consumers)):
+            waiting = [handle for handle in handles if not handle.is_connected]
+            if waiting:  # (the messages stop meanwhile: say why)
+                problem = next((handle.problem for handle in waiting if handle.problem), "connecting")
+                parts.append(f"{len(waiting)} of {len(handles)} {kind}{'s' if len(handles) > 1 else ''} "
+                             f"reconnecting: {problem}")
         print(" | ".join(parts), file=sys.stderr, flush=True)
 
 
@@ -404,6 +419,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
         kind = "publish" if label == "produce" else "end-to-end"
         print(f"{label}: {part['messages']} messages in {part['seconds']} s = {part['msg_per_sec']} msg/s "
               f"({part['mbit_per_sec']} Mbit/s), errors {part['errors']}"
+              + (f", reconnects {part['reconnects']}" if part.get("reconnects") else "")
               + (f", {part['unfinished']} sends cut short by the signal" if part.get("unfinished") else ""))
         print(f"  {kind} latency ms: mean {lat['mean']} p50 {lat['p50']} p95 {lat['p95']} p99 {lat['p99']} "
               f"p99.9 {lat['p999']} max {lat['max']}")

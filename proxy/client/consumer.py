@@ -222,15 +222,8 @@ class Consumer(ReconnectingHandle):
             return self.last_dequeued
         return self.start_message_id
 
-    def _lose_connection(self, reason: str) -> None:
-        if self._connection is not None:
-            self._connection.unregister_consumer(self.consumer_id)
-        self._connection = None
-        if self._ready:
-            log.info("%r disconnected: %s", self, reason)
-        self._ready = False
-        self._disconnected.set()
-        self._notify_state()
+    def _unregister(self, connection: ClientConnection) -> None:
+        connection.unregister_consumer(self.consumer_id)
 
     def _send_flow(self, permits: int) -> None:
         connection = self._connection

@@ -176,15 +176,8 @@ class Producer(ReconnectingHandle):
         self._ready = True
         self._notify_state()
 
-    def _lose_connection(self, reason: str) -> None:
-        if self._connection is not None:
-            self._connection.unregister_producer(self.producer_id)
-        self._connection = None
-        if self._ready or not self._disconnected.is_set():
-            log.info("%r disconnected: %s", self, reason)
-        self._ready = False
-        self._disconnected.set()
-        self._notify_state()
+    def _unregister(self, connection: ClientConnection) -> None:
+        connection.unregister_producer(self.producer_id)
 
     # -- FrameHandler ----------------------------------------------------------------------
 

@@ -51,6 +51,9 @@ class ReconnectingHandle(ABC):
         self._cancel = trio.CancelScope()
         self._backoff = Backoff()
         self.reconnects = 0
+        #: while not connected, why: the lost connection's reason, then each failed attempt's error (None: connected
+        #: or never lost)
+        self.problem: str | None = None
 
     @property
     def is_connected(self) -> bool:
@@ -65,8 +68,20 @@ class ReconnectingHandle(ABC):
         """The background tasks that run while the handle is open."""
 
     @abstractmethod
+    def _unregister(self, connection: ClientConnection) -> None:
+        """Stop taking ``connection``'s frames for this producer or consumer (it is being forgotten)."""
+
     def _lose_connection(self, reason: str) -> None:
         """Forget the current connection and wake :meth:`run` to register again."""
+        if self._connection is not None:
+            self._unregister(self._connection)
+        self._connection = None
+        if self._ready or not self._disconnected.is_set():
+            logging.getLogger(type(self).__module__).info("%r disconnected: %s", self, reason)
+        self.problem = reason
+        self._ready = False
+        self._disconnected.set()
+        self._notify_state()
 
     def _gave_up_retrying(self, error: BrokerError | ConnectionFailed | RequestTimeout) -> None:  # noqa: B027
         """Called when a re-registration failed with an error retrying cannot help; the loop goes on."""
@@ -96,6 +111,7 @@ class ReconnectingHandle(ABC):
             try:
                 await self._register()
             except (ConnectionFailed, BrokerError, RequestTimeout) as exc:
+                self.problem = str(exc)
                 retryable = not (isinstance(exc, BrokerError) and exc.server_error in self.NON_RETRYABLE)
                 delay = self._backoff.next()
                 if first and (not retryable or trio.current_time() + delay > deadline):
@@ -108,6 +124,7 @@ class ReconnectingHandle(ABC):
                 await trio.sleep(delay)
                 continue
             self._backoff.reset()
+            self.problem = None
             return
 
     def _notify_state(self) -> None:

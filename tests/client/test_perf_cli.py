@@ -3,11 +3,35 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
 from proxy.broker import ThreadedCluster
 from proxy.cli import main
+
+
+@contextmanager
+def proxy_subprocess(upstream: str, workdir: Path, *extra: str) -> Iterator[str]:
+    """``pulsar-tap run`` in front of ``upstream``; its service URL."""
+    ready = workdir / "ready.json"
+    proc = subprocess.Popen([sys.executable, "-m", "proxy", "run", "--listen", "127.0.0.1:0", "--upstream", upstream,
+                             "--ready-file", str(ready), "--log-level", "error", *extra],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 15
+        while not (ready.exists() and ready.stat().st_size):
+            assert proc.poll() is None and time.monotonic() < deadline, "the proxy did not start"
+            time.sleep(0.05)
+        yield f"pulsar://{json.loads(ready.read_text())['listen'][0]}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def test_perf_roundtrip_reports_throughput_and_latency_as_json(cluster: ThreadedCluster,
@@ -44,3 +68,25 @@ def test_perf_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["perf", "produce", "--url", "pulsar://127.0.0.1:1", "--topic", "t", "--messages", "1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("pulsar-tap perf: error: cannot reach") and err.count("\n") == 1
+
+
+def test_perf_says_while_its_producer_reconnects_and_counts_the_reconnections(
+        cluster: ThreadedCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Through the proxy, a rule cuts the producer's connection mid-stream and refuses its re-creation four
+    times (~1.5 s of backoff): the progress lines say the producer is reconnecting and why, the summary counts
+    the reconnection, and nothing sent is lost."""
+    rules = tmp_path / "cut.yaml"
+    rules.write_text("rules:\n"
+                     "  - name: cut\n    match: {command: [SEND], after: 300, times: 1}\n"
+                     "    action: {disconnect: {how: reset}}\n"
+                     "  - name: refuse\n    match: {command: [PRODUCER], after: 1, times: 4}\n"
+                     "    action: {error: {code: ServiceNotReady, message: still loading}}\n")
+    with proxy_subprocess(cluster.service_url, tmp_path, "--rules", str(rules)) as url:
+        status = main(["perf", "produce", "--url", url, "--topic", "perf-cut", "--rate", "400",
+                       "--messages", "1600", "--no-batching"])
+    captured = capsys.readouterr()
+    assert status == 0, captured
+    reconnecting = [line for line in captured.err.splitlines() if "reconnecting:" in line]
+    assert reconnecting and all("1 of 1 producer reconnecting: " in line for line in reconnecting), captured.err
+    assert any("still loading" in line or "ServiceNotReady" in line for line in reconnecting), captured.err
+    assert "produce: 1600 messages" in captured.out and "errors 0, reconnects 1" in captured.out, captured.out
