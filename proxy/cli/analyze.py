@@ -194,6 +194,21 @@ def _analyze(args: argparse.Namespace, inputs: list[str], out: str, window: Any,
         print(f"tables: {', '.join(result.written)}; reports: {Path(out) / 'report.txt'}, "
               f"{Path(out) / 'report.html'} ({elapsed_since(started)})")
     if not args.quiet:
-        for problem in result.figures.skipped:
-            print(f"pulsar-tap analyze: warning: {problem}", file=sys.stderr)
+        report = "the report printed above" if is_url(out) else str(Path(out) / "report.txt")
+        for line in skipped_warnings(result.figures.skipped, report):
+            print(f"pulsar-tap analyze: warning: {line}", file=sys.stderr)
     return 0
+
+
+#: the skipped ranges named one per line on stderr; the rest are counted (the report lists them all)
+WARNINGS_NAMED: Final = 3
+
+
+def skipped_warnings(problems: list[str], report: str) -> list[str]:
+    """What analyze warns of on stderr: the first few skipped ranges, then how many more ``report`` names
+    (a recording damaged in a thousand places is a few lines, as ``show`` and ``export`` say it in one)."""
+    lines = problems[:WARNINGS_NAMED]
+    if len(problems) > WARNINGS_NAMED:
+        more = len(problems) - WARNINGS_NAMED
+        lines.append(f"and {more} more problem{'s' if more != 1 else ''} with the input: all in {report}")
+    return lines

@@ -57,9 +57,12 @@ def analyzed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, SyntheticS
     damaged = write_synthetic_recording(base, 2 * 2**20, connections=4, seed=2, name="20251122T093320Z-2",
                                         start_ns=1_763_900_000_000_000_000, segment_bytes=2**20)
     damage(damaged.path / "segment-000002.ptap", 50_000)
+    for offset in (100_000, 400_000, 700_000):  # (four damaged records in all: more than stderr names)
+        damage(damaged.path / "segment-000001.ptap", offset)
     out = tmp_path_factory.mktemp("analysis")
     done = analyze(str(base), "--out", str(out), "--master", "local[2]", "--split-mb", "2")
     assert done.returncode == 0, done.stderr[-3000:]
+    out.with_suffix(".stderr").write_text(done.stderr)
     return out, stats, damaged.path, base
 
 
@@ -128,6 +131,10 @@ def test_a_damaged_record_is_skipped_reported_and_the_rest_of_its_segment_read(
     assert "Skipped input" in report
     line = next(line for line in report.splitlines() if "segment-000002.ptap offsets" in line)
     assert "checksum mismatch" in line
+    assert sum("ptap offsets" in line for line in report.splitlines()) == 4  # (the report names every one)
+    warnings = [line for line in out.with_suffix(".stderr").read_text().splitlines() if "warning" in line]
+    assert len(warnings) == 4 and all("ptap offsets" in line for line in warnings[:3]), warnings  # (stderr, three)
+    assert warnings[3] == f"pulsar-tap analyze: warning: and 1 more problem with the input: all in {out}/report.txt"
     frames = [r for r in table(out, "frames") if r["recording"] == damaged.name]
     last_of_segment_two = max(f["ts_ns"] for f in frames if f["ts_ns"])
     assert frames and last_of_segment_two
