@@ -2,7 +2,9 @@
 
 Flags override the file.  Prints ``ready: listening on HOST:PORT`` once accepting
 (``--ready-file`` also writes ``{"listen": [...], "admin": ...}``), and exits 0 on
-SIGINT/SIGTERM after draining (a second signal cuts the drain short).  A config
+SIGINT/SIGTERM after draining (a second signal cuts the drain short), saying on
+stderr what it served: the connections, each rule's hits, the frames recorded and
+any the recording dropped.  A config
 the proxy refuses is one line per error, ``FILE:LINE: KEY: message`` (or
 ``--flag: message``), and exit status 2; so is a busy --listen or --admin port.
 """
@@ -13,7 +15,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from proxy.server.stack import ProxyStack
 
 NAME = "run"
 #: a server process: numpy's BLAS keeps to one thread (see proxy.native_threads)
@@ -221,7 +226,26 @@ def run(args: argparse.Namespace) -> int:
                     write_ready_file(args.ready_file, [stack.address], stack.admin_address)
                 print(f"ready: listening on {stack.address}", flush=True)
                 await stop.wait()
-            print(f"stopped: {server.accepted_connections} connections served", file=sys.stderr, flush=True)
+            for line in stop_summary(stack):
+                print(line, file=sys.stderr, flush=True)
 
     trio.run(main)
     return 0
+
+
+def _count(number: int, thing: str) -> str:
+    return f"{number} {thing}{'' if number == 1 else 's'}"
+
+
+def stop_summary(stack: ProxyStack) -> list[str]:
+    """What ``run`` says when it stopped: the connections served, each rule's hits, what was recorded."""
+    lines = [f"stopped: {_count(stack.server.accepted_connections, 'connection')} served"]
+    hits = stack.engine.hits() if stack.engine is not None else {}
+    if hits:
+        lines.append("rule hits: " + ", ".join(f"{name} {count}" for name, count in hits.items()))
+    stats = stack.recording_stats
+    if stats is not None:
+        dropped = f", {_count(stats.frames_dropped, 'frame')} dropped (the writer fell behind)" \
+            if stats.frames_dropped else ""
+        lines.append(f"recorded: {_count(stats.frames_recorded, 'frame')} in {stack.recording_path}{dropped}")
+    return lines

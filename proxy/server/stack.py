@@ -35,6 +35,7 @@ import trio
 from proxy.config.proxy_config import ProxyConfig
 from proxy.errors import ConfigError, PulsarTapError
 from proxy.protocol.session import Direction
+from proxy.recording.writer import RecorderStats
 from proxy.rules.engine import RulesEngine
 from proxy.rules.hook import RulesHook, record_filter
 from proxy.rules.loader import load_rules_file, ruleset_from_data
@@ -58,6 +59,8 @@ class ProxyStack:
     upstream_health: UpstreamHealth | None = None
     #: spans and metrics (``tracing:``, /metrics); None when neither is wanted
     telemetry: TelemetryPipeline | None = None
+    #: the recording's counters (``record:``; final once the proxy stopped)
+    recording_stats: RecorderStats | None = None
 
     @property
     def address(self) -> str:
@@ -161,6 +164,7 @@ async def running_proxy(config: ProxyConfig, *, server: ProxyServer | None = Non
             server.observers.observers.append(RecordingObserver(recorder, lookup_mode=config.lookup,
                                                                 frame_filter=keep))
             stack.recording_path = recorder.path
+            stack.recording_stats = recorder.stats
             log.info("recording", path=str(recorder.path))
         services = await exits.enter_async_context(trio.open_nursery())
         async with trio.open_nursery() as proxy_nursery:

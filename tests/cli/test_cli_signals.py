@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import signal
 import socket
 import time
@@ -19,6 +20,7 @@ from tap_process import ROOT, TapProcess, no_traceback
 
 from proxy.broker.cluster import ClusterConfig
 from proxy.broker.embedded import ThreadedCluster
+from proxy.cli import main
 from proxy.recording.reader import open_recordings
 from proxy.testing import Tap, drop
 from proxy.testing.rig import RecordingProxy
@@ -84,6 +86,27 @@ def test_run_stops_with_0_even_when_a_second_signal_arrives_during_the_drain(bro
         code = stopped(process, *signals)
     assert code == 0 and no_traceback(process)
     assert "signal received: draining" in process.stderr and "stopped:" in process.stderr
+
+
+def test_run_says_when_stopped_what_it_served_each_rules_hits_and_what_it_recorded(broker: ThreadedCluster,
+                                                                                 tmp_path: Path) -> None:
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("rules:\n  - name: slow-five\n    match: {command: [SEND], times: 5}\n"
+                     "    action: {delay: {ms: 1}}\n  - name: never\n    match: {command: [SEEK]}\n"
+                     "    action: drop\n")
+    process = started("run", "--listen", "127.0.0.1:0", "--upstream", broker.service_url, "--rules", str(rules),
+                      "--record", str(tmp_path / "rec"))
+    address = process.wait_for("^ready: listening on ").split()[-1]
+    assert main(["perf", "produce", "--url", f"pulsar://{address}", "--topic", "served", "--messages", "300",
+                 "--no-batching", "--quiet"]) == 0
+    assert stopped(process, SIGINT) == 0 and no_traceback(process)
+    lines = process.stderr.splitlines()
+    assert any(re.fullmatch(r"stopped: \d+ connections served", line) for line in lines), process.stderr
+    assert "rule hits: slow-five 5, never 0" in lines, process.stderr
+    recorded = next(line for line in lines if line.startswith("recorded: "))
+    (path,) = (tmp_path / "rec").iterdir()
+    frames = sum(1 for _ in open_recordings(path).frames())
+    assert recorded == f"recorded: {frames} frames in {path}" and frames >= 600, (recorded, frames)
 
 
 def test_broker_and_replay_serve_stop_with_0_on_two_quick_signals() -> None:
