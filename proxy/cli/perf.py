@@ -7,7 +7,10 @@ publish time.  ``roundtrip`` does both at once, stamping each payload with its
 send time so end-to-end latency is exact.  Progress goes to stderr once a second,
 with how many producers or consumers are reconnecting and why while any is (a chaos
 rule's cut, a broker away); the summary, with the reconnections counted
-(``reconnects``), goes to stdout, as JSON with ``--json``.  SIGINT/SIGTERM stop the run
+(``reconnects``), goes to stdout, as JSON with ``--json``.  A message delivered
+again (its consumer reconnected before acknowledging it) counts once, the
+redeliveries apart (``redelivered``); ``roundtrip`` ends when every message was
+received and every send acknowledged.  SIGINT/SIGTERM stop the run
 and print the summary of what ran (``"interrupted": true`` in the JSON), exit 0; a
 second signal also skips closing the producers and consumers gracefully (the sends it
 leaves without a receipt are counted as ``unfinished``, not as errors).
@@ -20,6 +23,7 @@ import json
 import struct
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -153,6 +157,8 @@ class _Totals:
     messages: int = 0
     bytes: int = 0
     errors: int = 0
+    #: deliveries of a message received before (a consumer reconnected, a close rule): not counted as messages
+    redelivered: int = 0
     #: sends an interrupt cut short (the client closed with their receipts outstanding): not errors
     unfinished: int = 0
     last_messages: int = 0
@@ -176,6 +182,7 @@ class _Totals:
         hist = self.histogram
         return {
             "messages": self.messages, "bytes": self.bytes, "errors": self.errors,
+            **({"redelivered": self.redelivered} if self.redelivered else {}),
             **({"unfinished": self.unfinished} if self.unfinished else {}),
             "seconds": round(elapsed, 3),
             "msg_per_sec": round(self.messages / elapsed, 1) if elapsed > 0 else 0.0,
@@ -186,12 +193,42 @@ class _Totals:
         }
 
 
+#: how many of the latest messages a consumer received are remembered to tell a redelivery from a new message
+#: (a redelivery comes within the unacknowledged ones: the receiver queue and what is in flight)
+RECENT_MESSAGES = 1 << 18
+
+
+class _Seen:
+    """The latest ``limit`` messages received, by the hash of (topic, ledger, entry, batch index): bounded
+    memory (~60 B a message) however long the run."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._keys: set[int] = set()
+        self._order: deque[int] = deque()
+
+    def first_time(self, topic: str, where: Any) -> bool:
+        """Whether this is the message's first delivery (remembering it)."""
+        key = hash((topic, where.ledger_id, where.entry_id, where.batch_index))
+        if key in self._keys:
+            return False
+        self._keys.add(key)
+        self._order.append(key)
+        if len(self._order) > self.limit:
+            self._keys.discard(self._order.popleft())
+        return True
+
+
 @dataclass
 class _Run:
     args: argparse.Namespace
     produced: _Totals = field(default_factory=_Totals)
     consumed: _Totals = field(default_factory=_Totals)
     done_producing: bool = False
+    #: the consumers have had --messages distinct messages
+    done_consuming: bool = False
+    #: the latest messages received (see _Seen): a second delivery of one is a redelivery
+    received: _Seen = field(default_factory=lambda: _Seen(RECENT_MESSAGES))
     #: the producers and consumers once created (their connection state is reported as it changes)
     producers: list[Any] = field(default_factory=list)
     consumers: list[Any] = field(default_factory=list)
@@ -318,7 +355,7 @@ async def _produce_all(state: _Run, producers: list[Any], scope: Any, wait_for_c
         for producer, count in zip(producers, per_producer, strict=True):
             nursery.start_soon(_produce, state, producer, count, args.rate / len(producers))
     state.done_producing = True
-    if not wait_for_consumers:
+    if not wait_for_consumers or state.done_consuming:
         scope.cancel()
 
 
@@ -370,6 +407,10 @@ async def _consume(state: _Run, consumer: Any, scope: Any) -> None:
     while True:
         message = await consumer.receive()
         now_ns = time.time_ns()
+        if not state.received.first_time(message.topic, message.message_id):
+            totals.redelivered += 1  # (its latency was taken at its first delivery)
+            consumer.acknowledge(message)
+            continue
         if args.mode == "roundtrip" and len(message.payload) >= _STAMP.size:
             latency = (now_ns - _STAMP.unpack_from(message.payload)[0]) / 1e9
         else:
@@ -377,7 +418,10 @@ async def _consume(state: _Run, consumer: Any, scope: Any) -> None:
         totals.record(len(message.payload), latency)
         consumer.acknowledge(message)
         if target and totals.messages >= target:
-            scope.cancel()  # every consumer stops once the total is reached
+            state.done_consuming = True
+            if state.done_producing or not state.producers:
+                scope.cancel()  # every consumer stops once the total is reached
+            # (roundtrip: the producers still wait for receipts; the last of them to finish ends the run)
             return
 
 
@@ -396,7 +440,8 @@ async def _report(state: _Run, started: float) -> None:
                 totals.last_messages = totals.messages
                 parts.append(f"{label} {rate:10.1f} msg/s  p50 {totals.window.percentile(50) * 1000:7.2f} ms  "
                              f"p99 {totals.window.percentile(99) * 1000:7.2f} ms  total {totals.messages}"
-                             + (f"  errors {totals.errors}" if totals.errors else ""))
+                             + (f"  errors {totals.errors}" if totals.errors else "")
+                             + (f"  redelivered {totals.redelivered}" if totals.redelivered else ""))
                 totals.window.reset()
         last = now
         for kind, handles in (("producer", state.producers), ("consumer", state.consumers)):
@@ -419,6 +464,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
         kind = "publish" if label == "produce" else "end-to-end"
         print(f"{label}: {part['messages']} messages in {part['seconds']} s = {part['msg_per_sec']} msg/s "
               f"({part['mbit_per_sec']} Mbit/s), errors {part['errors']}"
+              + (f", redelivered {part['redelivered']}" if part.get("redelivered") else "")
               + (f", reconnects {part['reconnects']}" if part.get("reconnects") else "")
               + (f", {part['unfinished']} sends cut short by the signal" if part.get("unfinished") else ""))
         print(f"  {kind} latency ms: mean {lat['mean']} p50 {lat['p50']} p95 {lat['p95']} p99 {lat['p99']} "

@@ -90,3 +90,23 @@ def test_perf_says_while_its_producer_reconnects_and_counts_the_reconnections(
     assert reconnecting and all("1 of 1 producer reconnecting: " in line for line in reconnecting), captured.err
     assert any("still loading" in line or "ServiceNotReady" in line for line in reconnecting), captured.err
     assert "produce: 1600 messages" in captured.out and "errors 0, reconnects 1" in captured.out, captured.out
+
+
+def test_perf_roundtrip_counts_a_redelivery_once_and_waits_for_every_receipt(
+        cluster: ThreadedCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A reset mid-stream cuts the connection the producer and the consumer share: the messages the consumer had
+    received but not yet acknowledged come again.  They are counted as redelivered, not as messages, so the run
+    ends with every message received once and every send acknowledged (it ended at the 2 000th delivery,
+    duplicates included, with receipts outstanding)."""
+    rules = tmp_path / "reset.yaml"
+    rules.write_text("rules:\n  - name: reset\n    match: {command: [SEND], after: 300, times: 1}\n"
+                     "    action: {disconnect: {how: reset}}\n")
+    with proxy_subprocess(cluster.service_url, tmp_path, "--rules", str(rules)) as url:
+        status = main(["perf", "roundtrip", "--url", url, "--topic", "perf-redelivered", "--subscription", "s",
+                       "--rate", "1000", "--messages", "2000", "--no-batching", "--json", "--quiet"])
+    summary = json.loads(capsys.readouterr().out)
+    assert status == 0
+    produced, consumed = summary["produce"], summary["consume"]
+    assert produced["messages"] == 2000 and produced["errors"] == 0 and produced["reconnects"] == 1, produced
+    assert consumed["messages"] == 2000 and consumed["reconnects"] == 1, consumed
+    assert consumed["redelivered"] > 0, consumed
