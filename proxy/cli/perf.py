@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.wording import counted
+
 NAME = "perf"
 HELP = "load generator on the built-in client"
 DESCRIPTION = """\
@@ -402,9 +404,9 @@ def _print_summary(summary: dict[str, Any]) -> None:
             continue
         lat = part["latency_ms"]
         kind = "publish" if label == "produce" else "end-to-end"
-        print(f"{label}: {part['messages']} messages in {part['seconds']} s = {part['msg_per_sec']} msg/s "
+        print(f"{label}: {counted(part['messages'], 'message')} in {part['seconds']} s = {part['msg_per_sec']} msg/s "
               f"({part['mbit_per_sec']} Mbit/s), errors {part['errors']}"
-              + (f", {part['unfinished']} sends cut short by the signal" if part.get("unfinished") else ""))
+              + (f", {counted(part['unfinished'], 'send')} cut short by the signal" if part.get("unfinished") else ""))
         print(f"  {kind} latency ms: mean {lat['mean']} p50 {lat['p50']} p95 {lat['p95']} p99 {lat['p99']} "
               f"p99.9 {lat['p999']} max {lat['max']}")
         if part.get("first_error"):

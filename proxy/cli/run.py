@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from proxy.wording import counted
+
 NAME = "run"
 #: a server process: numpy's BLAS keeps to one thread (see proxy.native_threads)
 ONE_THREAD = True
@@ -221,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
                     write_ready_file(args.ready_file, [stack.address], stack.admin_address)
                 print(f"ready: listening on {stack.address}", flush=True)
                 await stop.wait()
-            print(f"stopped: {server.accepted_connections} connections served", file=sys.stderr, flush=True)
+            print(f"stopped: {counted(server.accepted_connections, 'connection')} served", file=sys.stderr, flush=True)
 
     trio.run(main)
     return 0
