@@ -51,8 +51,9 @@ class Poll(bytes):
     """A deferred frame decided when it is due: ``poll(now_ns)`` -> (frames to write, when to ask again).
 
     It is an (empty) ``bytes`` so that it travels unchanged wherever a deferred frame's
-    bytes do (``Verdict.deferred``); only :class:`HoldQueue` looks inside.  Asked again
-    at None, it is done; a time not after ``now_ns`` is taken as the next nanosecond.
+    bytes do (``Verdict.deferred``); only :class:`HoldQueue` looks inside, in the entries
+    the proxy originates.  Asked again at None, it is done; a time not after ``now_ns``
+    is taken as the next nanosecond.
     """
 
     poll: Callable[[int], tuple[list[bytes], int | None]]
@@ -122,7 +123,7 @@ class HoldQueue:
         Bytes joining a stream lane behind its last entry are appended to that entry (the
         lane collects many pass-through runs while one delay is pending).
         """
-        data = [piece if type(piece) is Poll else bytes(piece) for piece in frames]
+        data = [piece if originated and type(piece) is Poll else bytes(piece) for piece in frames]
         self.held_bytes += sum(len(piece) for piece in data)
         if lane is not None and lane in self.lanes:
             last = self.lanes[lane][1]
@@ -153,7 +154,7 @@ class HoldQueue:
                     del self.lanes[entry.lane]
                 else:
                     self.lanes[entry.lane] = (count - 1, last)
-            if entry.frames and type(entry.frames[0]) is Poll:
+            if entry.originated and entry.frames and type(entry.frames[0]) is Poll:
                 entry = self._polled(entry, entry.frames[0], now_ns)
                 if not entry.frames:
                     continue
