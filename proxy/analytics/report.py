@@ -24,6 +24,7 @@ from typing import Any, Final
 
 from proxy.analytics.figures import Figures
 from proxy.analytics.steps import AnalyzeResult
+from proxy.wording import counted
 
 #: Series wider than this many seconds are drawn in bins (the label says how wide).
 MAX_POINTS: Final = 1800
@@ -114,8 +115,8 @@ def _sections(figures: Figures) -> list[tuple[str, list[str], list[list[Any]]]]:
 
 def text_report(result: AnalyzeResult) -> str:
     figures = result.figures
-    lines = [f"pulsar-tap analyze: {result.segments} segments, {result.input_bytes / 2**20:,.1f} MiB, "
-             f"{result.frames_read:,} frames read -> {result.out}"]
+    lines = [f"pulsar-tap analyze: {counted(result.segments, 'segment')}, {result.input_bytes / 2**20:,.1f} MiB, "
+             f"{counted(result.frames_read, 'frame', grouped=True)} read -> {result.out}"]
     tables = ", ".join(f"{name} {figures.counts.get(name, 0):,}" for name in
                        ("frames", "requests", "messages", "errors", "replication"))
     lines.append(f"rows: {tables}")
@@ -341,8 +342,9 @@ def html_report(result: AnalyzeResult) -> str:
              "h2{margin-top:1.6em}svg.plot{display:block;margin:.8em 0;max-width:none}"
              ".note{color:#555;font-size:90%}</style></head><body>",
              "<h1>pulsar-tap analyze</h1>",
-             f"<p>{result.segments} segments, {result.input_bytes / 2**20:,.1f} MiB, {result.frames_read:,} frames "
-             f"read; tables written to <code>{html.escape(str(result.out))}</code>.<br>Rows: {counts}.</p>"]
+             f"<p>{counted(result.segments, 'segment')}, {result.input_bytes / 2**20:,.1f} MiB, "
+             f"{counted(result.frames_read, 'frame', grouped=True)} read; tables written to "
+             f"<code>{html.escape(str(result.out))}</code>.<br>Rows: {counts}.</p>"]
     for title, headers, rows in _sections(figures):
         parts.append(f"<h2>{html.escape(title)}</h2>")
         if not rows:

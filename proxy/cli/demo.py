@@ -19,6 +19,8 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from proxy.wording import counted
+
 if TYPE_CHECKING:
     from proxy.protocol.frame import Frame
 
@@ -385,7 +387,8 @@ def render(stream: bytes) -> list[str]:
                 lines.append(f"{'':>3}  {'':<20} {'':>6}    message key={message.key} "
                              f"sequence_id={message.sequence_id} payload={message.size} B properties={props}")
     kinds = ", ".join(f"{n} {kind}" for kind, n in counts.items())
-    lines.append(f"{len(frames)} frames, {len(stream)} bytes, {messages} messages in {sends} SENDs, "
+    lines.append(f"{counted(len(frames), 'frame')}, {counted(len(stream), 'byte')}, {counted(messages, 'message')} "
+                 f"in {counted(sends, 'SEND')}, "
                  f"all checksums valid: {kinds}")
     return lines
 

@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from proxy.wording import counted
+
 if TYPE_CHECKING:
     from proxy.broker.embedded import ClusterRunner
     from proxy.broker.replication import ReplicatorCursor
@@ -244,7 +246,8 @@ async def _traffic(pair: GeoPair, args: argparse.Namespace, stop: _Stop) -> Traf
                 consumer.acknowledge(message)
                 traffic.failover.acknowledged_on_a += 1
             await consumer.close()
-            notes.append(f"demo --geo: the consumer stops on A after {stop_after:,} messages (A is lost to it); "
+            stopped = counted(stop_after, 'message', grouped=True)
+            notes.append(f"demo --geo: the consumer stops on A after {stopped} (A is lost to it); "
                          "its subscription follows to B through the snapshots")
 
         async with trio.open_nursery() as nursery:
@@ -376,22 +379,25 @@ def _summary(traffic: Traffic, hits: dict[str, dict[str, int]], snapshots: dict[
 def _print_failover(traffic: Traffic) -> None:
     failover = traffic.failover
     acked = failover.acknowledged_on_a
-    print(f"failover: the consumer acknowledged {acked:,} messages on A (#0..#{acked - 1:,}) and moved to B")
+    print(f"failover: the consumer acknowledged {counted(acked, 'message', grouped=True)} on A "
+          f"(#0..#{acked - 1:,}) and moved to B")
     error = failover.position_error
     if error is None:
         print("  B gave the subscription nothing: position unknown")
         return
     seconds = failover.time_error_ms
     span = "" if seconds is None else f" ({abs(seconds) / 1000:.2f} s of traffic)"
+    given = counted(abs(error), "message", grouped=True)
     if error > 0:
-        print(f"  B resumed it at #{failover.first_on_b:,}: {error:,} messages{span} delivered again, none lost")
+        print(f"  B resumed it at #{failover.first_on_b:,}: {given}{span} delivered again, none lost")
     elif error == 0:
         print(f"  B resumed it at #{failover.first_on_b:,}: exactly where it left A")
     else:
-        print(f"  B resumed it at #{failover.first_on_b:,}: {-error:,} messages{span} skipped (lost to it)")
+        print(f"  B resumed it at #{failover.first_on_b:,}: {given}{span} skipped (lost to it)")
     if failover.first_on_b == 0 and acked > 0:
         print("  (no subscription update reached B: it started the subscription from the earliest message)")
-    print(f"  on B it received {failover.received_on_b:,} messages ({failover.distinct_on_b:,} distinct)")
+    print(f"  on B it received {counted(failover.received_on_b, 'message', grouped=True)} "
+          f"({failover.distinct_on_b:,} distinct)")
 
 
 __all__ = ["GeoPair", "open_geo_pair", "run_demo"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from proxy.wording import counted
+
 NAME = "export"
 HELP = "export a recording as a pcapng capture"
 DESCRIPTION = """\
@@ -48,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"pulsar-tap export: interrupted: {args.pcap} not written", file=sys.stderr)
         return EXIT_INTERRUPTED
-    print(f"{args.pcap}: {summary.connections} connections, {summary.frames} frames, {summary.packets} packets")
+    print(f"{args.pcap}: {counted(summary.connections, 'connection')}, {counted(summary.frames, 'frame')}, "
+          f"{counted(summary.packets, 'packet')}")
     warning = summary.report.summary()
     if warning:
         print(f"pulsar-tap export: warning: {warning}", file=sys.stderr)

@@ -27,6 +27,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.wording import counted
+
 NAME = "perf"
 HELP = "load generator on the built-in client"
 DESCRIPTION = """\
@@ -448,8 +450,7 @@ async def _report(state: _Run, started: float) -> None:
             waiting = [handle for handle in handles if not handle.is_connected]
             if waiting:  # (the messages stop meanwhile: say why)
                 problem = next((handle.problem for handle in waiting if handle.problem), "connecting")
-                parts.append(f"{len(waiting)} of {len(handles)} {kind}{'s' if len(handles) > 1 else ''} "
-                             f"reconnecting: {problem}")
+                parts.append(f"{len(waiting)} of {counted(len(handles), kind)} reconnecting: {problem}")
         print(" | ".join(parts), file=sys.stderr, flush=True)
 
 
@@ -462,11 +463,11 @@ def _print_summary(summary: dict[str, Any]) -> None:
             continue
         lat = part["latency_ms"]
         kind = "publish" if label == "produce" else "end-to-end"
-        print(f"{label}: {part['messages']} messages in {part['seconds']} s = {part['msg_per_sec']} msg/s "
+        print(f"{label}: {counted(part['messages'], 'message')} in {part['seconds']} s = {part['msg_per_sec']} msg/s "
               f"({part['mbit_per_sec']} Mbit/s), errors {part['errors']}"
               + (f", redelivered {part['redelivered']}" if part.get("redelivered") else "")
               + (f", reconnects {part['reconnects']}" if part.get("reconnects") else "")
-              + (f", {part['unfinished']} sends cut short by the signal" if part.get("unfinished") else ""))
+              + (f", {counted(part['unfinished'], 'send')} cut short by the signal" if part.get("unfinished") else ""))
         print(f"  {kind} latency ms: mean {lat['mean']} p50 {lat['p50']} p95 {lat['p95']} p99 {lat['p99']} "
               f"p99.9 {lat['p999']} max {lat['max']}")
         if part.get("first_error"):

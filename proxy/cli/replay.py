@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from proxy.wording import counted
+
 NAME = "replay"
 #: a server process: numpy's BLAS keeps to one thread (see proxy.native_threads)
 ONE_THREAD = True
@@ -126,7 +128,8 @@ def _replay(args: argparse.Namespace) -> int:
 
     result = trio.run(main)
     if result is None:
-        print(f"replay: stopped at once after {replayer.result.requests} of {replayer.requests_total} requests: "
+        print(f"replay: stopped at once after {replayer.result.requests} of "
+              f"{counted(replayer.requests_total, 'request')}: "
               "no diff", file=sys.stderr)
         return EXIT_INTERRUPTED
     for diff in result.diffs:
@@ -134,10 +137,11 @@ def _replay(args: argparse.Namespace) -> int:
     handled = (f" ({result.proxy_handled} answered or swallowed by the proxy when recorded: not replayed)"
                if result.proxy_handled else "")
     if result.stopped:
-        print(f"replay: stopped by a signal after {result.requests} of {replayer.requests_total} requests: "
-              f"{len(result.diffs)} differ so far{handled}", file=sys.stderr)
+        print(f"replay: stopped by a signal after {result.requests} of {counted(replayer.requests_total, 'request')}: "
+              f"{counted(len(result.diffs), 'differs', 'differ')} so far{handled}", file=sys.stderr)
         return EXIT_INTERRUPTED
-    print(f"replayed {result.requests} requests: {len(result.diffs)} differ{handled}", file=sys.stderr)
+    print(f"replayed {counted(result.requests, 'request')}: {counted(len(result.diffs), 'differs', 'differ')}{handled}",
+          file=sys.stderr)
     return 1 if result.diffs else 0
 
 
@@ -212,8 +216,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     trio.run(main)
     stats = server.stats
-    print(f"replay: served {stats.connections} connections: {stats.answered} requests answered from the recording, "
-          f"{stats.unmatched} not in it, {stats.messages_pushed} messages pushed", file=sys.stderr)
+    print(f"replay: served {counted(stats.connections, 'connection')}: {counted(stats.answered, 'request')} answered "
+          f"from the recording, {stats.unmatched} not in it, {counted(stats.messages_pushed, 'message')} pushed",
+          file=sys.stderr)
     return 0
 
 

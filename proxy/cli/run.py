@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from proxy.wording import counted
+
 if TYPE_CHECKING:
     from proxy.server.stack import ProxyStack
 
@@ -233,19 +235,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _count(number: int, thing: str) -> str:
-    return f"{number} {thing}{'' if number == 1 else 's'}"
-
-
 def stop_summary(stack: ProxyStack) -> list[str]:
     """What ``run`` says when it stopped: the connections served, each rule's hits, what was recorded."""
-    lines = [f"stopped: {_count(stack.server.accepted_connections, 'connection')} served"]
+    lines = [f"stopped: {counted(stack.server.accepted_connections, 'connection')} served"]
     hits = stack.engine.hits() if stack.engine is not None else {}
     if hits:
         lines.append("rule hits: " + ", ".join(f"{name} {count}" for name, count in hits.items()))
     stats = stack.recording_stats
     if stats is not None:
-        dropped = f", {_count(stats.frames_dropped, 'frame')} dropped (the writer fell behind)" \
+        dropped = f", {counted(stats.frames_dropped, 'frame')} dropped (the writer fell behind)" \
             if stats.frames_dropped else ""
-        lines.append(f"recorded: {_count(stats.frames_recorded, 'frame')} in {stack.recording_path}{dropped}")
+        lines.append(f"recorded: {counted(stats.frames_recorded, 'frame')} in {stack.recording_path}{dropped}")
     return lines

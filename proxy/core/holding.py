@@ -17,7 +17,10 @@ Three things need bytes to leave the proxy later than they arrived:
   when due;
 - a *deferred* frame (``Verdict.deferred``): a frame the proxy originates after a delay,
   independent of any queue (the FLOW permits a throttle releases as its bucket
-  refills).  Deferred frames have no lane and leave at their own time.
+  refills).  Deferred frames have no lane and leave at their own time.  A deferred
+  :class:`Poll` is decided only when it is due: it gives the frames to write then (maybe
+  none) and when to ask it again — how a throttle shared by many consumers hands each
+  its share of the permits as tokens arrive (``proxy.rules.throttle.FairShare``).
 
 Within any lane order is kept: an entry leaves no earlier than the one before it in
 its lane (its due is raised to that one's).  :class:`HoldQueue` is the sans-IO part:
@@ -32,7 +35,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -42,6 +45,23 @@ from proxy.protocol.session import Direction
 MAX_HELD_FRAMES: Final = 10_000
 #: bytes held per connection before the relay stops reading the side that sends them
 MAX_HELD_BYTES: Final = 64 * 1024 * 1024
+
+
+class Poll(bytes):
+    """A deferred frame decided when it is due: ``poll(now_ns)`` -> (frames to write, when to ask again).
+
+    It is an (empty) ``bytes`` so that it travels unchanged wherever a deferred frame's
+    bytes do (``Verdict.deferred``); only :class:`HoldQueue` looks inside, in the entries
+    the proxy originates.  Asked again at None, it is done; a time not after ``now_ns``
+    is taken as the next nanosecond.
+    """
+
+    poll: Callable[[int], tuple[list[bytes], int | None]]
+
+    def __new__(cls, poll: Callable[[int], tuple[list[bytes], int | None]]) -> Poll:
+        self = super().__new__(cls, b"")
+        self.poll = poll
+        return self
 
 
 @dataclass(order=True, slots=True)
@@ -103,7 +123,7 @@ class HoldQueue:
         Bytes joining a stream lane behind its last entry are appended to that entry (the
         lane collects many pass-through runs while one delay is pending).
         """
-        data = [bytes(piece) for piece in frames]
+        data = [piece if originated and type(piece) is Poll else bytes(piece) for piece in frames]
         self.held_bytes += sum(len(piece) for piece in data)
         if lane is not None and lane in self.lanes:
             last = self.lanes[lane][1]
@@ -123,7 +143,7 @@ class HoldQueue:
         return self._heap[0].due_ns if self._heap else None
 
     def pop_due(self, now_ns: int) -> list[Held]:
-        """The entries due by ``now_ns``, in release order."""
+        """The entries due by ``now_ns``, in release order (a :class:`Poll` as the frames it gives)."""
         due: list[Held] = []
         while self._heap and self._heap[0].due_ns <= now_ns:
             entry = heapq.heappop(self._heap)
@@ -134,8 +154,20 @@ class HoldQueue:
                     del self.lanes[entry.lane]
                 else:
                     self.lanes[entry.lane] = (count - 1, last)
+            if entry.originated and entry.frames and type(entry.frames[0]) is Poll:
+                entry = self._polled(entry, entry.frames[0], now_ns)
+                if not entry.frames:
+                    continue
             due.append(entry)
         return due
+
+    def _polled(self, entry: Held, poll: Poll, now_ns: int) -> Held:
+        """``entry`` with the frames ``poll`` gives now; ``poll`` held again when it asks to be."""
+        frames, again_ns = poll.poll(now_ns)
+        if again_ns is not None:
+            self.add(max(again_ns, now_ns + 1), entry.direction, (poll,), originated=entry.originated)
+        entry.frames = [bytes(frame) for frame in frames]
+        return entry
 
     def clear(self) -> None:
         self._heap.clear()

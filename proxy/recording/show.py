@@ -40,6 +40,7 @@ from proxy.recording.output import check_output_file
 from proxy.recording.reader import ReadReport, RecordingFollower, open_recordings
 from proxy.recording.timeline import TimelineEntry, build_timeline, summary_fields
 from proxy.recording.timerange import Moment, parse_moment
+from proxy.wording import counted
 
 _RESET = "\x1b[0m"
 _DIM = "\x1b[2m"
@@ -330,11 +331,11 @@ def _finish(printer: _Printer, connections: dict[int, Any], title: str, report: 
         printer.out.write(json.dumps({"problems": report.problems(), "frames": printer.shown,
                                       **report.to_json()}, separators=(",", ":")) + "\n")
     printer.out.flush()
-    notes = [f"{printer.shown} frames"]
+    notes = [counted(printer.shown, "frame")]
     if not follow:
-        notes.append(f"{len(connections)} connections")
+        notes.append(counted(len(connections), "connection"))
     if dropped:
-        notes.append(f"{dropped} frames dropped by the recorder")
+        notes.append(f"{counted(dropped, 'frame')} dropped by the recorder")
     if interrupted:
         notes.append("stopped by a signal")
     if not options.json or interrupted:

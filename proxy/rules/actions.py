@@ -33,13 +33,14 @@ import json
 import random
 import re
 import struct
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
+from proxy.core.holding import Poll
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.commands import (
     DATA_PATH_TYPES,
@@ -55,7 +56,7 @@ from proxy.protocol.commands import (
 from proxy.protocol.frame import Frame, encode_command, encode_payload_command
 from proxy.protocol.session import Direction
 from proxy.rules.params import Section
-from proxy.rules.throttle import TokenBucket, ration_permits
+from proxy.rules.throttle import FairShare, TokenBucket, Waiting, ration_permits
 from proxy.rules.unload import Kind
 from proxy.rules.verdict import FORWARD, Deferred, Verdict
 
@@ -436,6 +437,15 @@ class Rewrite(Action):
 
 @dataclass(frozen=True, slots=True)
 class Throttle(Action):
+    """A token bucket (:mod:`proxy.rules.throttle`) per rule, or per topic, producer, consumer or connection.
+
+    A SEND waits in its producer's lane until its messages (or bytes) are paid for.  A
+    FLOW's permits are passed as the bucket pays for them: into debt, from a bucket of
+    its own (``per:``); round robin with every other consumer's waiting permits, from the
+    rule's one bucket (:class:`~proxy.rules.throttle.FairShare`), so a consumer that
+    comes later shares the rate at once.
+    """
+
     NAME: ClassVar[str] = "throttle"
     KEYS: ClassVar[tuple[str, ...]] = ("messages_per_second", "bytes_per_second", "burst", "per")
     APPLIES_TO: ClassVar[frozenset[int] | None] = frozenset({T.SEND, T.FLOW})
@@ -477,6 +487,8 @@ class Throttle(Action):
             owner = ("consumer", conn_id, sub.consumer_id)
         else:
             return None
+        if frame.type == T.FLOW and self.per == "rule" and self.messages_per_second is not None:
+            return self._share_permits(rule, facts, now_ns, conn_id, engine)
         if self.per == "topic":
             key: Hashable = ("topic", facts.topic, frame.type)
         elif self.per in ("producer", "consumer"):
@@ -512,6 +524,41 @@ class Throttle(Action):
         if now_permits == 0:
             return Verdict(forward=False, deferred=deferred)
         return Verdict(replacement=flow_frame(sub.consumer_id, now_permits), deferred=deferred)
+
+    def _share_permits(self, rule: RuleState, facts: FrameFacts, now_ns: int, conn_id: int,
+                       engine: RulesEngine) -> Verdict:
+        """A FLOW under the rule's one bucket: its permits wait their turn with every other consumer's."""
+        assert self.messages_per_second is not None
+        share = rule.flow_share
+        if share is None:
+            share = rule.flow_share = FairShare(TokenBucket(self.messages_per_second, self.burst, now_ns))
+        consumer_id = facts.sub.consumer_id
+        permits = facts.sub.messagePermits
+        lane = (conn_id, consumer_id)
+        now_permits, started = share.request(lane, permits, now_ns)
+        deferred: tuple[Deferred, ...] = ()
+        if started is not None:
+            alive = engine.consumer_alive(conn_id, consumer_id, facts.observation)
+            poll = Poll(_permit_poll(share, lane, started, consumer_id, alive))
+            deferred = (Deferred(share.interval_s, True, poll),)
+        if now_permits == permits:
+            return Verdict(deferred=deferred) if deferred else FORWARD
+        if now_permits == 0:
+            return Verdict(forward=False, deferred=deferred)
+        return Verdict(replacement=flow_frame(consumer_id, now_permits), deferred=deferred)
+
+
+def _permit_poll(share: FairShare, lane: Hashable, waiting: Waiting, consumer_id: int,
+                 alive: Callable[[], bool]) -> Callable[[int], tuple[list[bytes], int | None]]:
+    """The poll of one consumer's waiting permits: a FLOW of its share each time round, until all are sent."""
+    def poll(now_ns: int) -> tuple[list[bytes], int | None]:
+        if not alive():
+            share.drop(lane)  # closed: what it waited for goes nowhere
+            return [], None
+        permits, again = share.poll(lane, waiting, now_ns)
+        frames = [flow_frame(consumer_id, permits)] if permits else []
+        return frames, now_ns + int(share.interval_s * 1e9) if again else None
+    return poll
 
 
 @dataclass(frozen=True, slots=True)

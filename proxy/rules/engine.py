@@ -64,7 +64,7 @@ from proxy.rules.matcher import (
 )
 from proxy.rules.model import Rule, RuleSet
 from proxy.rules.sampling import RuleSampler, SampleDraw
-from proxy.rules.throttle import TokenBucket
+from proxy.rules.throttle import FairShare, TokenBucket
 from proxy.rules.unload import UNLOAD_TYPES, ConnectionUnloads
 from proxy.rules.verdict import FORWARD, Verdict
 
@@ -96,6 +96,8 @@ class RuleState:
     hits: int = 0
     rng: random.Random = field(init=False)
     buckets: dict[Hashable, tuple[TokenBucket | None, TokenBucket | None]] = field(default_factory=dict)
+    #: a FLOW throttle's one bucket (no ``per:``) with the permits waiting for it, by consumer
+    flow_share: FairShare | None = None
     commands: frozenset[int] | None = field(init=False)
     #: the action's per-frame exclusions (None: it has none, the common case costs nothing)
     skips: Callable[[FrameFacts], bool] | None = field(init=False)
@@ -188,6 +190,8 @@ class RulesEngine:
         self._plans: dict[Any, tuple[frozenset[int], tuple[RuleState, ...], frozenset[int], frozenset[int]]] = {}
         self._plans_generation = -1
         self._samplers: dict[tuple[int, Direction], RuleSampler] = {}
+        #: per connection, its session tracker (which consumers are open), as the relay last showed it
+        self._sessions: dict[int, SessionTracker] = {}
         #: the verdicts of frames only ``mark`` / ``record`` rules fired on, by (record, fired, marks)
         self._noted: dict[tuple[bool, tuple[str, ...], tuple[str, ...]], Verdict] = {}
         self._compute_interest()
@@ -303,6 +307,8 @@ class RulesEngine:
         if self._plans_generation != self.generation:
             self._plans.clear()
             self._plans_generation = self.generation
+        if session is not None:
+            self._sessions[conn_id] = session
         entities = self._entity_facts(conn_id, session)
         host = host_of(client)
         key = (direction, entities, host)
@@ -377,6 +383,7 @@ class RulesEngine:
     def connection_closed(self, conn_id: int) -> None:
         """Forget what was kept for one connection (its buckets with ``per: connection`` too)."""
         self._entities.pop(conn_id, None)
+        self._sessions.pop(conn_id, None)
         for direction in (Direction.TO_BROKER, Direction.TO_CLIENT):
             self.settle_deferred((self._samplers.pop((conn_id, direction), None),))
         unloads = self._connections.pop(conn_id, None)
@@ -386,6 +393,10 @@ class RulesEngine:
         for state in self._states:
             for key in [k for k in state.buckets if isinstance(k, tuple) and len(k) > 1 and k[1] == conn_id]:
                 del state.buckets[key]
+            share = state.flow_share
+            if share is not None:
+                for lane in [lane for lane in share.lanes if isinstance(lane, tuple) and lane[0] == conn_id]:
+                    share.drop(lane)
 
     # -- the decision -----------------------------------------------------------------------------
     def evaluate(self, frame: Frame, direction: Direction, now_ns: int, *, conn_id: int = 0,
@@ -499,6 +510,15 @@ class RulesEngine:
         return True
 
     # -- what actions ask of the engine -----------------------------------------------------------
+    def consumer_alive(self, conn_id: int, consumer_id: int, observation: Observation | None) -> Callable[[], bool]:
+        """Is the consumer a frame on ``conn_id`` was attributed to still open (not closed, not re-created)?"""
+        session = self._sessions.get(conn_id)
+        consumer = observation.consumer if observation is not None else None
+        if session is None or consumer is None:
+            return lambda: True  # not known: until its connection closes
+        consumers = session.consumers
+        return lambda: consumers.get(consumer_id) is consumer
+
     def begin_unload(self, rule: str, frame: Frame, conn_id: int) -> bytes | None:
         """Begin unloading the producer or consumer of ``frame`` (see unload.py).
 

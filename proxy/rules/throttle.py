@@ -11,11 +11,22 @@ paid for.  Consumers are slowed the way the consumer protocol allows: a FLOW
 grants the broker permits to push messages, so :func:`ration_permits` passes
 the permits the bucket can pay for now and releases the rest in small grants at
 the times their tokens arrive — the broker itself then delivers at the rate.
+
+One bucket shared by many consumers (a rule without ``per:``) must not be taken by
+the first FLOW: a consumer's FLOW grants its whole receiver queue, mostly permits it
+may never use, and paced out first come first served they would hold every later
+consumer behind them for as long as they take.  :class:`FairShare` therefore
+decides late: the permits waiting in the bucket are paid for as tokens arrive and
+split round robin between the lanes (consumers) that wait, each lane's share sent
+when its poll comes round (:class:`~proxy.core.holding.Poll`, every
+:data:`GRANT_INTERVAL_S`), so two consumers waiting get half the rate each, and
+one waiting alone the whole rate.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Final
 
@@ -74,3 +85,85 @@ def ration_permits(bucket: TokenBucket, permits: int, now_ns: int) -> tuple[int,
             # permit number ``granted`` is paid for when the tokens have climbed back to it
             grants.append(Grant(max(0.0, (granted - tokens) / bucket.rate), size))
     return now_permits, grants
+
+
+@dataclass(eq=False, slots=True)
+class Waiting:
+    """One lane's permits in a :class:`FairShare`."""
+
+    #: granted by the client, not paid for yet
+    owed: int = 0
+    #: paid for, not sent yet (its poll sends them)
+    paid: int = 0
+
+
+class FairShare:
+    """FLOW permits waiting for one shared bucket, paid for round robin between their lanes.
+
+    A lane is in :attr:`lanes` from its first FLOW until everything it was granted has
+    been sent (or it is dropped); while it is there, exactly one poll of it is held on
+    its connection (:meth:`request` says when to start one), which sends what
+    :meth:`poll` hands it.  The lanes' order is the round-robin order: a lane served
+    goes to the back.
+    """
+
+    def __init__(self, bucket: TokenBucket) -> None:
+        self.bucket = bucket
+        self.lanes: dict[Hashable, Waiting] = {}
+        #: seconds between two polls of a lane: a grant at most this often, or one per token
+        self.interval_s = max(GRANT_INTERVAL_S, 1 / bucket.rate)
+
+    def request(self, lane: Hashable, permits: int, now_ns: int) -> tuple[int, Waiting | None]:
+        """A FLOW of ``permits`` for ``lane``: (permits to pass now, the lane to start a poll for, if any)."""
+        self._pay(now_ns)
+        waiting = self.lanes.get(lane)
+        new = waiting is None
+        if waiting is None:
+            waiting = self.lanes[lane] = Waiting()
+        waiting.owed += max(0, permits)
+        self._pay(now_ns)
+        now_permits = self._take(lane, waiting)
+        return now_permits, waiting if new and lane in self.lanes else None
+
+    def poll(self, lane: Hashable, waiting: Waiting, now_ns: int) -> tuple[int, bool]:
+        """(permits to send now, whether to poll again) for the poll of ``waiting``."""
+        if self.lanes.get(lane) is not waiting:
+            return 0, False  # dropped meanwhile
+        self._pay(now_ns)
+        permits = self._take(lane, waiting)
+        return permits, lane in self.lanes
+
+    def drop(self, lane: Hashable) -> None:
+        """Forget ``lane``: what it waits for is never sent (its consumer is gone)."""
+        self.lanes.pop(lane, None)
+
+    def _take(self, lane: Hashable, waiting: Waiting) -> int:
+        permits, waiting.paid = waiting.paid, 0
+        if not waiting.owed:
+            del self.lanes[lane]
+        return permits
+
+    def _pay(self, now_ns: int) -> None:
+        """Pay for waiting permits with the tokens arrived since the last call, round robin."""
+        bucket = self.bucket
+        hungry = [lane for lane, waiting in self.lanes.items() if waiting.owed]
+        if hungry and now_ns > bucket.updated_ns:
+            # while permits wait, every token goes to them as it arrives (``burst`` caps only
+            # what an idle bucket saves up): they are merely handed out at the next call
+            bucket.tokens += bucket.rate * (now_ns - bucket.updated_ns) / 1e9
+            bucket.updated_ns = now_ns
+        available = math.floor(bucket.available(now_ns) if not hungry else bucket.tokens)
+        while available > 0 and hungry:
+            share = max(1, available // len(hungry))
+            for lane in hungry:
+                if available <= 0:
+                    break
+                waiting = self.lanes.pop(lane)
+                self.lanes[lane] = waiting  # served: to the back of the round
+                given = min(waiting.owed, share, available)
+                waiting.owed -= given
+                waiting.paid += given
+                bucket.tokens -= given
+                available -= given
+            hungry = [lane for lane in hungry if self.lanes[lane].owed]
+        bucket.tokens = min(bucket.tokens, bucket.burst)

@@ -117,6 +117,16 @@ def test_broker_and_replay_serve_stop_with_0_on_two_quick_signals() -> None:
     assert "replay: served 0 connections" in served.stderr
 
 
+def test_replay_serve_counts_one_connection_in_the_singular() -> None:
+    served = started("replay", SAMPLE, "--serve", "--listen", "127.0.0.1:0")
+    host, port = served.wait_for("^ready: listening on ").split()[-1].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as client:
+        client.shutdown(socket.SHUT_WR)
+        client.recv(1)  # the server closes it in turn: counted by then
+    assert stopped(served, SIGINT) == 0 and no_traceback(served)
+    assert "replay: served 1 connection: 0 requests answered from the recording" in served.stderr, served.stderr
+
+
 @pytest.mark.parametrize("mode", ["produce", "consume", "roundtrip"])
 def test_perf_prints_the_figures_so_far_on_a_signal(broker: ThreadedCluster, mode: str) -> None:
     argv = ["perf", mode, "--url", broker.service_url, "--topic", f"perf-{mode}", "--duration", "120", "--json"]

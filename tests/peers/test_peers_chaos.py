@@ -13,6 +13,8 @@ promises:
 - ``delay`` on SEND_RECEIPT: each receipt is late by its own delay, not by the sum of
   those before it.
 - ``throttle`` on SEND: the rate the broker acknowledges is held to the limit.
+- ``throttle`` on FLOW with one bucket for two Go consumers: the later one shares the
+  rate at once instead of waiting behind the first one's unused permits.
 - a **real** unload (``PUT /admin/v2/persistent/public/default/T/unload`` on the broker's
   admin API) while producing: the client looks the topic up again through the proxy,
   never dials the broker, and loses nothing.
@@ -24,6 +26,7 @@ bound that tells per-frame delays from accumulated ones, which has seconds of ma
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -39,7 +42,7 @@ from peers_rig import (
     show_json,
     wait_for,
 )
-from real_pulsar import ClientRun, PeerFailed, start_client
+from real_pulsar import ClientRun, PeerFailed, run_client, start_client
 
 CHAOS_CLIENTS = ("python", "java")
 #: a namespace with broker-side deduplication: resends after a cut connection are dropped by the broker
@@ -179,6 +182,32 @@ def test_throttle_holds_the_rate(client: str, chaos: Any) -> None:
     assert delivery_problems(run, messages) == []
     # the first SEND passes at once (burst 1), the rest at the limit: never faster
     assert run.report["produce_seconds"] >= (messages - 1) / limit * 0.95, run.report["produce_seconds"]
+
+
+def test_a_shared_flow_throttle_splits_its_rate_between_two_go_consumers(real_upstream: Upstream) -> None:
+    """The Go client grants its whole receiver queue (1000 permits): a later consumer must not wait behind it."""
+    upstream, limit, messages = real_upstream, 50, 100
+    topics = [f"persistent://public/default/orders-fair-{label}-{uuid.uuid4().hex[:8]}" for label in "ab"]
+    for name in topics:  # the backlog, straight to the broker
+        filled = run_client("go", upstream.service_url, name, messages=messages, batching=False, timeout=60,
+                            subscription="fill")
+        assert len(filled.acked_indices()) == messages, filled.report
+    rules = [{"name": "orders-shared", "match": {"command": ["FLOW"], "topic": "persistent://public/default/orders*"},
+              "action": {"throttle": {"messages_per_second": limit}}}]
+    with proxy_running(upstream.service_url, lookup="rewrite", rules=rules) as proxy:
+        first = start_client("go", service_url(proxy), topics[0], messages=messages, mode="consume",
+                             subscription="fair", timeout=60)
+        time.sleep(1.0)
+        second = run_client("go", service_url(proxy), topics[1], messages=messages, mode="consume",
+                            subscription="fair", timeout=60)
+        first_run = first.result()
+    for run in (first_run, second):
+        assert sorted(set(run.received_indices())) == list(range(messages)), run.report
+    # 200 messages at 50/s take 4 s: the second consumer shares the rate from its start (behind the first
+    # one's 1000 permits it took 21 s); and both together are never faster than the bucket
+    assert second.report["elapsed_seconds"] < 6.0, second.report["elapsed_seconds"]
+    last = max(first_run.report["elapsed_seconds"], 1.0 + second.report["elapsed_seconds"])
+    assert last >= (2 * messages - 1) / limit * 0.9, last
 
 
 def _started_producing(running: Any, upstream: Upstream, topic: str) -> None:

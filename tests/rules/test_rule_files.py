@@ -217,3 +217,20 @@ def test_topic_unload_storm_closes_producers_and_consumers_and_no_message_is_los
     assert hits["unload-producers"] >= 3 and hits["unload-consumers"] >= 3
     assert first_seen == sends.sent  # nothing lost, nothing out of order
     assert read_back(broker.service_url, topic, len(sends.sent), clients) == sends.sent  # stored once each
+
+
+def test_topic_unload_storm_gives_an_unloaded_consumer_what_it_had_not_acknowledged_again(
+        broker: ThreadedCluster, rules_proxy: StackFactory, clients: list[pulsar.Client]) -> None:
+    stack = stack_for(broker, rules_proxy, "topic-unload-storm.yaml")
+    client = official(stack.service_url, clients)
+    topic = "persistent://public/default/storm-unacked"
+    consumer = client.subscribe(topic, "s", receiver_queue_size=4)  # a FLOW every two messages
+    producer = client.create_producer(topic, batching_enabled=False, send_timeout_millis=30_000)
+    for index in range(100):
+        producer.send(f"{index}".encode())
+    received: list[int] = []
+    while received.count(0) < 2 and len(received) < 300:  # nothing acknowledged: an unload brings #0 back
+        received.append(int(consumer.receive(timeout_millis=20_000).data()))
+    assert stack.hits()["unload-consumers"] >= 1
+    assert received.count(0) == 2, received
+    assert received[:received.index(0, 1)] == list(range(received.index(0, 1)))  # in order up to the unload

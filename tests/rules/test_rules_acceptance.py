@@ -142,6 +142,43 @@ rules:
     assert stack.hits()["slow-dispatch"] >= 1
 
 
+def test_a_shared_consumer_throttle_splits_its_rate_so_a_later_consumer_is_not_starved(
+        broker: ThreadedCluster, rules_proxy: StackFactory, clients) -> None:  # type: ignore[no-untyped-def]
+    """One bucket (no ``per:``), two consumers: the second is not held behind the first one's unused permits."""
+    stack = rules_proxy(broker.service_url, """\
+rules:
+  - name: one-bucket
+    match: {command: [FLOW], topic: "persistent://public/default/shared-*"}
+    action: {throttle: {messages_per_second: 50}}
+""")
+    client = client_for(stack, clients)
+    names = [topic("shared-a"), topic("shared-b")]
+    for name in names:
+        prod = producer(client, name)
+        for i in range(40):
+            prod.send_async(f"{name}-{i}".encode(), None)
+        prod.flush()
+    finished: dict[str, float] = {}
+
+    def consume(name: str) -> None:
+        consumer = client.subscribe(name, "s", initial_position=pulsar.InitialPosition.Earliest)
+        receive_all(consumer, 40, timeout_ms=8_000)
+        finished[name] = time.monotonic() - start
+
+    start = time.monotonic()
+    first = threading.Thread(target=consume, args=(names[0],))
+    first.start()
+    time.sleep(0.5)
+    consume(names[1])
+    first.join(10)
+    # 80 messages at 50/s take 1.6 s: the second consumer shares the rate from its start; behind the
+    # first one's receiver queue (1000 permits, 40 used) it would wait 20 s
+    assert finished[names[1]] < 4.0
+    assert finished[names[0]] < 4.0
+    # and together they never go faster than the bucket pays for
+    assert max(finished.values()) >= 1.4
+
+
 # -- close, disconnect, drop -------------------------------------------------------------------------
 @pytest.mark.parametrize("action", ["close", "disconnect"])
 def test_close_or_disconnect_on_send_loses_nothing(action: str, broker: ThreadedCluster,

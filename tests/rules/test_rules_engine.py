@@ -16,6 +16,7 @@ from rules_helpers import (
 )
 
 import proxy.rules.engine as engine_module
+from proxy.core.holding import HoldQueue
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.frame import frame_from_bytes
 from proxy.rules.actions import BROKER_INITIATED_REQUEST_ID
@@ -350,7 +351,7 @@ def test_throttle_per_topic_keeps_topics_apart() -> None:
 
 
 def test_throttle_rations_flow_permits_and_releases_the_rest_over_time() -> None:
-    session = one_rule("{throttle: {messages_per_second: 50, burst: 10}}", "{command: [FLOW]}")
+    session = one_rule("{throttle: {messages_per_second: 50, burst: 10, per: consumer}}", "{command: [FLOW]}")
     decision = session.decide(frame(api.CommandFlow(consumer_id=2, messagePermits=100)), TO_BROKER, now_s=0)
     assert decision.replacement is not None
     assert decode(decision.replacement).flow.messagePermits == 10
@@ -363,9 +364,63 @@ def test_throttle_rations_flow_permits_and_releases_the_rest_over_time() -> None
     for after_s, permits in grants:
         released += permits
         assert released <= 10 + 50 * after_s + 1e-9
-    # the next FLOW queues behind the debt
+    # the consumer's next FLOW queues behind the debt of its own bucket
     second = session.decide(frame(api.CommandFlow(consumer_id=2, messagePermits=50)), TO_BROKER, now_s=0)
     assert not second.forward and second.deferred[0].after_s > 90 / 50
+
+
+def released_permits(held: HoldQueue, now_ns: int) -> int:
+    return sum(decode(data).flow.messagePermits for entry in held.pop_due(now_ns) for data in entry.frames)
+
+
+def test_one_shared_flow_bucket_splits_its_rate_between_the_consumers_waiting_and_forgets_a_closed_one() -> None:
+    """A later consumer is not held behind an earlier one's permits; the total never beats the rate."""
+    engine = engine_for("""\
+rules:
+  - name: shared
+    match: {command: [FLOW]}
+    action: {throttle: {messages_per_second: 50}}
+""")
+    sessions = [Session(engine, conn_id=conn_id) for conn_id in (1, 2)]
+    held = [HoldQueue(), HoldQueue()]
+    granted = [0, 0]
+    for session in sessions:
+        session.add_consumer()
+        engine.connection_interest(TO_BROKER, session.conn_id, session.client, session.tracker)
+
+    def flow(index: int, now_s: float) -> None:
+        verdict = sessions[index].decide(frame(api.CommandFlow(consumer_id=2, messagePermits=1000)), TO_BROKER,
+                                         now_s=now_s)
+        passed = decode(verdict.replacement).flow.messagePermits if verdict.replacement else 0
+        granted[index] += 1000 if verdict is FORWARD else passed
+        for later in verdict.deferred:
+            held[index].add(int((now_s + later.after_s) * 1e9), TO_BROKER, (later.data,), originated=True)
+
+    def run(until_s: float, now_s: float) -> float:
+        while now_s < until_s - 1e-9:
+            now_s += 0.01
+            for index in (0, 1):
+                granted[index] += released_permits(held[index], int(now_s * 1e9))
+        return now_s
+
+    flow(0, 0.0)
+    now_s = run(1.0, 0.0)
+    assert 45 <= granted[0] <= 51 and granted[1] == 0
+    flow(1, now_s)
+    before = list(granted)
+    now_s = run(3.0, now_s)
+    shares = [granted[0] - before[0], granted[1] - before[1]]
+    assert all(45 <= share <= 55 for share in shares), shares  # 25/s each
+    assert sum(granted) <= 1 + 50 * now_s
+    # the broker closes the first consumer: its waiting permits go nowhere, the other gets the whole rate
+    sessions[0].decide(frame(api.CommandCloseConsumer(consumer_id=2, request_id=7)), TO_CLIENT)
+    before = list(granted)
+    now_s = run(4.0, now_s)
+    assert granted[0] - before[0] <= 3 and 45 <= granted[1] - before[1] <= 55
+    assert sum(granted) <= 1 + 50 * now_s
+    # a connection closed: its consumers' permits are forgotten, nothing else waits
+    engine.connection_closed(2)
+    assert run(5.0, now_s) and not held[0] and not engine.states().__next__().flow_share.lanes  # type: ignore[union-attr]
 
 
 def test_replace_keeps_counters_of_unchanged_rules_only() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rules_helpers import TO_BROKER, Session, engine_for
 from rules_helpers import frame as make_frame
 
-from proxy.core.holding import HoldQueue
+from proxy.core.holding import HoldQueue, Poll
 from proxy.pb import PulsarApi_pb2 as api
 
 
@@ -29,6 +29,21 @@ def test_a_stream_lane_gathers_what_follows_a_delayed_frame_and_bytes_count_towa
     assert held.add(900, TO_BROKER, (b"later",), lane=TO_BROKER) == 900  # its own, later time
     [first] = held.pop_due(500)
     assert first.stream and first.frames == [b"delayed", b"run"] and not held.full
+
+
+def test_a_poll_is_asked_for_its_frames_when_due_and_held_again_until_it_is_done() -> None:
+    asked: list[int] = []
+
+    def poll(now_ns: int) -> tuple[list[bytes], int | None]:
+        asked.append(now_ns)
+        frames = [b"grant"] if len(asked) % 2 == 0 else []  # every other time: nothing to send
+        return frames, (now_ns + 100 if len(asked) < 4 else None)
+
+    held = HoldQueue()
+    held.add(100, TO_BROKER, (Poll(poll),), originated=True)
+    released = [(now, [e.frames for e in held.pop_due(now)]) for now in (50, 100, 200, 300, 400, 500)]
+    assert released == [(50, []), (100, []), (200, [[b"grant"]]), (300, []), (400, [[b"grant"]]), (500, [])]
+    assert asked == [100, 200, 300, 400] and len(held) == 0 and held.held_bytes == 0
 
 
 def test_rationed_flow_becomes_fewer_permits_now_and_later_grants_towards_the_broker() -> None:
