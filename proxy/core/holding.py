@@ -18,7 +18,7 @@ Three things need bytes to leave the proxy later than they arrived:
 - a *deferred* frame (``Verdict.deferred``): a frame the proxy originates after a delay,
   independent of any queue (the FLOW permits a throttle releases as its bucket
   refills).  Deferred frames have no lane and leave at their own time.  A deferred
-  :class:`Poll` is decided only when it is due: it gives the frames to write then (maybe
+  :data:`Poll` is decided only when it is due: it gives the frames to write then (maybe
   none) and when to ask it again — how a throttle shared by many consumers hands each
   its share of the permits as tokens arrive (``proxy.rules.throttle.FairShare``).
 
@@ -47,21 +47,9 @@ MAX_HELD_FRAMES: Final = 10_000
 MAX_HELD_BYTES: Final = 64 * 1024 * 1024
 
 
-class Poll(bytes):
-    """A deferred frame decided when it is due: ``poll(now_ns)`` -> (frames to write, when to ask again).
-
-    It is an (empty) ``bytes`` so that it travels unchanged wherever a deferred frame's
-    bytes do (``Verdict.deferred``); only :class:`HoldQueue` looks inside, in the entries
-    the proxy originates.  Asked again at None, it is done; a time not after ``now_ns``
-    is taken as the next nanosecond.
-    """
-
-    poll: Callable[[int], tuple[list[bytes], int | None]]
-
-    def __new__(cls, poll: Callable[[int], tuple[list[bytes], int | None]]) -> Poll:
-        self = super().__new__(cls, b"")
-        self.poll = poll
-        return self
+#: a deferred frame decided when it is due: ``poll(now_ns)`` -> (frames to write, when to ask again; None: done,
+#: a time not after ``now_ns`` is taken as the next nanosecond)
+Poll = Callable[[int], tuple[list[bytes], int | None]]
 
 
 @dataclass(order=True, slots=True)
@@ -75,6 +63,8 @@ class Held:
     lane: Hashable | None = field(compare=False, default=None)
     #: True for frames the proxy originates (published to observers when released)
     originated: bool = field(compare=False, default=False)
+    #: asked for ``frames`` when due (a :data:`Poll`; the proxy originates what it gives)
+    poll: Poll | None = field(compare=False, default=None)
 
     @property
     def stream(self) -> bool:
@@ -123,7 +113,7 @@ class HoldQueue:
         Bytes joining a stream lane behind its last entry are appended to that entry (the
         lane collects many pass-through runs while one delay is pending).
         """
-        data = [piece if originated and type(piece) is Poll else bytes(piece) for piece in frames]
+        data = [bytes(piece) for piece in frames]
         self.held_bytes += sum(len(piece) for piece in data)
         if lane is not None and lane in self.lanes:
             last = self.lanes[lane][1]
@@ -139,11 +129,15 @@ class HoldQueue:
         heapq.heappush(self._heap, entry)
         return due_ns
 
+    def add_poll(self, due_ns: int, direction: Direction, poll: Poll) -> None:
+        """Ask ``poll`` at ``due_ns`` for frames the proxy originates towards ``direction`` (no lane)."""
+        heapq.heappush(self._heap, Held(due_ns, next(self._seq), direction, [], None, True, poll))
+
     def next_due_ns(self) -> int | None:
         return self._heap[0].due_ns if self._heap else None
 
     def pop_due(self, now_ns: int) -> list[Held]:
-        """The entries due by ``now_ns``, in release order (a :class:`Poll` as the frames it gives)."""
+        """The entries due by ``now_ns``, in release order (a poll's as the frames it gives)."""
         due: list[Held] = []
         while self._heap and self._heap[0].due_ns <= now_ns:
             entry = heapq.heappop(self._heap)
@@ -154,8 +148,8 @@ class HoldQueue:
                     del self.lanes[entry.lane]
                 else:
                     self.lanes[entry.lane] = (count - 1, last)
-            if entry.originated and entry.frames and type(entry.frames[0]) is Poll:
-                entry = self._polled(entry, entry.frames[0], now_ns)
+            if entry.poll is not None:
+                entry = self._polled(entry, entry.poll, now_ns)
                 if not entry.frames:
                     continue
             due.append(entry)
@@ -163,11 +157,10 @@ class HoldQueue:
 
     def _polled(self, entry: Held, poll: Poll, now_ns: int) -> Held:
         """``entry`` with the frames ``poll`` gives now; ``poll`` held again when it asks to be."""
-        frames, again_ns = poll.poll(now_ns)
+        frames, again_ns = poll(now_ns)
         if again_ns is not None:
-            self.add(max(again_ns, now_ns + 1), entry.direction, (poll,), originated=entry.originated)
-        entry.frames = [bytes(frame) for frame in frames]
-        return entry
+            self.add_poll(max(again_ns, now_ns + 1), entry.direction, poll)
+        return Held(entry.due_ns, entry.seq, entry.direction, [bytes(frame) for frame in frames], None, True)
 
     def clear(self) -> None:
         self._heap.clear()

@@ -587,7 +587,10 @@ class ConnectionPipeline:
         for deferred in verdict.deferred:
             towards = TO_BROKER if deferred.to_broker else TO_CLIENT
             later_ns = now_ns + int(deferred.after_s * 1e9)
-            self.held.add(later_ns, towards, (self._towards(towards, deferred.data),), originated=True)
+            if deferred.poll is not None:
+                self.held.add_poll(later_ns, towards, deferred.poll)
+            else:
+                self.held.add(later_ns, towards, (self._towards(towards, deferred.data),), originated=True)
             actions.append(Hold(later_ns))
         forwarded: list[bytes] = []
         if verdict.forward:

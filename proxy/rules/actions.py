@@ -539,8 +539,7 @@ class Throttle(Action):
         deferred: tuple[Deferred, ...] = ()
         if started is not None:
             alive = engine.consumer_alive(conn_id, consumer_id, facts.observation)
-            poll = Poll(_permit_poll(share, lane, started, consumer_id, alive))
-            deferred = (Deferred(share.interval_s, True, poll),)
+            deferred = (Deferred(share.interval_s, True, b"", _permit_poll(share, lane, started, consumer_id, alive)),)
         if now_permits == permits:
             return Verdict(deferred=deferred) if deferred else FORWARD
         if now_permits == 0:
@@ -549,7 +548,7 @@ class Throttle(Action):
 
 
 def _permit_poll(share: FairShare, lane: Hashable, waiting: Waiting, consumer_id: int,
-                 alive: Callable[[], bool]) -> Callable[[int], tuple[list[bytes], int | None]]:
+                 alive: Callable[[], bool]) -> Poll:
     """The poll of one consumer's waiting permits: a FLOW of its share each time round, until all are sent."""
     def poll(now_ns: int) -> tuple[list[bytes], int | None]:
         if not alive():

@@ -18,7 +18,7 @@ may never use, and paced out first come first served they would hold every later
 consumer behind them for as long as they take.  :class:`FairShare` therefore
 decides late: the permits waiting in the bucket are paid for as tokens arrive and
 split round robin between the lanes (consumers) that wait, each lane's share sent
-when its poll comes round (:class:`~proxy.core.holding.Poll`, every
+when its poll comes round (:data:`~proxy.core.holding.Poll`, every
 :data:`GRANT_INTERVAL_S`), so two consumers waiting get half the rate each, and
 one waiting alone the whole rate.
 """

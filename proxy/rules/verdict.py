@@ -30,16 +30,21 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from proxy.core.holding import Poll
 
 
 @dataclass(frozen=True, slots=True)
 class Deferred:
-    """A frame the proxy originates later: ``after_s`` seconds from the verdict."""
+    """A frame the proxy originates later: ``after_s`` seconds from the verdict — ``data``, or, with ``poll``,
+    what the poll gives then (see :data:`proxy.core.holding.Poll`; ``data`` is empty)."""
 
     after_s: float
     to_broker: bool
     data: bytes
+    poll: Poll | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -394,7 +394,8 @@ rules:
         passed = decode(verdict.replacement).flow.messagePermits if verdict.replacement else 0
         granted[index] += 1000 if verdict is FORWARD else passed
         for later in verdict.deferred:
-            held[index].add(int((now_s + later.after_s) * 1e9), TO_BROKER, (later.data,), originated=True)
+            assert later.poll is not None  # (what the pipeline does with a deferred poll)
+            held[index].add_poll(int((now_s + later.after_s) * 1e9), TO_BROKER, later.poll)
 
     def run(until_s: float, now_s: float) -> float:
         while now_s < until_s - 1e-9:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rules_helpers import TO_BROKER, Session, engine_for
 from rules_helpers import frame as make_frame
 
-from proxy.core.holding import HoldQueue, Poll
+from proxy.core.holding import HoldQueue
 from proxy.pb import PulsarApi_pb2 as api
 
 
@@ -40,7 +40,7 @@ def test_a_poll_is_asked_for_its_frames_when_due_and_held_again_until_it_is_done
         return frames, (now_ns + 100 if len(asked) < 4 else None)
 
     held = HoldQueue()
-    held.add(100, TO_BROKER, (Poll(poll),), originated=True)
+    held.add_poll(100, TO_BROKER, poll)
     released = [(now, [e.frames for e in held.pop_due(now)]) for now in (50, 100, 200, 300, 400, 500)]
     assert released == [(50, []), (100, []), (200, [[b"grant"]]), (300, []), (400, [[b"grant"]]), (500, [])]
     assert asked == [100, 200, 300, 400] and len(held) == 0 and held.held_bytes == 0
