@@ -29,6 +29,8 @@ import contextlib
 import dataclasses
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -47,7 +49,7 @@ from peers_rig import (
     proxy_config,
     show_json,
 )
-from real_pulsar import ClientRun, PulsarProxy, free_ports, http_json, start_client, start_pulsar_proxy
+from real_pulsar import ClientRun, PulsarProxy, free_ports, http_json, run_client, start_client, start_pulsar_proxy
 
 from proxy.config.proxy_config import AdminConfig, HostPort
 from proxy.server.stack import ProxyStack
@@ -162,11 +164,14 @@ class ChainWatcher(DialWatcher):
 
 
 @contextlib.contextmanager
-def tap_running(upstream_url: str, mode: str, record_dir: Path, port: int = 0) -> Iterator[ProxyStack]:
+def tap_running(upstream_url: str, mode: str, record_dir: Path, port: int = 0,
+                rules: list[dict[str, Any]] | None = None) -> Iterator[ProxyStack]:
     """pulsar-tap as ``pulsar-tap run --listen 127.0.0.1:PORT --upstream URL --lookup MODE --record DIR
-    --admin 127.0.0.1:0`` assembles it, in a thread of the test process."""
-    config = dataclasses.replace(proxy_config(upstream_url, lookup=mode, record_dir=record_dir),
-                                 listen=HostPort("127.0.0.1", port), admin=AdminConfig(HostPort("127.0.0.1", 0)))
+    --admin 127.0.0.1:0 [--rules ...]`` assembles it, in a thread of the test process."""
+    config = dataclasses.replace(
+        proxy_config(upstream_url, lookup=mode, record_dir=record_dir,
+                     rules={"seed": 1, "rules": rules} if rules is not None else None),
+        listen=HostPort("127.0.0.1", port), admin=AdminConfig(HostPort("127.0.0.1", 0)))
     threaded = ThreadedStack(config).start()
     try:
         assert threaded.stack is not None
@@ -185,12 +190,13 @@ def _listener_ports(stack: ProxyStack) -> set[int]:
 
 
 def _stream(upstream: Upstream, url: str, watcher: ChainWatcher, label: str,
-            during: Any = None) -> ClientRun:
+            during: Any = None, *, topic: str | None = None, **options: Any) -> ClientRun:
     """A stream of MESSAGES async sends (no batching: one SEND each, up to 1000 in flight) to a new
     partitioned topic, consumed as it goes, through ``url``; the client's report."""
-    topic = upstream.create_partitioned(f"chain-{label}-{uuid.uuid4().hex[:8]}", PARTITIONS)
+    topic = topic or upstream.create_partitioned(f"chain-{label}-{uuid.uuid4().hex[:8]}", PARTITIONS)
     with watcher:
-        client = start_client("python", url, topic, messages=MESSAGES, batching=False, timeout=60)
+        client = start_client("python", url, topic, **{"messages": MESSAGES, "batching": False, "timeout": 60,
+                                                         **options})
         watcher.client_pid = client.pid
         connections: list[dict[str, Any]] = []
         try:
@@ -277,3 +283,48 @@ def test_in_front_of_pulsar_proxy_the_broker_is_reached_only_through_it(
     assert "pulsar-proxy" in dials.broker_peers
     to_broker = [frame["fields"] for frame in _recorded_connects(record_dir) if frame["origin"] == "proxy"]
     assert {fields.get("proxy_to_broker_url") for fields in to_broker} == {f"{broker_host}:{broker_port}"}
+
+
+@contextlib.contextmanager
+def _front_chain(upstream: Upstream, pulsar_proxy: ChainedProxy, mode: str, record_dir: Path,
+                 rules: list[dict[str, Any]] | None = None) -> Iterator[tuple[ProxyStack, BytePipe]]:
+    """(A): pulsar-tap in front of the module's Pulsar proxy, whose brokerServiceURL forwards to the broker."""
+    host, port = upstream.service_url.split("://", 1)[1].rsplit(":", 1)
+    pipe = BytePipe(pulsar_proxy.broker_port, (host, int(port)))
+    try:
+        with tap_running(pulsar_proxy.service_url, mode, record_dir, rules=rules) as tap:
+            yield tap, pipe
+    finally:
+        pipe.close()
+
+
+def _replay(recording: Path, upstream_url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "proxy", "replay", str(recording), "--upstream", upstream_url,
+                           "--speed", "0", "--timeout", "5", "--log-level", "warning", "--quiet"],
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_a_recording_made_in_front_of_pulsar_proxy_replays_through_it_and_to_the_broker(
+        real_upstream: Upstream, pulsar_proxy: ChainedProxy, tmp_path: Path) -> None:
+    """Record (A), then ``pulsar-tap replay REC --upstream`` Pulsar's proxy (its lookups answer
+    ``proxy_through_service_url``: the replaying client names the broker in CONNECT, as HOST:PORT as Pulsar's
+    proxy wants it) and the broker itself: no request's outcome differs."""
+    upstream = real_upstream
+    messages = 300
+    topic = upstream.create_partitioned(f"chain-replay-{uuid.uuid4().hex[:8]}", PARTITIONS)
+    record_dir = tmp_path / "recordings"
+    host, port = upstream.service_url.split("://", 1)[1].rsplit(":", 1)
+    pipe = BytePipe(pulsar_proxy.broker_port, (host, int(port)))  # Pulsar's proxy's lookups, for the replays too
+    try:
+        with tap_running(pulsar_proxy.service_url, "proxy-through", record_dir) as tap:
+            run = run_client("python", f"pulsar://{tap.address}", topic, messages=messages, batching=False,
+                             subscription="chain-replay", timeout=60)
+        assert delivery_problems(run, messages, PARTITIONS) == []
+        recording = next(path for path in record_dir.iterdir() if path.is_dir())
+        for target in (pulsar_proxy.service_url, upstream.service_url):
+            done = _replay(recording, target)
+            diffs = [line for line in done.stdout.splitlines() if line.startswith("DIFF ")]
+            assert (done.returncode, diffs[:3]) == (0, []), f"replay to {target}: {done.stderr[-1500:]}"
+            assert " 0 differ" in done.stderr
+    finally:
+        pipe.close()
