@@ -48,8 +48,18 @@ from peers_rig import (
     leaked_addresses,
     proxy_config,
     show_json,
+    wait_for,
 )
-from real_pulsar import ClientRun, PulsarProxy, free_ports, http_json, run_client, start_client, start_pulsar_proxy
+from real_pulsar import (
+    ClientRun,
+    PeerFailed,
+    PulsarProxy,
+    free_ports,
+    http_json,
+    run_client,
+    start_client,
+    start_pulsar_proxy,
+)
 
 from proxy.config.proxy_config import AdminConfig, HostPort
 from proxy.server.stack import ProxyStack
@@ -328,3 +338,115 @@ def test_a_recording_made_in_front_of_pulsar_proxy_replays_through_it_and_to_the
             assert " 0 differ" in done.stderr
     finally:
         pipe.close()
+
+
+#: a namespace with broker-side deduplication: what a client resends after a cut or a closed producer is
+#: stored once (without it Pulsar itself may store it twice, proxy or not)
+DEDUP_NS = "public/chain-dedup"
+
+#: rule -> (chain, lookup mode, messages, the rule): each rule once, on one chain, in one mode
+CHAIN_RULES: dict[str, tuple[str, str, int, dict[str, Any]]] = {
+    "close-producer": ("B", "rewrite", 1000, {"match": {"command": ["SEND"], "after": 300, "times": 1},
+                                              "action": "close"}),
+    "close-consumer": ("A", "rewrite", 1000, {"match": {"command": ["MESSAGE"], "after": 300, "times": 1},
+                                              "action": "close"}),
+    "disconnect": ("B", "proxy-through", 1000, {"match": {"command": ["SEND"], "after": 300, "times": 1},
+                                                "action": {"disconnect": {"how": "reset"}}}),
+    "delay": ("A", "proxy-through", 100, {"match": {"command": ["SEND_RECEIPT"], "direction": "to_client"},
+                                          "action": {"delay": {"ms": 200}}}),
+    "flow-throttle": ("B", "proxy-through", 400, {"match": {"command": ["FLOW"]},
+                                                  "action": {"throttle": {"messages_per_second": 50,
+                                                                          "per": "consumer"}}}),
+    "error-producer": ("A", "proxy-through", 1000, {"match": {"command": ["PRODUCER"], "times": 2},
+                                                    "action": {"error": {"code": "ServiceNotReady",
+                                                                         "message": "chain: not yet"}}}),
+}
+
+
+@pytest.fixture(scope="module")
+def dedup_namespace(real_upstream: Upstream) -> str:
+    with contextlib.suppress(PeerFailed):  # made by an earlier module of this session's broker
+        real_upstream.admin("PUT", f"/admin/v2/namespaces/{DEDUP_NS}")
+    real_upstream.admin("POST", f"/admin/v2/namespaces/{DEDUP_NS}/deduplication", True)
+    wait_for(lambda: real_upstream.admin("GET", f"/admin/v2/namespaces/{DEDUP_NS}/deduplication") is True, 30,
+             "deduplication on the namespace")
+    return DEDUP_NS
+
+
+@contextlib.contextmanager
+def _chain(kind: str, mode: str, upstream: Upstream, pulsar_proxy: ChainedProxy, record_dir: Path,
+           rules: list[dict[str, Any]] | None = None) -> Iterator[tuple[ProxyStack, str, ChainWatcher]]:
+    """Chain (A) or (B) with pulsar-tap in ``mode``: (pulsar-tap, the URL clients dial, a watcher)."""
+    if kind == "B":
+        with tap_running(upstream.service_url, mode, record_dir, port=pulsar_proxy.broker_port, rules=rules) as tap:
+            yield tap, pulsar_proxy.service_url, ChainWatcher(upstream, pulsar_proxy)
+        return
+    with _front_chain(upstream, pulsar_proxy, mode, record_dir, rules) as (tap, pipe):
+        yield tap, f"pulsar://{tap.address}", ChainWatcher(upstream, pulsar_proxy, pipe)
+
+
+@pytest.mark.parametrize("rule", list(CHAIN_RULES))
+def test_rules_through_the_chain_keep_their_promises(rule: str, real_upstream: Upstream,
+                                                     pulsar_proxy: ChainedProxy, dedup_namespace: str,
+                                                     tmp_path: Path) -> None:
+    """A closed producer or consumer is re-created and a cut connection re-opened through the chain (Pulsar's
+    proxy passes pulsar-tap's CLOSE_* and ERROR through to the client); a delayed receipt is late by its own
+    delay; FLOW throttled per consumer holds each partition to the rate; a refused PRODUCER is retried."""
+    upstream = real_upstream
+    kind, mode, messages, body = CHAIN_RULES[rule]
+    name = f"chain-rule-{rule}-{uuid.uuid4().hex[:8]}"
+    upstream.admin("PUT", f"/admin/v2/persistent/{dedup_namespace}/{name}/partitions", PARTITIONS)
+    record_dir = tmp_path / "recordings"
+    with _chain(kind, mode, upstream, pulsar_proxy, record_dir, [{"name": rule, **body}]) as (tap, url, watcher):
+        run = _stream(upstream, url, watcher, rule, topic=f"persistent://{dedup_namespace}/{name}",
+                      messages=messages, latencies=rule == "delay", timeout=90)
+        first_hop = {pulsar_proxy.process.port} if kind == "B" else _listener_ports(tap)
+        assert tap.engine is not None
+        hits = dict(tap.engine.hits())
+    assert delivery_problems(run, messages, PARTITIONS, redelivery=rule in ("close-consumer", "disconnect")) == []
+    assert watcher.dials.client_remote_ports and watcher.dials.client_remote_ports <= first_hop
+    frames = show_json(next(path for path in record_dir.iterdir() if path.is_dir()))
+    injected = [f["command"] for f in frames if f["origin"] == "proxy" and f["direction"] == "to_client"]
+    if rule == "close-producer":
+        assert hits == {rule: 1} and injected.count("CLOSE_PRODUCER") == 1
+        assert sum(f["command"] == "PRODUCER_SUCCESS" for f in frames) == PARTITIONS + 1
+    elif rule == "close-consumer":
+        assert hits == {rule: 1} and injected.count("CLOSE_CONSUMER") == 1
+        assert sum(f["command"] == "SUBSCRIBE" for f in frames) == PARTITIONS + 1
+    elif rule == "disconnect":
+        assert hits == {rule: 1} and sum(f["command"] == "CONNECT" for f in frames) == 3
+    elif rule == "delay":
+        assert min(run.report["latency_ms"]) >= 200, "no receipt may arrive before its delay"
+    elif rule == "flow-throttle":
+        assert hits[rule] >= PARTITIONS
+        assert run.report["elapsed_seconds"] >= (messages / PARTITIONS - 1) / 50 * 0.9
+    else:
+        assert hits == {rule: 2} and injected.count("ERROR") == 2
+
+
+@pytest.mark.parametrize(("kind", "mode"), [("A", "proxy-through"), ("B", "rewrite")])
+def test_killing_one_client_ends_only_its_connections(kind: str, mode: str, real_upstream: Upstream,
+                                                      pulsar_proxy: ChainedProxy, tmp_path: Path) -> None:
+    """kill -9 of one client mid-stream: pulsar-tap's connections carrying its topic end (GET /connections),
+    the other client's stay and its stream completes."""
+    upstream = real_upstream
+    doomed_topic = upstream.create_partitioned(f"chain-doomed-{uuid.uuid4().hex[:8]}", PARTITIONS)
+    survivor_topic = upstream.create_partitioned(f"chain-survivor-{uuid.uuid4().hex[:8]}", PARTITIONS)
+    with _chain(kind, mode, upstream, pulsar_proxy, tmp_path / "recordings") as (tap, url, _):
+        survivor = start_client("python", url, survivor_topic, messages=3000, batching=False, rate=1000, timeout=60)
+        doomed = start_client("python", url, doomed_topic, messages=100_000, batching=False, rate=2000, timeout=60)
+        try:
+            def carrying(topic: str) -> list[int]:
+                return [row["conn_id"] for row in _connections(tap) if any(t.startswith(topic) for t in row["topics"])]
+
+            wait_for(lambda: carrying(doomed_topic) and carrying(survivor_topic), 30, "both clients to be streaming")
+            survivors = carrying(survivor_topic)
+            doomed.process.kill()
+            doomed.process.communicate()
+            wait_for(lambda: not carrying(doomed_topic), 10, "the killed client's connections to end")
+            assert carrying(survivor_topic) == survivors
+            run = survivor.result()
+        finally:
+            doomed.kill()
+            survivor.kill()
+    assert delivery_problems(run, 3000, PARTITIONS) == []
