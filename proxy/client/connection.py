@@ -249,7 +249,7 @@ class ClientConnection:
             connect.auth_method_name = auth.method_name
             connect.auth_data = auth.auth_data()
         if self.physical != self.logical:
-            connect.proxy_to_broker_url = self.logical.url
+            connect.proxy_to_broker_url = self.logical.host_port  # HOST:PORT, as Pulsar's own clients name it
         connect.feature_flags.supports_auth_refresh = True
         connect.feature_flags.supports_broker_entry_metadata = True
         connect.feature_flags.supports_partial_producer = True

@@ -20,6 +20,11 @@ which ``proxy_to_broker_url`` values may be routed: a broker seen in a lookup
 answer, or one on the configured allow-list — never an arbitrary host a client
 names.  It opens listeners through a callback the server provides; nothing else
 here does I/O.
+
+When the upstream is itself a proxy (Apache Pulsar's own: its Connect answers carry
+``proxy_through_service_url = true``), the brokers it names are reachable only through
+it: :meth:`BrokerDirectory.hop` then says to dial the upstream service URL and name
+the broker in CONNECT's ``proxy_to_broker_url``, as a client of that proxy would.
 """
 
 from __future__ import annotations
@@ -51,14 +56,17 @@ class BrokerDirectory:
 
     def __init__(self, advertised_host: str, *, upstream_tls: bool,
                  open_listener: Callable[[ServiceUrl], int],
-                 allowed: Iterable[HostPort] = ()) -> None:
+                 allowed: Iterable[HostPort] = (), upstream: ServiceUrl | None = None) -> None:
         self.advertised_host = advertised_host
+        #: the service URL brokers behind an upstream proxy are reached through
+        self.upstream = upstream
         self.upstream_tls = upstream_tls
         self._open_listener = open_listener
         self._allowed = set(allowed)
         self._listener_of: dict[ServiceUrl, HostPort] = {}
         self._broker_of_alias: dict[str, ServiceUrl] = {}
         self._broker_of_address: dict[HostPort, ServiceUrl] = {}
+        self._behind_upstream: set[ServiceUrl] = set()
 
     @property
     def brokers(self) -> dict[ServiceUrl, HostPort]:
@@ -75,6 +83,19 @@ class BrokerDirectory:
         self._broker_of_alias[str(address)] = broker
         self._broker_of_address[broker.address] = broker
         return address
+
+    def behind_upstream(self, broker: ServiceUrl) -> None:
+        """The upstream answered a lookup naming ``broker`` with ``proxy_through_service_url``: it is a proxy,
+        and ``broker`` is reachable only through it."""
+        if self.upstream is not None and broker.address != self.upstream.address:
+            self._behind_upstream.add(broker)
+
+    def hop(self, broker: ServiceUrl) -> tuple[ServiceUrl, str | None]:
+        """Where to dial to reach ``broker``, and the ``proxy_to_broker_url`` its CONNECT must name there
+        (None: the broker itself is dialled)."""
+        if self.upstream is not None and broker in self._behind_upstream:
+            return self.upstream, str(broker.address)
+        return broker, None
 
     def route(self, proxy_to_broker_url: str) -> ServiceUrl:
         """The broker a CONNECT's ``proxy_to_broker_url`` names; UnroutableBroker if not allowed."""
@@ -132,6 +153,8 @@ def rewrite_broker_urls(frame: Frame, directory: BrokerDirectory, mode: str) -> 
             error=api.ServerError.ServiceNotReady,
             message="the broker named by the lookup answer cannot be proxied")
         return encode_command(failed)
+    if frame.type == T.LOOKUP_RESPONSE and sub.proxy_through_service_url:
+        directory.behind_upstream(broker)
     listener = directory.listener_for(broker)
     sub.brokerServiceUrl = f"pulsar://{listener}"
     sub.brokerServiceUrlTls = f"pulsar+ssl://{listener}"

@@ -84,7 +84,7 @@ class ProxyServer:
             keepalive_ns=int(config.limits.keepalive_seconds * 1e9))
         self.directory = BrokerDirectory(config.advertised_host, upstream_tls=config.upstream.tls,
                                          open_listener=self._open_broker_listener,
-                                         allowed=config.allowed_brokers)
+                                         allowed=config.allowed_brokers, upstream=config.upstream)
         self.listeners: list[ListenerInfo] = []
         self.relays: set[Relay] = set()
         self.active_connections = 0

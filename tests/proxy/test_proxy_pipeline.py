@@ -136,6 +136,48 @@ def test_proxy_through_sets_the_flag_and_routes_the_alias_back_to_the_broker() -
     assert not frame_from_bytes(sent(actions, TO_BROKER)).command.connect.HasField("proxy_to_broker_url")
 
 
+def _behind_pulsar_proxy(mode: str) -> tuple[BrokerDirectory, ConnectionPipeline]:
+    """A directory whose upstream is Apache Pulsar's proxy, after its Connect answer naming 10.0.0.7:6650 with
+    ``proxy_through_service_url`` (how Pulsar's proxy answers every lookup) crossed a connection."""
+    d = BrokerDirectory("proxy.example", upstream_tls=False, open_listener=lambda broker: 40001, upstream=UPSTREAM)
+    p = pipeline(mode, d=d)
+    connected(p)
+    answer = api.CommandLookupTopicResponse(request_id=3, response=LookupType.Connect, authoritative=True,
+                                            brokerServiceUrl="pulsar://10.0.0.7:6650", proxy_through_service_url=True)
+    p.receive(TO_CLIENT, encode_command(answer), 0)
+    return d, p
+
+
+@pytest.mark.parametrize("mode", ["rewrite", "proxy-through"])
+def test_a_broker_behind_an_upstream_proxy_is_reached_through_it_naming_the_broker(mode: str) -> None:
+    d, _ = _behind_pulsar_proxy(mode)
+    assert d.hop(ServiceUrl.parse("pulsar://10.0.0.7:6650")) == (UPSTREAM, "10.0.0.7:6650")
+    # a broker an answer without the flag named is dialled itself
+    plain = pipeline(mode, d=d)
+    connected(plain)
+    plain.receive(TO_CLIENT, lookup(LookupType.Connect, "pulsar://10.0.0.8:6650", ""), 0)
+    assert d.hop(ServiceUrl.parse("pulsar://10.0.0.8:6650")) == (ServiceUrl.parse("pulsar://10.0.0.8:6650"), None)
+
+
+@pytest.mark.xfail(strict=True, reason="needs ConnectionPipeline._on_connect to dial BrokerDirectory.hop(broker) "
+                                       "and name its target in proxy_to_broker_url (pipeline.py is the lead's)")
+@pytest.mark.parametrize("alias", ["proxy.example:40001", None])
+def test_a_connection_to_a_broker_behind_an_upstream_proxy_dials_the_upstream_naming_the_broker(
+        alias: str | None) -> None:
+    """Through the per-broker listener (alias None) or the service URL naming the listener: the upstream is
+    dialled and the CONNECT names the real broker to it, as a client of Pulsar's proxy does."""
+    d, _ = _behind_pulsar_proxy("proxy-through")
+    follow = ConnectionPipeline(
+        ConnectionInfo(2, "127.0.0.1:5556", "127.0.0.1:40001", None),
+        settings=PipelineSettings(lookup_mode="proxy-through", keepalive_ns=10 * SECOND), directory=d,
+        default_broker=ServiceUrl.parse("pulsar://10.0.0.7:6650") if alias is None else UPSTREAM, now_ns=0)
+    actions = follow.receive(TO_BROKER, encode_command(api.CommandConnect(
+        client_version="x", protocol_version=21, **({"proxy_to_broker_url": alias} if alias else {}))), 0)
+    assert actions[0] == OpenUpstream(UPSTREAM)
+    assert frame_from_bytes(sent(actions, TO_BROKER)).command.connect.proxy_to_broker_url == "10.0.0.7:6650"
+    assert str(follow.broker) == "pulsar://10.0.0.7:6650"
+
+
 def test_proxy_through_hands_a_redirect_to_the_relay_to_follow_and_the_client_sees_only_connect() -> None:
     p = pipeline("proxy-through")
     connected(p)
