@@ -540,12 +540,16 @@ class ConnectionPipeline:
         if connect.protocol_version > MAX_PROTOCOL_VERSION:
             cmd.connect.protocol_version = MAX_PROTOCOL_VERSION
             changed = True
+        dial, target = self.directory.hop(broker)
+        if target is not None:  # behind an upstream proxy: name the broker to it, as its clients do
+            cmd.connect.proxy_to_broker_url = target
+            changed = True
         self.broker = broker
         self.info = replace(self.info, broker_url=str(broker))
         if self._held_event is not None:  # the CONNECT itself is the routed connection's first frame
             self._held_event = replace(self._held_event, connection=self.info)
         self._flush(TO_BROKER, run, actions)
-        actions.append(OpenUpstream(broker))
+        actions.append(OpenUpstream(dial))
         self.upstream_connect = encode_command(cmd) if changed else frame.raw
         return self.upstream_connect
 

@@ -264,9 +264,6 @@ def _wait_for_producers(tap: ProxyStack) -> list[dict[str, Any]]:
     return rows
 
 
-@pytest.mark.xfail(strict=True, reason="pulsar-tap dials the broker Pulsar's proxy named instead of reaching it "
-                                       "through Pulsar's proxy: needs ConnectionPipeline._on_connect to dial "
-                                       "BrokerDirectory.hop(broker) (pipeline.py is the lead's; patch in the report)")
 @pytest.mark.parametrize("mode", MODES)
 def test_in_front_of_pulsar_proxy_the_broker_is_reached_only_through_it(
         mode: str, real_upstream: Upstream, pulsar_proxy: ChainedProxy, tmp_path: Path) -> None:

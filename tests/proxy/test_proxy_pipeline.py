@@ -159,8 +159,6 @@ def test_a_broker_behind_an_upstream_proxy_is_reached_through_it_naming_the_brok
     assert d.hop(ServiceUrl.parse("pulsar://10.0.0.8:6650")) == (ServiceUrl.parse("pulsar://10.0.0.8:6650"), None)
 
 
-@pytest.mark.xfail(strict=True, reason="needs ConnectionPipeline._on_connect to dial BrokerDirectory.hop(broker) "
-                                       "and name its target in proxy_to_broker_url (pipeline.py is the lead's)")
 @pytest.mark.parametrize("alias", ["proxy.example:40001", None])
 def test_a_connection_to_a_broker_behind_an_upstream_proxy_dials_the_upstream_naming_the_broker(
         alias: str | None) -> None:
