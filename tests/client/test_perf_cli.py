@@ -3,35 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from proxy.broker import ThreadedCluster
 from proxy.cli import main
-
-
-@contextmanager
-def proxy_subprocess(upstream: str, workdir: Path, *extra: str) -> Iterator[str]:
-    """``pulsar-tap run`` in front of ``upstream``; its service URL."""
-    ready = workdir / "ready.json"
-    proc = subprocess.Popen([sys.executable, "-m", "proxy", "run", "--listen", "127.0.0.1:0", "--upstream", upstream,
-                             "--ready-file", str(ready), "--log-level", "error", *extra],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 15
-        while not (ready.exists() and ready.stat().st_size):
-            assert proc.poll() is None and time.monotonic() < deadline, "the proxy did not start"
-            time.sleep(0.05)
-        yield f"pulsar://{json.loads(ready.read_text())['listen'][0]}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def test_perf_roundtrip_reports_throughput_and_latency_as_json(cluster: ThreadedCluster,
@@ -71,7 +49,8 @@ def test_perf_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_perf_says_while_its_producer_reconnects_and_counts_the_reconnections(
-        cluster: ThreadedCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        cluster: ThreadedCluster, proxy_process: Callable[..., str], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
     """Through the proxy, a rule cuts the producer's connection mid-stream and refuses its re-creation four
     times (~1.5 s of backoff): the progress lines say the producer is reconnecting and why, the summary counts
     the reconnection, and nothing sent is lost."""
@@ -81,9 +60,9 @@ def test_perf_says_while_its_producer_reconnects_and_counts_the_reconnections(
                      "    action: {disconnect: {how: reset}}\n"
                      "  - name: refuse\n    match: {command: [PRODUCER], after: 1, times: 4}\n"
                      "    action: {error: {code: ServiceNotReady, message: still loading}}\n")
-    with proxy_subprocess(cluster.service_url, tmp_path, "--rules", str(rules)) as url:
-        status = main(["perf", "produce", "--url", url, "--topic", "perf-cut", "--rate", "400",
-                       "--messages", "1600", "--no-batching"])
+    url = f"pulsar://{proxy_process(cluster.service_url, '--rules', str(rules))}"
+    status = main(["perf", "produce", "--url", url, "--topic", "perf-cut", "--rate", "400", "--messages", "1600",
+                   "--no-batching"])
     captured = capsys.readouterr()
     assert status == 0, captured
     reconnecting = [line for line in captured.err.splitlines() if "reconnecting:" in line]
@@ -93,7 +72,8 @@ def test_perf_says_while_its_producer_reconnects_and_counts_the_reconnections(
 
 
 def test_perf_roundtrip_counts_a_redelivery_once_and_waits_for_every_receipt(
-        cluster: ThreadedCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        cluster: ThreadedCluster, proxy_process: Callable[..., str], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
     """A reset mid-stream cuts the connection the producer and the consumer share: the messages the consumer had
     received but not yet acknowledged come again.  They are counted as redelivered, not as messages, so the run
     ends with every message received once and every send acknowledged (it ended at the 2 000th delivery,
@@ -101,9 +81,9 @@ def test_perf_roundtrip_counts_a_redelivery_once_and_waits_for_every_receipt(
     rules = tmp_path / "reset.yaml"
     rules.write_text("rules:\n  - name: reset\n    match: {command: [SEND], after: 300, times: 1}\n"
                      "    action: {disconnect: {how: reset}}\n")
-    with proxy_subprocess(cluster.service_url, tmp_path, "--rules", str(rules)) as url:
-        status = main(["perf", "roundtrip", "--url", url, "--topic", "perf-redelivered", "--subscription", "s",
-                       "--rate", "1000", "--messages", "2000", "--no-batching", "--json", "--quiet"])
+    url = f"pulsar://{proxy_process(cluster.service_url, '--rules', str(rules))}"
+    status = main(["perf", "roundtrip", "--url", url, "--topic", "perf-redelivered", "--subscription", "s",
+                   "--rate", "1000", "--messages", "2000", "--no-batching", "--json", "--quiet"])
     summary = json.loads(capsys.readouterr().out)
     assert status == 0
     produced, consumed = summary["produce"], summary["consume"]

@@ -8,11 +8,7 @@ speak TLS with CA and hostname verification.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,34 +20,6 @@ from proxy.errors import ConnectionFailed
 
 ClusterFactory = Callable[..., ThreadedCluster]
 ProxyFactory = Callable[..., str]
-
-
-@pytest.fixture
-def proxy_process(tmp_path: Path) -> Iterator[ProxyFactory]:
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(upstream: str, *extra: str) -> str:
-        ready = tmp_path / f"ready-{len(procs)}.json"
-        proc = subprocess.Popen([sys.executable, "-m", "proxy", "run", "--listen", "127.0.0.1:0", "--upstream",
-                                 upstream, "--ready-file", str(ready), "--log-level", "error", *extra],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        procs.append(proc)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            if ready.exists() and ready.stat().st_size:
-                return str(json.loads(ready.read_text())["listen"][0])
-            if proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise RuntimeError("the proxy did not start")
-
-    yield start
-    for proc in procs:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 async def test_proxy_through_lookups_reach_every_broker_via_the_service_url(
