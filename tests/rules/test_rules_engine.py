@@ -502,6 +502,31 @@ rules:
         assert granted[1] == before[1] and not held[0] and not held[1]
 
 
+@pytest.mark.parametrize("per", ["consumer", "topic"])
+def test_a_closed_consumers_waiting_permits_never_reach_the_broker_under_a_split_bucket(per: str) -> None:
+    engine = engine_for(f"""\
+rules:
+  - name: split
+    match: {{command: [FLOW]}}
+    action: {{throttle: {{messages_per_second: 50, per: {per}}}}}
+""")
+    session = Session(engine)
+    session.add_consumer()
+    engine.connection_interest(TO_BROKER, session.conn_id, session.client, session.tracker)
+    held = HoldQueue()
+    verdict = session.decide(frame(api.CommandFlow(consumer_id=2, messagePermits=1000)), TO_BROKER, now_s=0)
+    for later in verdict.deferred:
+        if later.poll is not None:
+            held.add_poll(int(later.after_s * 1e9), TO_BROKER, later.poll)
+        else:  # (a grant fixed when the FLOW came)
+            held.add(int(later.after_s * 1e9), TO_BROKER, [later.data])
+    released = sum(released_permits(held, tick * 10_000_000) for tick in range(1, 101))
+    assert 45 <= released <= 51
+    session.decide(frame(api.CommandCloseConsumer(consumer_id=2, request_id=7)), TO_CLIENT)
+    after = sum(released_permits(held, tick * 10_000_000) for tick in range(101, 301))
+    assert after <= 3 and not held  # at most what was paid for before its poll saw it closed
+
+
 def test_replace_keeps_counters_of_unchanged_rules_only() -> None:
     engine = engine_for("""\
 seed: 3
