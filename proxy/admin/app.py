@@ -10,7 +10,10 @@ Routes (SPEC.md, "Admin API" and "Admin API bodies"):
   — add one rule (201); bodies are JSON or YAML; a bad body is 400 with the
   validation messages, a name already in use 409;
 - ``DELETE /rules/{name}`` — 204, or 404 for an unknown name;
-- ``GET /connections`` — what the connections provider returns, as JSON;
+- ``GET /connections`` — what the connections provider returns, as JSON (the proxy:
+  per connection its peers, producers, consumers, topics and bytes; per consumer
+  ``permits``, the outstanding FLOW permits the client granted, and ``permits_held``,
+  the part of them a throttle still holds back from the broker);
 - ``GET /metrics`` — Prometheus text: ``pulsar_tap_rule_hits_total{rule="NAME"}``
   plus whatever the metrics provider adds (telemetry plugs in there).
 

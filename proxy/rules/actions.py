@@ -56,7 +56,7 @@ from proxy.protocol.commands import (
 from proxy.protocol.frame import Frame, encode_command, encode_payload_command
 from proxy.protocol.session import Direction
 from proxy.rules.params import Section
-from proxy.rules.throttle import FairShare, TokenBucket, Waiting, ration_permits
+from proxy.rules.throttle import FairShare, TokenBucket, Waiting
 from proxy.rules.unload import Kind
 from proxy.rules.verdict import FORWARD, Deferred, Verdict
 
@@ -440,10 +440,10 @@ class Throttle(Action):
     """A token bucket (:mod:`proxy.rules.throttle`) per rule, or per topic, producer, consumer or connection.
 
     A SEND waits in its producer's lane until its messages (or bytes) are paid for.  A
-    FLOW's permits are passed as the bucket pays for them: into debt, from a bucket of
-    its own (``per:``); round robin with every other consumer's waiting permits, from the
-    rule's one bucket (:class:`~proxy.rules.throttle.FairShare`), so a consumer that
-    comes later shares the rate at once.
+    FLOW's permits are passed as the bucket pays for them, round robin with the waiting
+    permits of every other consumer of the same bucket (:class:`~proxy.rules.throttle.FairShare`;
+    the rule's one bucket, or one per topic or connection, is shared), so a consumer that
+    comes later shares the rate at once; with ``per: consumer`` a consumer waits alone.
     """
 
     NAME: ClassVar[str] = "throttle"
@@ -487,8 +487,6 @@ class Throttle(Action):
             owner = ("consumer", conn_id, sub.consumer_id)
         else:
             return None
-        if frame.type == T.FLOW and self.per == "rule" and self.messages_per_second is not None:
-            return self._share_permits(rule, facts, now_ns, conn_id, engine)
         if self.per == "topic":
             key: Hashable = ("topic", facts.topic, frame.type)
         elif self.per in ("producer", "consumer"):
@@ -497,6 +495,10 @@ class Throttle(Action):
             key = ("connection", conn_id, frame.type)
         else:
             key = ("rule", None, frame.type)
+        if frame.type == T.FLOW:
+            if self.messages_per_second is None:
+                return FORWARD  # bytes cannot be rationed through permits: FLOW passes
+            return self._share_permits(rule, key, facts, now_ns, conn_id, engine)
         buckets = rule.buckets.get(key)
         if buckets is None:
             buckets = (
@@ -506,32 +508,21 @@ class Throttle(Action):
             )
             rule.buckets[key] = buckets
         messages, octets = buckets
-        if frame.type == T.SEND:
-            wait = 0.0
-            if messages is not None:
-                count = sub.num_messages if sub.HasField("num_messages") else 1
-                wait = max(wait, messages.reserve(max(1, count), now_ns))
-            if octets is not None:
-                wait = max(wait, octets.reserve(frame.size, now_ns))
-            return Verdict(delay_s=wait, lane=owner)
-        if messages is None:
-            return FORWARD  # bytes cannot be rationed through permits: FLOW passes
-        permits = sub.messagePermits
-        now_permits, grants = ration_permits(messages, permits, now_ns)
-        deferred = tuple(Deferred(g.after_s, True, flow_frame(sub.consumer_id, g.permits)) for g in grants)
-        if now_permits == permits:
-            return FORWARD
-        if now_permits == 0:
-            return Verdict(forward=False, deferred=deferred)
-        return Verdict(replacement=flow_frame(sub.consumer_id, now_permits), deferred=deferred)
+        wait = 0.0
+        if messages is not None:
+            count = sub.num_messages if sub.HasField("num_messages") else 1
+            wait = max(wait, messages.reserve(max(1, count), now_ns))
+        if octets is not None:
+            wait = max(wait, octets.reserve(frame.size, now_ns))
+        return Verdict(delay_s=wait, lane=owner)
 
-    def _share_permits(self, rule: RuleState, facts: FrameFacts, now_ns: int, conn_id: int,
+    def _share_permits(self, rule: RuleState, key: Hashable, facts: FrameFacts, now_ns: int, conn_id: int,
                        engine: RulesEngine) -> Verdict:
-        """A FLOW under the rule's one bucket: its permits wait their turn with every other consumer's."""
+        """A FLOW under bucket ``key``: its permits wait their turn with every other consumer's of that bucket."""
         assert self.messages_per_second is not None
-        share = rule.flow_share
+        share = rule.flow_shares.get(key)
         if share is None:
-            share = rule.flow_share = FairShare(TokenBucket(self.messages_per_second, self.burst, now_ns))
+            share = rule.flow_shares[key] = FairShare(TokenBucket(self.messages_per_second, self.burst, now_ns))
         consumer_id = facts.sub.consumer_id
         permits = facts.sub.messagePermits
         lane = (conn_id, consumer_id)

@@ -96,8 +96,8 @@ class RuleState:
     hits: int = 0
     rng: random.Random = field(init=False)
     buckets: dict[Hashable, tuple[TokenBucket | None, TokenBucket | None]] = field(default_factory=dict)
-    #: a FLOW throttle's one bucket (no ``per:``) with the permits waiting for it, by consumer
-    flow_share: FairShare | None = None
+    #: a FLOW throttle's buckets (keyed like :attr:`buckets`), each with the permits waiting for it
+    flow_shares: dict[Hashable, FairShare] = field(default_factory=dict)
     commands: frozenset[int] | None = field(init=False)
     #: the action's per-frame exclusions (None: it has none, the common case costs nothing)
     skips: Callable[[FrameFacts], bool] | None = field(init=False)
@@ -393,10 +393,12 @@ class RulesEngine:
         for state in self._states:
             for key in [k for k in state.buckets if isinstance(k, tuple) and len(k) > 1 and k[1] == conn_id]:
                 del state.buckets[key]
-            share = state.flow_share
-            if share is not None:
+            shares = state.flow_shares
+            for share in shares.values():  # (a poll still held keeps its share: it must find its lane gone)
                 for lane in [lane for lane in share.lanes if isinstance(lane, tuple) and lane[0] == conn_id]:
                     share.drop(lane)
+            for key in [k for k in shares if isinstance(k, tuple) and len(k) > 1 and k[1] == conn_id]:
+                del shares[key]
 
     # -- the decision -----------------------------------------------------------------------------
     def evaluate(self, frame: Frame, direction: Direction, now_ns: int, *, conn_id: int = 0,
@@ -518,6 +520,16 @@ class RulesEngine:
             return lambda: True  # not known: until its connection closes
         consumers = session.consumers
         return lambda: consumers.get(consumer_id) is consumer
+
+    def permits_held(self, conn_id: int) -> dict[int, int]:
+        """FLOW permits a throttle holds back per consumer of ``conn_id``: granted by the client, not yet sent on."""
+        held: dict[int, int] = {}
+        for state in self._states:
+            for share in state.flow_shares.values():
+                for lane, waiting in share.lanes.items():
+                    if isinstance(lane, tuple) and lane[0] == conn_id:
+                        held[lane[1]] = held.get(lane[1], 0) + waiting.owed + waiting.paid
+        return held
 
     def begin_unload(self, rule: str, frame: Frame, conn_id: int) -> bytes | None:
         """Begin unloading the producer or consumer of ``frame`` (see unload.py).

@@ -8,19 +8,20 @@ so successive reservations queue up behind each other (pacing at exactly
 
 Producers are slowed by holding each SEND until its messages (or bytes) are
 paid for.  Consumers are slowed the way the consumer protocol allows: a FLOW
-grants the broker permits to push messages, so :func:`ration_permits` passes
-the permits the bucket can pay for now and releases the rest in small grants at
-the times their tokens arrive — the broker itself then delivers at the rate.
+grants the broker permits to push messages, so the proxy passes the permits the
+bucket can pay for now and holds the rest, passing them on in small grants as
+the tokens arrive — the broker itself then delivers at the rate.
 
-One bucket shared by many consumers (a rule without ``per:``) must not be taken by
-the first FLOW: a consumer's FLOW grants its whole receiver queue, mostly permits it
-may never use, and paced out first come first served they would hold every later
-consumer behind them for as long as they take.  :class:`FairShare` therefore
-decides late: the permits waiting in the bucket are paid for as tokens arrive and
-split round robin between the lanes (consumers) that wait, each lane's share sent
-when its poll comes round (:data:`~proxy.core.holding.Poll`, every
-:data:`GRANT_INTERVAL_S`), so two consumers waiting get half the rate each, and
-one waiting alone the whole rate.
+A bucket shared by several consumers (a rule without ``per:``, or ``per: topic``
+or ``per: connection``) must not be taken by the first FLOW: a consumer's FLOW
+grants its whole receiver queue, mostly permits it may never use, and paced out
+first come first served they would hold every later consumer behind them for as
+long as they take.  :class:`FairShare` therefore decides late: the permits waiting
+in the bucket are paid for as tokens arrive and split round robin between the
+lanes (consumers) that wait, each lane's share sent when its poll comes round
+(:data:`~proxy.core.holding.Poll`, every :data:`GRANT_INTERVAL_S`), so two
+consumers waiting get half the rate each, and one waiting alone the whole rate.
+Every FLOW throttle works this way, ``per: consumer`` too (one lane per bucket).
 """
 
 from __future__ import annotations
@@ -30,10 +31,8 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Final
 
-#: a deferred grant at most this often per bucket (seconds); fewer, larger FLOWs beyond it
+#: a deferred grant at most this often per lane (seconds); fewer, larger FLOWs beyond it
 GRANT_INTERVAL_S: Final = 0.1
-#: the most deferred grants one FLOW turns into
-MAX_GRANTS: Final = 1000
 
 
 class TokenBucket:
@@ -59,32 +58,6 @@ class TokenBucket:
     def available(self, now_ns: int) -> float:
         self._refill(now_ns)
         return self.tokens
-
-
-@dataclass(frozen=True, slots=True)
-class Grant:
-    after_s: float
-    permits: int
-
-
-def ration_permits(bucket: TokenBucket, permits: int, now_ns: int) -> tuple[int, list[Grant]]:
-    """Split a FLOW of ``permits``: (permits to pass now, later grants with their delays)."""
-    if permits <= 0:
-        return 0, []
-    tokens = bucket.available(now_ns)
-    now_permits = max(0, min(permits, math.floor(tokens)))
-    rest = permits - now_permits
-    bucket.tokens -= permits
-    grants: list[Grant] = []
-    if rest:
-        chunk = max(1, math.ceil(bucket.rate * GRANT_INTERVAL_S), math.ceil(rest / MAX_GRANTS))
-        granted = now_permits
-        while granted < permits:
-            size = min(chunk, permits - granted)
-            granted += size
-            # permit number ``granted`` is paid for when the tokens have climbed back to it
-            grants.append(Grant(max(0.0, (granted - tokens) / bucket.rate), size))
-    return now_permits, grants
 
 
 @dataclass(eq=False, slots=True)

@@ -88,19 +88,23 @@ def _read_token(path: str | None) -> str | None:
     return token
 
 
-def connection_rows(server: ProxyServer, telemetry_pipeline: TelemetryPipeline | None) -> list[dict[str, Any]]:
+def connection_rows(server: ProxyServer, telemetry_pipeline: TelemetryPipeline | None,
+                    engine: RulesEngine | None = None) -> list[dict[str, Any]]:
     """``GET /connections``: peers, producers, consumers, topics, bytes and permits per connection.
 
     Outstanding FLOW permits come from telemetry, which sees every frame (the admin API
     always has it, for /metrics): the same count as ``pulsar_tap_outstanding_permits``.
     The relay's own session tracker follows FLOW and MESSAGE only when something on the
-    relay path needs them, so it is the fallback.
+    relay path needs them, so it is the fallback.  ``permits`` are what the client
+    granted; ``permits_held`` (per consumer and in total) the part of them a FLOW
+    throttle still holds back from the broker, so the broker holds the difference.
     """
     rows = []
     telemetry = telemetry_pipeline.telemetry if telemetry_pipeline is not None else None
     for relay in list(server.relays):
         pipeline = relay.pipeline
         info = pipeline.info
+        held = engine.permits_held(info.conn_id) if engine is not None else {}
         tracker = pipeline.tracker
         producers: list[dict[str, Any]] = [] if tracker is None else [
             {"producer_id": p.producer_id, "topic": p.topic, "producer_name": p.producer_name}
@@ -110,7 +114,8 @@ def connection_rows(server: ProxyServer, telemetry_pipeline: TelemetryPipeline |
         consumers: list[dict[str, Any]] = [] if tracker is None else [
             {"consumer_id": c.consumer_id, "topic": c.topic, "subscription": c.subscription,
              "sub_type": c.sub_type, "consumer_name": c.consumer_name,
-             "permits": (counted.get(c.consumer_id, 0) if counted is not None else c.permits) if exact else None}
+             "permits": (counted.get(c.consumer_id, 0) if counted is not None else c.permits) if exact else None,
+             "permits_held": held.get(c.consumer_id, 0)}
             for c in tracker.consumers.values()]
         rows.append({
             "conn_id": info.conn_id, "client": info.client, "listener": info.listener,
@@ -122,6 +127,7 @@ def connection_rows(server: ProxyServer, telemetry_pipeline: TelemetryPipeline |
             "producers": producers, "consumers": consumers,
             "topics": sorted({str(p["topic"]) for p in producers} | {str(c["topic"]) for c in consumers}),
             "permits": sum(c["permits"] for c in consumers) if exact else None,
+            "permits_held": sum(c["permits_held"] for c in consumers),
         })
     return rows
 
@@ -201,7 +207,7 @@ async def _start_admin(nursery: trio.Nursery, stack: ProxyStack, engine: RulesEn
 
     config, server, telemetry, health = stack.config, stack.server, stack.telemetry, stack.upstream_health
     assert config.admin is not None and health is not None
-    app = AdminApp(engine, token=token, connections=lambda: connection_rows(server, telemetry),
+    app = AdminApp(engine, token=token, connections=lambda: connection_rows(server, telemetry, engine),
                    metrics=telemetry.admin_metrics if telemetry is not None else None, health=health.to_json)
     try:
         bound = await nursery.start(serve_admin, app, config.admin.listen.host, config.admin.listen.port)

@@ -287,7 +287,8 @@ def throttle(messages_per_second: float | None = None, bytes_per_second: float |
              | None = None) -> Fault:
     """Pace producers' SENDs (messages or bytes per second) and consumers' deliveries (messages per second,
     by holding their FLOW permits); one token bucket per rule unless ``per`` splits it.  Consumers sharing the
-    rule's one bucket get the rate in turns (two waiting: half each), whenever each subscribed."""
+    same bucket (the rule's one, or one per topic or connection) get the rate in turns (two waiting: half each),
+    whenever each subscribed."""
     return Fault("throttle", _params(messages_per_second=messages_per_second, bytes_per_second=bytes_per_second,
                                      burst=burst, per=per))
 

@@ -179,6 +179,55 @@ rules:
     assert max(finished.values()) >= 1.4
 
 
+def test_a_per_topic_consumer_throttle_shares_its_rate_and_connections_show_the_permits_it_holds(
+        broker: ThreadedCluster, rules_proxy: StackFactory, clients) -> None:  # type: ignore[no-untyped-def]
+    """``per: topic``, two subscriptions of one topic 0.5 s apart: the second is not held behind the first
+    one's unused permits, and ``GET /connections`` tells what each consumer's permits the proxy holds back."""
+    stack = rules_proxy(broker.service_url, """\
+rules:
+  - name: per-topic
+    match: {command: [FLOW], topic: "persistent://public/default/split-*"}
+    action: {throttle: {messages_per_second: 50, per: topic}}
+""")
+    client = client_for(stack, clients)
+    name = topic("split")
+    subscribed = [client.subscribe(name, sub, initial_position=pulsar.InitialPosition.Earliest)
+                  for sub in ("a", "b")]  # both exist before the messages: each gets all 40
+    for consumer in subscribed:
+        consumer.close()
+    prod = producer(client, name)
+    for i in range(40):
+        prod.send_async(f"{name}-{i}".encode(), None)
+    prod.flush()
+    finished: dict[str, float] = {}
+
+    def consume(sub: str) -> None:
+        consumer = client.subscribe(name, sub)
+        receive_all(consumer, 40, timeout_ms=8_000)
+        finished[sub] = time.monotonic() - start
+
+    start = time.monotonic()
+    first = threading.Thread(target=consume, args=("a",))
+    first.start()
+    time.sleep(0.5)
+    consume("b")
+    first.join(10)
+    # 80 messages at 50/s take 1.6 s: behind the first one's receiver queue (1000 permits) the second
+    # would wait 20 s
+    assert finished["b"] < 4.0 and finished["a"] < 4.0
+    assert max(finished.values()) >= 1.4
+    assert stack.admin is not None
+    rows = stack.admin.get("/connections").json()["connections"]
+    elapsed = time.monotonic() - start
+    consumers = [c for row in rows for c in row["consumers"] if c["topic"] == name]
+    assert sorted(c["subscription"] for c in consumers) == ["a", "b"]
+    # each granted 1000 and received 40; most of the rest the throttle still holds
+    assert all(0 < c["permits_held"] <= c["permits"] for c in consumers), consumers
+    passed = sum(1000 - c["permits_held"] for c in consumers)
+    assert 80 <= passed <= 2 + 50 * elapsed
+    assert all(row["permits_held"] == sum(c["permits_held"] for c in row["consumers"]) for row in rows)
+
+
 # -- close, disconnect, drop -------------------------------------------------------------------------
 @pytest.mark.parametrize("action", ["close", "disconnect"])
 def test_close_or_disconnect_on_send_loses_nothing(action: str, broker: ThreadedCluster,

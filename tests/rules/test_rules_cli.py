@@ -8,6 +8,7 @@ import pytest
 from rules_helpers import TO_BROKER, TO_CLIENT, Session, frame, send_frame
 
 from proxy.cli import main
+from proxy.core.holding import HoldQueue
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.frame import frame_from_bytes
 from proxy.rules.engine import RulesEngine
@@ -100,7 +101,17 @@ def test_consumer_throttling_rations_flow() -> None:
     session = session_for("consumer-throttling.yaml")
     session.add_consumer(2, "persistent://public/default/orders")
     decision = session.decide(frame(api.CommandFlow(consumer_id=2, messagePermits=1000)), TO_BROKER, now_s=0)
-    assert decision.deferred and decision.deferred[-1].after_s == pytest.approx(999 / 50)
+    assert decision.replacement is not None and frame_from_bytes(decision.replacement).command.flow.messagePermits == 1
+    held = HoldQueue()
+    for later in decision.deferred:
+        assert later.poll is not None
+        held.add_poll(int(later.after_s * 1e9), TO_BROKER, later.poll)
+    released = [(tick / 10, frame_from_bytes(data).command.flow.messagePermits)
+                for tick in range(1, 220) for entry in held.pop_due(tick * 100_000_000) for data in entry.frames]
+    # the other 999 at 50/s: the last ones paid for at 19.98 s, sent at the next poll
+    assert sum(permits for _, permits in released) == 999 and not held
+    assert all(1 + sum(p for t, p in released if t <= at) <= 1 + 50 * at + 1e-6 for at, _ in released)
+    assert released[-1][0] == pytest.approx(20.0)
 
 
 def test_lossy_topic_only_touches_telemetry() -> None:

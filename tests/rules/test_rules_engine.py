@@ -351,22 +351,31 @@ def test_throttle_per_topic_keeps_topics_apart() -> None:
 
 
 def test_throttle_rations_flow_permits_and_releases_the_rest_over_time() -> None:
-    session = one_rule("{throttle: {messages_per_second: 50, burst: 10, per: consumer}}", "{command: [FLOW]}")
+    """A lone consumer (``per: consumer``): what the bucket holds passes now, the rest at the rate, none lost."""
+    engine = engine_for("""\
+rules:
+  - name: ration
+    match: {command: [FLOW]}
+    action: {throttle: {messages_per_second: 50, burst: 10, per: consumer}}
+""")
+    session = Session(engine)
+    session.add_consumer()
+    held = HoldQueue()
     decision = session.decide(frame(api.CommandFlow(consumer_id=2, messagePermits=100)), TO_BROKER, now_s=0)
     assert decision.replacement is not None
     assert decode(decision.replacement).flow.messagePermits == 10
-    grants = [(d.after_s, decode(d.data).flow.messagePermits) for d in decision.deferred]
-    assert all(d.to_broker for d in decision.deferred)
-    assert sum(p for _, p in grants) == 90
-    assert grants[-1][0] == pytest.approx(90 / 50)
-    # every grant is released exactly when its tokens are paid for: never faster than 50/s
-    released = 10
-    for after_s, permits in grants:
-        released += permits
-        assert released <= 10 + 50 * after_s + 1e-9
-    # the consumer's next FLOW queues behind the debt of its own bucket
-    second = session.decide(frame(api.CommandFlow(consumer_id=2, messagePermits=50)), TO_BROKER, now_s=0)
-    assert not second.forward and second.deferred[0].after_s > 90 / 50
+    assert all(d.to_broker and d.poll is not None for d in decision.deferred)
+    for later in decision.deferred:
+        assert later.poll is not None
+        held.add_poll(int(later.after_s * 1e9), TO_BROKER, later.poll)
+    assert engine.permits_held(1) == {2: 90}
+    released, now_s = 10, 0.0
+    while now_s < 3.0:
+        now_s += 0.01
+        released += released_permits(held, int(now_s * 1e9))
+        # never faster than 50/s after the burst of 10
+        assert released <= 10 + 50 * now_s + 1e-9
+    assert released == 100 and not held and engine.permits_held(1) == {}
 
 
 def released_permits(held: HoldQueue, now_ns: int) -> int:
@@ -421,7 +430,101 @@ rules:
     assert sum(granted) <= 1 + 50 * now_s
     # a connection closed: its consumers' permits are forgotten, nothing else waits
     engine.connection_closed(2)
-    assert run(5.0, now_s) and not held[0] and not engine.states().__next__().flow_share.lanes  # type: ignore[union-attr]
+    share = next(engine.states()).flow_shares[("rule", None, api.BaseCommand.FLOW)]
+    assert run(5.0, now_s) and not held[0] and not share.lanes
+
+
+@pytest.mark.parametrize("per", ["topic", "connection"])
+def test_a_split_flow_bucket_shared_by_two_consumers_splits_its_rate_and_shows_what_it_holds(per: str) -> None:
+    """``per: topic`` (two subscriptions of one topic) or ``per: connection`` (two consumers on one
+    connection): a consumer whose FLOW comes later is not held behind the first one's permits."""
+    engine = engine_for(f"""\
+rules:
+  - name: split
+    match: {{command: [FLOW]}}
+    action: {{throttle: {{messages_per_second: 50, per: {per}}}}}
+""")
+    # per topic: two connections on one topic; per connection: two consumers on one connection
+    first = Session(engine, conn_id=1)
+    first.add_consumer(2, subscription="a")
+    if per == "topic":
+        second = Session(engine, conn_id=2)
+        second.add_consumer(2, subscription="b")
+        lanes = [(first, 2), (second, 2)]
+    else:
+        first.add_consumer(3, subscription="b")
+        lanes = [(first, 2), (first, 3)]
+    for session in {session.conn_id: session for session, _ in lanes}.values():
+        engine.connection_interest(TO_BROKER, session.conn_id, session.client, session.tracker)
+    held = [HoldQueue(), HoldQueue()]
+    granted = [0, 0]
+
+    def flow(index: int, now_s: float) -> None:
+        session, consumer_id = lanes[index]
+        verdict = session.decide(frame(api.CommandFlow(consumer_id=consumer_id, messagePermits=1000)), TO_BROKER,
+                                 now_s=now_s)
+        passed = decode(verdict.replacement).flow.messagePermits if verdict.replacement else 0
+        granted[index] += 1000 if verdict is FORWARD else passed
+        for later in verdict.deferred:
+            if later.poll is not None:
+                held[index].add_poll(int((now_s + later.after_s) * 1e9), TO_BROKER, later.poll)
+            else:  # (a grant fixed when the FLOW came)
+                held[index].add(int((now_s + later.after_s) * 1e9), TO_BROKER, [later.data])
+
+    def run(until_s: float, now_s: float) -> float:
+        while now_s < until_s - 1e-9:
+            now_s += 0.01
+            for index in (0, 1):
+                granted[index] += released_permits(held[index], int(now_s * 1e9))
+        return now_s
+
+    flow(0, 0.0)
+    now_s = run(1.0, 0.0)
+    assert 45 <= granted[0] <= 51 and granted[1] == 0
+    flow(1, now_s)
+    before = list(granted)
+    now_s = run(3.0, now_s)
+    shares = [granted[0] - before[0], granted[1] - before[1]]
+    assert all(45 <= share <= 55 for share in shares), shares  # 25/s each
+    assert sum(granted) <= 1 + 50 * now_s
+    # what the proxy still holds back of each consumer's 1000 permits
+    held_now = {(s.conn_id, c): engine.permits_held(s.conn_id).get(c) for s, c in lanes}
+    assert [held_now[(s.conn_id, c)] for s, c in lanes] == [1000 - granted[0], 1000 - granted[1]]
+    # the first consumer's connection ends (per connection: both end): its waiting permits are gone
+    engine.connection_closed(1)
+    assert engine.permits_held(1) == {}
+    before = list(granted)
+    now_s = run(4.0, now_s)
+    assert granted[0] == before[0]
+    if per == "topic":
+        assert 45 <= granted[1] - before[1] <= 55  # the other consumer has the whole rate
+    else:
+        assert granted[1] == before[1] and not held[0] and not held[1]
+
+
+@pytest.mark.parametrize("per", ["consumer", "topic"])
+def test_a_closed_consumers_waiting_permits_never_reach_the_broker_under_a_split_bucket(per: str) -> None:
+    engine = engine_for(f"""\
+rules:
+  - name: split
+    match: {{command: [FLOW]}}
+    action: {{throttle: {{messages_per_second: 50, per: {per}}}}}
+""")
+    session = Session(engine)
+    session.add_consumer()
+    engine.connection_interest(TO_BROKER, session.conn_id, session.client, session.tracker)
+    held = HoldQueue()
+    verdict = session.decide(frame(api.CommandFlow(consumer_id=2, messagePermits=1000)), TO_BROKER, now_s=0)
+    for later in verdict.deferred:
+        if later.poll is not None:
+            held.add_poll(int(later.after_s * 1e9), TO_BROKER, later.poll)
+        else:  # (a grant fixed when the FLOW came)
+            held.add(int(later.after_s * 1e9), TO_BROKER, [later.data])
+    released = sum(released_permits(held, tick * 10_000_000) for tick in range(1, 101))
+    assert 45 <= released <= 51
+    session.decide(frame(api.CommandCloseConsumer(consumer_id=2, request_id=7)), TO_CLIENT)
+    after = sum(released_permits(held, tick * 10_000_000) for tick in range(101, 301))
+    assert after <= 3 and not held  # at most what was paid for before its poll saw it closed
 
 
 def test_replace_keeps_counters_of_unchanged_rules_only() -> None:
