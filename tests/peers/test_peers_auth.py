@@ -12,7 +12,9 @@ expiring token makes the broker send AUTH_CHALLENGE on the live connection.  Thr
   AUTH_CHALLENGE through the proxy mid-stream without loss;
 - no token (nor any of its three dot-separated parts) reaches the recording's bytes or a
   log line; ``pulsar-tap show`` shows the auth frames redacted; ``pulsar-tap replay REC
-  --upstream <this broker> --token T`` replays with 0 differ and without a token fails.
+  --upstream <this broker> --token T`` replays with 0 differ and without a token fails with one
+  line; ``replay --serve`` of it feeds a client that authenticates what the broker delivered;
+- TLS on both sides of pulsar-tap with a token inside.
 """
 
 from __future__ import annotations
@@ -37,12 +39,14 @@ from typing import Any
 import pulsar
 import pytest
 import trio
-from peers_rig import proxy_running, service_url, show_json
-from real_pulsar import Standalone, make_tls_files, start_standalone
+from peers_rig import proxy_running, service_url, show_json, wait_for
+from real_pulsar import Standalone, make_tls_files, spawn, start_standalone, stop_process
 
+import proxy
 from proxy.client.client import PulsarClient
 from proxy.telemetry.logs import configure_logging
 
+TREE = Path(proxy.__file__).resolve().parent.parent
 SECRET = os.urandom(32)
 ADMIN = "admin"
 MESSAGES = 300
@@ -313,4 +317,49 @@ def test_a_recording_replays_against_the_authenticated_broker_only_with_a_token(
     refused_run = replay()
     assert refused_run.returncode != 0
     assert len(refused_run.stderr.strip().splitlines()) == 1, refused_run.stderr
-    assert "auth" in refused_run.stderr.lower(), refused_run.stderr
+    assert "AuthenticationError" in refused_run.stderr, refused_run.stderr
+
+    # broker-side: the recording served to a client that authenticates gets what the broker delivered
+    ready = tmp_path / "ready.json"
+    server = spawn([sys.executable, "-m", "proxy", "replay", str(recording), "--serve", "--listen", "127.0.0.1:0",
+                    "--ready-file", str(ready), "--log-level", "warning"], tmp_path / "serve.log",
+                   TREE)  # ``python -m proxy`` of the tree under test (the venv's install points at another)
+    try:
+        wait_for(lambda: ready.exists() and ready.stat().st_size and server.poll() is None, 30, "replay --serve")
+        served = f"pulsar://{json.loads(ready.read_text())['listen'][0]}"
+        client = pulsar.Client(served, authentication=pulsar.AuthenticationToken(make_token("watcher")),
+                               operation_timeout_seconds=10, logger=_quiet())
+        try:
+            consumer = client.subscribe(topic, "auth-sub", consumer_type=pulsar.ConsumerType.Exclusive)
+            replayed = [int(consumer.receive(timeout_millis=10000).data()) for _ in range(20)]
+        finally:
+            client.close()
+    finally:
+        stop_process(server)
+    assert sorted(replayed) == sorted(received)
+
+
+def test_a_token_over_tls_through_the_proxy(auth_broker: Standalone, tmp_path: Path, log_lines: LogLines) -> None:
+    """TLS on both sides of pulsar-tap (the module's trustme certificates), a token inside: delivered, not leaked."""
+    assert auth_broker.tls is not None
+    token = make_token("tls-user")
+    record_dir = tmp_path / "recordings"
+    topic = f"persistent://public/default/auth-tls-{uuid.uuid4().hex[:6]}"
+    with proxy_running(auth_broker.service_url_tls, lookup="rewrite", record_dir=record_dir,
+                       tls=auth_broker.tls) as proxy:
+        url = service_url(proxy)
+        assert url.startswith("pulsar+ssl://")
+        client = pulsar.Client(url, authentication=pulsar.AuthenticationToken(token),
+                               tls_trust_certs_file_path=str(auth_broker.tls.ca), tls_validate_hostname=True,
+                               operation_timeout_seconds=15,
+                               logger=_quiet())
+        try:
+            producer = client.create_producer(topic, batching_enabled=False)
+            consumer = client.subscribe(topic, "tls-sub")
+            for index in range(20):
+                producer.send(str(index).encode())
+            received = [int(consumer.receive(timeout_millis=10000).data()) for _ in range(20)]
+        finally:
+            client.close()
+    assert received == list(range(20))
+    assert leaks(record_dir, log_lines.lines, [token]) == []
