@@ -121,11 +121,16 @@ def stop_process(process: subprocess.Popen[bytes], grace: float = 5.0) -> None:
             process.wait(10)
 
 
-def http_json(method: str, url: str, body: Any = None, timeout: float = 30.0) -> Any:
-    """One admin REST call; returns the decoded JSON answer (None when empty), raises PeerFailed on HTTP errors."""
+def http_json(method: str, url: str, body: Any = None, timeout: float = 30.0, token: str | None = None) -> Any:
+    """One admin REST call; returns the decoded JSON answer (None when empty), raises PeerFailed on HTTP errors.
+
+    ``token`` is sent as ``Authorization: Bearer`` (a broker with authentication enabled).
+    """
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method,
-                                     headers={"Content-Type": "application/json", "Accept": "application/json"})
+    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as answer:
             text = answer.read().decode()
@@ -211,7 +216,7 @@ class Standalone(JavaProcess):
 
     def __init__(self, process: subprocess.Popen[bytes], workdir: Path, log_file: Path, *,
                  broker_port: int, web_port: int, tls_port: int | None, tls: TlsFiles | None,
-                 cluster: str = "standalone") -> None:
+                 cluster: str = "standalone", admin_token: str | None = None) -> None:
         super().__init__(f"pulsar standalone {cluster}" if cluster != "standalone" else "pulsar standalone",
                          process, workdir, log_file)
         self.cluster = cluster
@@ -219,6 +224,8 @@ class Standalone(JavaProcess):
         self.web_port = web_port
         self.tls_port = tls_port
         self.tls = tls
+        #: the token of the admin calls, when the broker authenticates
+        self.admin_token = admin_token
 
     @property
     def service_url(self) -> str:
@@ -241,7 +248,7 @@ class Standalone(JavaProcess):
         return [f"127.0.0.1:{port}" for port in ports]
 
     def admin(self, method: str, path: str, body: Any = None) -> Any:
-        return http_json(method, self.admin_url + path, body)
+        return http_json(method, self.admin_url + path, body, token=self.admin_token)
 
     def ready(self) -> bool:
         return self.cluster in (self.admin("GET", "/admin/v2/clusters") or []) and \
@@ -278,10 +285,11 @@ def standalone_config(workdir: Path, *, broker_port: int, web_port: int, tls_por
 
 def start_standalone(workdir: Path | None = None, *, tls: TlsFiles | None = None, timeout: float = 240.0,
                      attempts: int = 2, cluster: str = "standalone",
-                     extra: Mapping[str, str | int] | None = None) -> Standalone:
+                     extra: Mapping[str, str | int] | None = None, admin_token: str | None = None) -> Standalone:
     """Start a real standalone broker on free loopback ports and wait until it serves ``public/default``.
 
-    ``cluster`` names its cluster (``clusterName``); ``extra`` adds broker settings to the config.
+    ``cluster`` names its cluster (``clusterName``); ``extra`` adds broker settings to the config;
+    ``admin_token`` authenticates the admin calls (a broker whose ``extra`` enables authentication).
     """
     require(BROKER_LIB, "the real Pulsar broker")
     workdir = workdir or Path(tempfile.mkdtemp(prefix="pulsar-standalone-"))
@@ -299,7 +307,8 @@ def start_standalone(workdir: Path | None = None, *, tls: TlsFiles | None = None
              "--no-functions-worker", "--no-stream-storage"],
             heap="1g", log_file=log_file)
         broker = Standalone(spawn(command, log_file, run_dir), run_dir, log_file, broker_port=broker_port,
-                            web_port=web_port, tls_port=tls_port if tls else None, tls=tls, cluster=cluster)
+                            web_port=web_port, tls_port=tls_port if tls else None, tls=tls, cluster=cluster,
+                            admin_token=admin_token)
         try:
             broker.wait_until(broker.ready, timeout)
             return broker
