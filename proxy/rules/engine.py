@@ -391,14 +391,12 @@ class RulesEngine:
             self.generation += 1  # the last unload is over: the relay may look at fewer frames again
             self._compute_interest()
         for state in self._states:
-            for key in [k for k in state.buckets if isinstance(k, tuple) and len(k) > 1 and k[1] == conn_id]:
-                del state.buckets[key]
-            shares = state.flow_shares
-            for share in shares.values():  # (a poll still held keeps its share: it must find its lane gone)
+            for share in state.flow_shares.values():  # (a poll still held keeps its share: it must find its lane gone)
                 for lane in [lane for lane in share.lanes if isinstance(lane, tuple) and lane[0] == conn_id]:
                     share.drop(lane)
-            for key in [k for k in shares if isinstance(k, tuple) and len(k) > 1 and k[1] == conn_id]:
-                del shares[key]
+            for kept in (state.buckets, state.flow_shares):  # (keyed (per, conn_id, ...) per connection or consumer)
+                for key in [k for k in kept if isinstance(k, tuple) and len(k) > 1 and k[1] == conn_id]:
+                    del kept[key]
 
     # -- the decision -----------------------------------------------------------------------------
     def evaluate(self, frame: Frame, direction: Direction, now_ns: int, *, conn_id: int = 0,
