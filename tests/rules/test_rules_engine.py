@@ -382,6 +382,33 @@ def released_permits(held: HoldQueue, now_ns: int) -> int:
     return sum(decode(data).flow.messagePermits for entry in held.pop_due(now_ns) for data in entry.frames)
 
 
+class TwoConsumers:
+    """Two consumers' FLOWs of 1000 permits decided by the engine; what it holds back released as the relay would."""
+
+    def __init__(self, lanes: list[tuple[Session, int]]) -> None:
+        self.lanes = lanes
+        self.held = [HoldQueue(), HoldQueue()]
+        self.granted = [0, 0]
+
+    def flow(self, index: int, now_s: float) -> None:
+        session, consumer_id = self.lanes[index]
+        verdict = session.decide(frame(api.CommandFlow(consumer_id=consumer_id, messagePermits=1000)), TO_BROKER,
+                                 now_s=now_s)
+        passed = decode(verdict.replacement).flow.messagePermits if verdict.replacement else 0
+        self.granted[index] += 1000 if verdict is FORWARD else passed
+        for later in verdict.deferred:
+            assert later.poll is not None  # (a FLOW throttle's permits wait in a poll, as the pipeline holds it)
+            self.held[index].add_poll(int((now_s + later.after_s) * 1e9), TO_BROKER, later.poll)
+
+    def run(self, until_s: float, now_s: float) -> float:
+        """Release what is due every 10 ms until ``until_s``; the time reached."""
+        while now_s < until_s - 1e-9:
+            now_s += 0.01
+            for index in (0, 1):
+                self.granted[index] += released_permits(self.held[index], int(now_s * 1e9))
+        return now_s
+
+
 def test_one_shared_flow_bucket_splits_its_rate_between_the_consumers_waiting_and_forgets_a_closed_one() -> None:
     """A later consumer is not held behind an earlier one's permits; the total never beats the rate."""
     engine = engine_for("""\
@@ -391,27 +418,11 @@ rules:
     action: {throttle: {messages_per_second: 50}}
 """)
     sessions = [Session(engine, conn_id=conn_id) for conn_id in (1, 2)]
-    held = [HoldQueue(), HoldQueue()]
-    granted = [0, 0]
     for session in sessions:
         session.add_consumer()
         engine.connection_interest(TO_BROKER, session.conn_id, session.client, session.tracker)
-
-    def flow(index: int, now_s: float) -> None:
-        verdict = sessions[index].decide(frame(api.CommandFlow(consumer_id=2, messagePermits=1000)), TO_BROKER,
-                                         now_s=now_s)
-        passed = decode(verdict.replacement).flow.messagePermits if verdict.replacement else 0
-        granted[index] += 1000 if verdict is FORWARD else passed
-        for later in verdict.deferred:
-            assert later.poll is not None  # (what the pipeline does with a deferred poll)
-            held[index].add_poll(int((now_s + later.after_s) * 1e9), TO_BROKER, later.poll)
-
-    def run(until_s: float, now_s: float) -> float:
-        while now_s < until_s - 1e-9:
-            now_s += 0.01
-            for index in (0, 1):
-                granted[index] += released_permits(held[index], int(now_s * 1e9))
-        return now_s
+    consumers = TwoConsumers([(sessions[0], 2), (sessions[1], 2)])
+    flow, run, granted, held = consumers.flow, consumers.run, consumers.granted, consumers.held
 
     flow(0, 0.0)
     now_s = run(1.0, 0.0)
@@ -456,27 +467,8 @@ rules:
         lanes = [(first, 2), (first, 3)]
     for session in {session.conn_id: session for session, _ in lanes}.values():
         engine.connection_interest(TO_BROKER, session.conn_id, session.client, session.tracker)
-    held = [HoldQueue(), HoldQueue()]
-    granted = [0, 0]
-
-    def flow(index: int, now_s: float) -> None:
-        session, consumer_id = lanes[index]
-        verdict = session.decide(frame(api.CommandFlow(consumer_id=consumer_id, messagePermits=1000)), TO_BROKER,
-                                 now_s=now_s)
-        passed = decode(verdict.replacement).flow.messagePermits if verdict.replacement else 0
-        granted[index] += 1000 if verdict is FORWARD else passed
-        for later in verdict.deferred:
-            if later.poll is not None:
-                held[index].add_poll(int((now_s + later.after_s) * 1e9), TO_BROKER, later.poll)
-            else:  # (a grant fixed when the FLOW came)
-                held[index].add(int((now_s + later.after_s) * 1e9), TO_BROKER, [later.data])
-
-    def run(until_s: float, now_s: float) -> float:
-        while now_s < until_s - 1e-9:
-            now_s += 0.01
-            for index in (0, 1):
-                granted[index] += released_permits(held[index], int(now_s * 1e9))
-        return now_s
+    consumers = TwoConsumers(lanes)
+    flow, run, granted, held = consumers.flow, consumers.run, consumers.granted, consumers.held
 
     flow(0, 0.0)
     now_s = run(1.0, 0.0)
