@@ -400,6 +400,21 @@ class TwoConsumers:
             assert later.poll is not None  # (a FLOW throttle's permits wait in a poll, as the pipeline holds it)
             self.held[index].add_poll(int((now_s + later.after_s) * 1e9), TO_BROKER, later.poll)
 
+    def second_joins_later(self) -> float:
+        """At 50/s: the first consumer alone for 1 s has the whole rate, then both wait and get 25/s each for 2 s;
+        the time reached."""
+        granted = self.granted
+        self.flow(0, 0.0)
+        now_s = self.run(1.0, 0.0)
+        assert 45 <= granted[0] <= 51 and granted[1] == 0
+        self.flow(1, now_s)
+        before = list(granted)
+        now_s = self.run(3.0, now_s)
+        shares = [granted[0] - before[0], granted[1] - before[1]]
+        assert all(45 <= share <= 55 for share in shares), shares  # 25/s each
+        assert sum(granted) <= 1 + 50 * now_s
+        return now_s
+
     def run(self, until_s: float, now_s: float) -> float:
         """Release what is due every 10 ms until ``until_s``; the time reached."""
         while now_s < until_s - 1e-9:
@@ -422,17 +437,8 @@ rules:
         session.add_consumer()
         engine.connection_interest(TO_BROKER, session.conn_id, session.client, session.tracker)
     consumers = TwoConsumers([(sessions[0], 2), (sessions[1], 2)])
-    flow, run, granted, held = consumers.flow, consumers.run, consumers.granted, consumers.held
-
-    flow(0, 0.0)
-    now_s = run(1.0, 0.0)
-    assert 45 <= granted[0] <= 51 and granted[1] == 0
-    flow(1, now_s)
-    before = list(granted)
-    now_s = run(3.0, now_s)
-    shares = [granted[0] - before[0], granted[1] - before[1]]
-    assert all(45 <= share <= 55 for share in shares), shares  # 25/s each
-    assert sum(granted) <= 1 + 50 * now_s
+    run, granted, held = consumers.run, consumers.granted, consumers.held
+    now_s = consumers.second_joins_later()
     # the broker closes the first consumer: its waiting permits go nowhere, the other gets the whole rate
     sessions[0].decide(frame(api.CommandCloseConsumer(consumer_id=2, request_id=7)), TO_CLIENT)
     before = list(granted)
@@ -468,17 +474,8 @@ rules:
     for session in {session.conn_id: session for session, _ in lanes}.values():
         engine.connection_interest(TO_BROKER, session.conn_id, session.client, session.tracker)
     consumers = TwoConsumers(lanes)
-    flow, run, granted, held = consumers.flow, consumers.run, consumers.granted, consumers.held
-
-    flow(0, 0.0)
-    now_s = run(1.0, 0.0)
-    assert 45 <= granted[0] <= 51 and granted[1] == 0
-    flow(1, now_s)
-    before = list(granted)
-    now_s = run(3.0, now_s)
-    shares = [granted[0] - before[0], granted[1] - before[1]]
-    assert all(45 <= share <= 55 for share in shares), shares  # 25/s each
-    assert sum(granted) <= 1 + 50 * now_s
+    run, granted, held = consumers.run, consumers.granted, consumers.held
+    now_s = consumers.second_joins_later()
     # what the proxy still holds back of each consumer's 1000 permits
     held_now = {(s.conn_id, c): engine.permits_held(s.conn_id).get(c) for s, c in lanes}
     assert [held_now[(s.conn_id, c)] for s, c in lanes] == [1000 - granted[0], 1000 - granted[1]]
