@@ -9,8 +9,17 @@ the send latency (p50 / p99 / max, from send to receipt) and the recording's siz
 At the end the trend: the slope of memory and file descriptors over the run (after
 the first window, which includes start-up) and whether every message arrived.
 
+``--churn N`` adds N short-lived sessions a second beside that steady traffic, each a
+client of its own: it connects, subscribes (Shared, under a FLOW throttle every churned
+consumer shares), produces five messages (under a throttle per producer), receives them,
+and closes.  Topics and subscriptions come from small pools, so what the proxy keeps per
+connection, producer and consumer is all that churns: what it forgets too late shows as
+a growing slope.  The proxy's admin API is then sampled too: its connections
+(``GET /connections``) and the size of its ``/metrics`` page.
+
     .venv/bin/python bench/soak.py --minutes 30                 # the run reported in issue #12
     .venv/bin/python bench/soak.py --minutes 2 --interval 10    # a quick look
+    .venv/bin/python bench/soak.py --minutes 10 --churn 5       # 3 000 client sessions come and go
 
 Ctrl-C stops it early and prints what it has.  Traffic goes to 127.0.0.1 only.
 """
@@ -28,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,9 +58,22 @@ rules:
     action: mark
 """
 
+#: with --churn: every churned consumer shares one FLOW bucket, every churned producer has a bucket of its own
+CHURN_RULES = """\
+  - name: churn-consumers
+    match: {command: [FLOW], topic: "persistent://public/default/churn-*"}
+    action: {throttle: {messages_per_second: 5000}}
+  - name: churn-producers
+    match: {command: [SEND], topic: "persistent://public/default/churn-*"}
+    action: {throttle: {messages_per_second: 5000, per: producer}}
+"""
+CHURN_TOPICS = 16
+CHURN_MESSAGES = 5
+
 
 @contextlib.contextmanager
-def pulsar_tap(workdir: Path, name: str, *args: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+def pulsar_tap(workdir: Path, name: str, *args: str) -> Iterator[tuple[subprocess.Popen[bytes], str, str | None]]:
+    """Run ``pulsar-tap ARGS`` in ``workdir``: (process, listening address, admin address or None)."""
     ready = workdir / f"{name}.json"
     log = (workdir / f"{name}.log").open("wb")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -60,12 +83,13 @@ def pulsar_tap(workdir: Path, name: str, *args: str) -> Iterator[tuple[subproces
         deadline = time.monotonic() + 60
         while True:
             with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
-                address = json.loads(ready.read_text())["listen"][0]
+                addresses = json.loads(ready.read_text())
+                address, admin = addresses["listen"][0], addresses.get("admin")
                 break
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{name} did not start: {(workdir / f'{name}.log').read_text()[-2000:]}")
             time.sleep(0.05)
-        yield process, address
+        yield process, address, admin
     finally:
         process.send_signal(signal.SIGTERM)
         try:
@@ -104,6 +128,9 @@ class Traffic:
     failed: int = 0
     received: int = 0
     received_ids: set[bytes] = field(default_factory=set)
+    churned: int = 0
+    churn_failed: int = 0
+    churn_errors: list[str] = field(default_factory=list)
 
     def take(self) -> tuple[list[float], int, int, int, int]:
         with self.lock:
@@ -136,18 +163,20 @@ def run(args: argparse.Namespace) -> int:
           f"cpus {os.cpu_count()}", flush=True)
     parts = [name for name, off in (("rules", args.no_rules), ("recording", args.no_record)) if not off]
     print(f"soak: {args.minutes:g} min, {args.rate} msg/s over {args.producers} producers, {args.consumers} "
-          f"Shared consumers, {args.size} B messages, {' + '.join(parts) or 'nothing'} on; a row every "
-          f"{args.interval:g} s", flush=True)
+          f"Shared consumers, {args.size} B messages, {' + '.join(parts) or 'nothing'} on"
+          + (f", {args.churn:g} client sessions a second come and go" if args.churn else "")
+          + f"; a row every {args.interval:g} s", flush=True)
     with tempfile.TemporaryDirectory(prefix="pulsar-tap-soak-") as tmp:
         workdir = Path(tmp)
-        (workdir / "rules.yaml").write_text(RULES)
+        (workdir / "rules.yaml").write_text(RULES + (CHURN_RULES if args.churn else ""))
         recordings = workdir / "recordings"
         recordings.mkdir()
         extra = ([] if args.no_rules else ["--rules", "rules.yaml"]) + ([] if args.no_record else
                                                                         ["--record", str(recordings)])
-        with pulsar_tap(workdir, "broker", "broker", "--listen", "127.0.0.1:0") as (_, broker), \
+        extra += ["--admin", "127.0.0.1:0"] if args.churn else []
+        with pulsar_tap(workdir, "broker", "broker", "--listen", "127.0.0.1:0") as (_, broker, _), \
                 pulsar_tap(workdir, "proxy", "run", "--upstream", f"pulsar://{broker}", "--listen", "127.0.0.1:0",
-                           *extra) as (proxy, listen):
+                           *extra) as (proxy, listen, admin):
             traffic = Traffic()
             client = pulsar.Client(f"pulsar://{listen}", operation_timeout_seconds=30,
                                    logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
@@ -160,9 +189,12 @@ def run(args: argparse.Namespace) -> int:
             stop, drained = threading.Event(), threading.Event()
             threads = [threading.Thread(target=produce, args=(producers, traffic, args, stop), daemon=True)]
             threads += [threading.Thread(target=consume, args=(c, traffic, drained), daemon=True) for c in consumers]
+            if args.churn:
+                threads.append(threading.Thread(target=churn, args=(f"pulsar://{listen}", traffic, args, stop),
+                                                daemon=True))
             for thread in threads:
                 thread.start()
-            rows = sample(proxy.pid, recordings, traffic, args)
+            rows = sample(proxy.pid, recordings, traffic, args, admin)
             stop.set()
             for producer in producers:
                 with contextlib.suppress(Exception):
@@ -210,6 +242,53 @@ def produce(producers: list, traffic: Traffic, args: argparse.Namespace, stop: t
         index += 1
 
 
+def churn(url: str, traffic: Traffic, args: argparse.Namespace, stop: threading.Event) -> None:
+    """``args.churn`` client sessions a second, one after another: each a client of its own (see the docstring)."""
+    import pulsar
+
+    interval = 1.0 / args.churn
+    next_at = time.monotonic()
+    index = 0
+    while not stop.is_set():
+        now = time.monotonic()
+        if now < next_at:
+            time.sleep(min(next_at - now, 0.05))
+            continue
+        next_at = max(next_at + interval, now - 1.0)  # (a slow session is not made up for with a burst)
+        topic = f"persistent://public/default/churn-{index % CHURN_TOPICS}"
+        client = pulsar.Client(url, operation_timeout_seconds=10, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+        try:
+            consumer = client.subscribe(topic, f"churn-{index % 4}", consumer_type=pulsar.ConsumerType.Shared,
+                                        receiver_queue_size=100)
+            producer = client.create_producer(topic)
+            for number in range(CHURN_MESSAGES):
+                producer.send(b"churn %d %d" % (index, number))
+            for _ in range(CHURN_MESSAGES):  # (five of the subscription's: a session's, or one before's left over)
+                consumer.acknowledge(consumer.receive(10_000))
+            outcome = None
+        except Exception as exc:  # (counted and named in the report: the soak goes on)
+            outcome = f"{type(exc).__name__}: {exc}"
+        finally:
+            with contextlib.suppress(Exception):
+                client.close()
+        with traffic.lock:
+            traffic.churned += 1
+            if outcome is not None:
+                traffic.churn_failed += 1
+                if len(traffic.churn_errors) < 5:
+                    traffic.churn_errors.append(outcome)
+        index += 1
+
+
+def admin_sample(admin: str) -> tuple[int, int]:
+    """Connections the proxy serves (``GET /connections``) and its ``/metrics`` page's size in bytes."""
+    with urllib.request.urlopen(f"http://{admin}/connections", timeout=10) as answer:
+        connections = len(json.loads(answer.read())["connections"])
+    with urllib.request.urlopen(f"http://{admin}/metrics", timeout=10) as answer:
+        metrics = len(answer.read())
+    return connections, metrics
+
+
 def consume(consumer: object, traffic: Traffic, drained: threading.Event) -> None:
     """Receive and acknowledge until the producers stopped and everything acknowledged arrived."""
     import pulsar
@@ -236,18 +315,23 @@ class Row:
     p99_ms: float
     max_ms: float
     recording: int
+    #: with --churn: sessions begun in the window, connections served at its end, /metrics' size (bytes)
+    churned: int = 0
+    connections: int = 0
+    metrics: int = 0
 
 
 HEADER = (f"{'min':>6} {'RSS MiB':>8} {'fds':>5} {'CPU %':>6} {'sent':>8} {'recv':>8} {'p50 ms':>7} "
           f"{'p99 ms':>7} {'max ms':>7} {'rec MiB':>8}")
+CHURN_HEADER = f" {'churned':>8} {'conns':>6} {'metrics KiB':>12}"
 
 
-def sample(pid: int, recordings: Path, traffic: Traffic, args: argparse.Namespace) -> list[Row]:
+def sample(pid: int, recordings: Path, traffic: Traffic, args: argparse.Namespace, admin: str | None) -> list[Row]:
     rows: list[Row] = []
     started = time.monotonic()
     _, _, cpu_before = proc_status(pid)
-    sent_before = received_before = 0
-    print(HEADER, flush=True)
+    sent_before = received_before = churned_before = 0
+    print(HEADER + (CHURN_HEADER if args.churn else ""), flush=True)
     interrupted = False
     try:
         while time.monotonic() - started < args.minutes * 60:
@@ -256,16 +340,20 @@ def sample(pid: int, recordings: Path, traffic: Traffic, args: argparse.Namespac
             elapsed = time.monotonic() - started
             rss, fds, cpu = proc_status(pid)
             latencies, sent, _, _, received = traffic.take()
+            churned = traffic.churned
+            connections, metrics = admin_sample(admin) if args.churn and admin else (0, 0)
             window_s = args.interval if not rows else elapsed - rows[-1].minute * 60
             row = Row(elapsed / 60, rss, fds, 100 * (cpu - cpu_before) / max(window_s, 1e-9),
                       sent - sent_before, received - received_before, 1000 * percentile(latencies, 0.5),
                       1000 * percentile(latencies, 0.99), 1000 * max(latencies, default=float("nan")),
-                      dir_size(recordings))
-            cpu_before, sent_before, received_before = cpu, sent, received
+                      dir_size(recordings), churned - churned_before, connections, metrics)
+            cpu_before, sent_before, received_before, churned_before = cpu, sent, received, churned
             rows.append(row)
             print(f"{row.minute:>6.1f} {row.rss / 2**20:>8.1f} {row.fds:>5} {row.cpu_percent:>6.1f} {row.sent:>8} "
                   f"{row.received:>8} {row.p50_ms:>7.1f} {row.p99_ms:>7.1f} {row.max_ms:>7.1f} "
-                  f"{row.recording / 2**20:>8.1f}", flush=True)
+                  f"{row.recording / 2**20:>8.1f}"
+                  + (f" {row.churned:>8} {row.connections:>6} {row.metrics / 1024:>12.1f}" if args.churn else ""),
+                  flush=True)
     except KeyboardInterrupt:
         interrupted = True
         print("interrupted: the rows so far", flush=True)
@@ -290,6 +378,12 @@ def report(rows: list[Row], traffic: Traffic, warnings: list[str]) -> None:
               f"{max(r.max_ms for r in steady):.1f} ms")
     print(f"  messages: {traffic.sent:,} sent, {traffic.acked:,} acknowledged, {traffic.failed:,} failed, "
           f"{traffic.received:,} received ({'all' if traffic.received >= traffic.acked else 'MISSING some'})")
+    if traffic.churned:
+        print(f"  churn: {traffic.churned:,} client sessions, {traffic.churn_failed:,} failed; connections served "
+              f"{steady[0].connections} -> {steady[-1].connections}, /metrics {steady[0].metrics / 1024:.1f} -> "
+              f"{steady[-1].metrics / 1024:.1f} KiB")
+        for error in traffic.churn_errors:
+            print(f"    {error[:200]}")
     print(f"  proxy warnings/errors in its log: {len(warnings)}")
     for line in warnings[:5]:
         print(f"    {line[:200]}")
@@ -305,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=200, help="message size in bytes (default 200)")
     parser.add_argument("--no-rules", action="store_true", help="run the proxy without rules")
     parser.add_argument("--no-record", action="store_true", help="run the proxy without recording")
+    parser.add_argument("--churn", type=float, default=0.0, metavar="N",
+                        help="N short-lived client sessions a second beside the steady traffic (default 0: none)")
     return run(parser.parse_args(argv))
 
 

@@ -100,9 +100,9 @@ def enough_fds() -> Iterator[None]:
 
 
 def test_a_thousand_busy_connections_are_all_served_in_bounded_memory(tmp_path: Path, enough_fds: None) -> None:
-    with soak.pulsar_tap(tmp_path, "broker", "broker", "--listen", "127.0.0.1:0") as (_, broker), \
+    with soak.pulsar_tap(tmp_path, "broker", "broker", "--listen", "127.0.0.1:0") as (_, broker, _), \
             soak.pulsar_tap(tmp_path, "proxy", "run", "--upstream", f"pulsar://{broker}", "--listen", "127.0.0.1:0",
-                       "--drain-seconds", "0") as (proxy, listen):
+                       "--drain-seconds", "0") as (proxy, listen, _):
         port = int(listen.rsplit(":", 1)[1])
         time.sleep(0.5)
         fds_before, rss_before = open_fds(proxy.pid), rss_bytes(proxy.pid)
