@@ -234,8 +234,9 @@ async def _traffic(url: str, args: argparse.Namespace, stop: _Stop) -> dict[str,
 
         def progress(final: bool = False) -> None:
             elapsed = time.monotonic() - started
-            line = (f"[{elapsed:5.1f}s] sent {len(sent):,}  received {sum(received.values()):,}  publish "
-                    f"p50 {latency.percentile(50) * 1000:.1f} ms  p99 {latency.percentile(99) * 1000:.1f} ms")
+            publish = (f"p50 {latency.percentile(50) * 1000:.1f} ms  p99 {latency.percentile(99) * 1000:.1f} ms"
+                       if latency.count else "latency: no receipt yet")
+            line = f"[{elapsed:5.1f}s] sent {len(sent):,}  received {sum(received.values()):,}  publish {publish}"
             if tty:
                 print(f"\r\033[K{line}", end="\n" if final else "", flush=True)
             elif final or int(elapsed * 2) % 4 == 0:
