@@ -321,6 +321,8 @@ class BrokerConnection:
             return
         if stored is None:  # a duplicate: Pulsar answers with ids -1
             ledger_id, entry_id = NO_REQUEST_ID, NO_REQUEST_ID
+        elif topic.non_persistent:  # (stored nowhere: Pulsar answers 0:0, and no highest sequence id)
+            ledger_id, entry_id, highest = 0, 0, NO_REQUEST_ID
         else:
             ledger_id, entry_id = topic.ledger.ledger_id, stored.entry_id
         self._reply(api.CommandSendReceipt(
@@ -489,6 +491,9 @@ class BrokerConnection:
             return
         subscription = found[1]
         topic = subscription.topic
+        if topic.non_persistent:  # (word for word what Pulsar's broker answers there)
+            self._error(cmd.request_id, "UnknownError", "Failed to recover Transaction Buffer.")
+            return
         ledger = topic.ledger
         last = ledger.get(ledger.last_entry_id)
         batch_index = last.num_messages - 1 if last is not None and last.batched else -1
@@ -557,7 +562,8 @@ class BrokerConnection:
         if found is None or found[0] is not consumer:
             return
         topic = found[1].topic
-        message_id = api.MessageIdData(ledgerId=topic.ledger.ledger_id, entryId=entry.entry_id)
+        message_id = api.MessageIdData(ledgerId=0, entryId=0) if topic.non_persistent else \
+            api.MessageIdData(ledgerId=topic.ledger.ledger_id, entryId=entry.entry_id)
         if topic.partition_index >= 0:
             message_id.partition = topic.partition_index
         cmd = api.BaseCommand(type=T.MESSAGE)

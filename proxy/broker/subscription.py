@@ -275,7 +275,10 @@ class Subscription:
         self.redelivery_counts.pop(entry_id, None)
 
     def redeliver(self, consumer: Consumer, entry_ids: list[int] | None) -> None:
-        """REDELIVER_UNACKNOWLEDGED_MESSAGES: all of the consumer's, or the listed entries."""
+        """REDELIVER_UNACKNOWLEDGED_MESSAGES: all of the consumer's, or the listed entries (none on a
+        non-persistent topic: nothing is kept to deliver again)."""
+        if self.topic.non_persistent:
+            return
         if not self.is_shared:
             # Exclusive and Failover always redeliver everything, by rewinding
             if self._active is None or consumer is self._active or self.sub_type == EXCLUSIVE:
@@ -296,7 +299,12 @@ class Subscription:
         self.cursor.replay(entry_id)
 
     def seek(self, entry_id: int) -> None:
-        """Reset the cursor; the consumers are disconnected and come back (as Pulsar does)."""
+        """Reset the cursor; the consumers are disconnected and come back (as Pulsar does).
+
+        On a non-persistent topic there is nothing to go back to: nothing happens (nobody is disconnected).
+        """
+        if self.topic.non_persistent:
+            return
         for consumer in list(self.consumers):
             consumer.sink.send_close_consumer(consumer)
         for consumer in list(self.consumers):
@@ -304,6 +312,11 @@ class Subscription:
         self._owner.clear()
         self.redelivery_counts.clear()
         self.cursor.reset(entry_id)
+
+    def drop_undelivered(self) -> None:
+        """A non-persistent topic's: what the consumers could not take as it was published is gone."""
+        self.cursor.ack_cumulative(self.topic.ledger.last_entry_id)
+        self.cursor.replay_ids()  # (purges the acknowledged: a Key_Shared consumer's blocked ones)
 
     # -- dispatch ---------------------------------------------------------------
 
@@ -335,13 +348,16 @@ class Subscription:
                     words[i // 64] |= 1 << (i % 64)
             ack_set = [w - (1 << 64) if w >= 1 << 63 else w for w in words]
         consumer.permits -= entry.num_messages
-        consumer.pending[entry_id] = entry.num_messages
-        consumer.unacked_messages += entry.num_messages
+        if self.topic.non_persistent:  # (sent is done with: nothing is kept to deliver again)
+            self.cursor.ack_individual(entry_id)
+        else:
+            consumer.pending[entry_id] = entry.num_messages
+            consumer.unacked_messages += entry.num_messages
+            self._owner[entry_id] = consumer
         consumer.messages_out += entry.num_messages
         consumer.bytes_out += entry.size
         self.messages_out += entry.num_messages
         self.bytes_out += entry.size
-        self._owner[entry_id] = consumer
         consumer.sink.send_message(consumer, entry, self.redelivery_counts.get(entry_id, 0), ack_set)
         return True
 

@@ -12,6 +12,10 @@ connected is refused (ProducerBusy).  A terminated topic takes no more messages
 Markers the broker writes for itself (replicated subscriptions) are stored like
 messages but never deduplicated; a geo-replicator's messages (producer
 ``pulsar.repl.*``) are deduplicated by their original producer name and sequence id.
+A ``non-persistent://`` topic stores nothing, as Pulsar's ``NonPersistentTopic``: a
+message goes to the consumers connected with permits as it is published and is
+dropped for every subscription that has none; a new subscription (or a reader from
+the earliest message) starts at the next message; its ids are 0:0.
 Nothing here does I/O: producers are closed through a :class:`ProducerSink`.
 """
 
@@ -38,6 +42,7 @@ EXCLUSIVE_WITH_FENCING: Final = AccessMode.ExclusiveWithFencing
 
 #: ledger id meaning "before every ledger" / "after every ledger" in a client's MessageIdData
 _EARLIEST_LEDGER: Final = -1
+NON_PERSISTENT: Final = "non-persistent://"
 _INT64_MAX: Final = (1 << 63) - 1
 
 
@@ -87,6 +92,9 @@ class Topic:
     def __init__(self, name: str, partition_index: int, ledger_id: int, retention_bytes: int,
                  dedup: bool = False) -> None:
         self.name = name
+        #: a non-persistent topic stores nothing: a message goes to the consumers connected with permits
+        #: when it is published, or nowhere (see :meth:`publish`)
+        self.non_persistent = name.startswith(NON_PERSISTENT)
         self.partition_index = partition_index
         self.ledger = Ledger(ledger_id, retention_bytes)
         self.producers: list[Producer] = []
@@ -180,7 +188,8 @@ class Topic:
             raise BrokerError("TopicTerminatedError", "Topic was already terminated")
         if not producer.ready:
             raise BrokerError("ProducerBusy", "Producer is not ready to publish (waiting for exclusive access)")
-        if self.dedup_enabled and not metadata.HasField("marker_type"):  # markers are never deduplicated
+        if self.dedup_enabled and not self.non_persistent and not metadata.HasField("marker_type"):
+            # (markers are never deduplicated, nor are a non-persistent topic's messages)
             # a replicator's messages are deduplicated by their original producer name, as
             # Pulsar does for producers named pulsar.repl.* (its "replication dedup V1")
             name = metadata.producer_name if is_replicator(producer.producer_name) else producer.producer_name
@@ -197,6 +206,9 @@ class Topic:
         self.stats.bytes_in += entry.size
         self._sample(now_ns)
         self._appended(entry)
+        if self.non_persistent:
+            for subscription in self.subscriptions.values():
+                subscription.drop_undelivered()
         return entry
 
     def publish_marker(self, section: bytes, metadata: api.MessageMetadata) -> Entry:
@@ -242,7 +254,12 @@ class Topic:
     # -- subscriptions --------------------------------------------------------------
 
     def start_position(self, message_id: api.MessageIdData | None, initial_earliest: bool) -> int:
-        """The entry id a new cursor reads next, from a start message id or an initial position."""
+        """The entry id a new cursor reads next, from a start message id or an initial position.
+
+        (A non-persistent topic has nothing to read from before: only what comes next.)
+        """
+        if self.non_persistent:
+            return self.ledger.next_entry_id
         if message_id is None:
             return self.ledger.first_entry_id if initial_earliest else self.ledger.next_entry_id
         ledger_id = signed64(message_id.ledgerId)

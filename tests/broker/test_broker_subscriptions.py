@@ -319,3 +319,35 @@ def test_key_shared_keeps_per_key_order_when_consumers_join_and_leave(client: pu
         # a message the first consumer held unacked when it left comes again; order is kept
         deduplicated = list(dict.fromkeys(values))
         assert deduplicated == sorted(deduplicated)
+
+
+def test_a_non_persistent_topic_delivers_to_consumers_with_permits_and_keeps_nothing(client: pulsar.Client) -> None:
+    """As Pulsar's NonPersistentTopic (the real broker's answers, tests/peers/FIDELITY.md's tour): ids 0:0,
+    nothing stored for a later subscriber or a reader, a message for a consumer without permits dropped,
+    no redelivery, no last message id, a seek that changes nothing; a Shared pair splits what comes."""
+    topic = "non-persistent://public/default/volatile"
+    producer = client.create_producer(topic, batching_enabled=False)
+    assert {str(producer.send(b"before %d" % i)) for i in range(3)} == {"(0,0,-1,-1)"}
+    late = client.subscribe(topic, "late", initial_position=pulsar.InitialPosition.Earliest, receiver_queue_size=1)
+    reader = client.create_reader(topic, pulsar.MessageId.earliest)
+    assert drain(late) == []
+    with pytest.raises(pulsar.PulsarException):  # (UnknownError, word for word the real broker's)
+        late.get_last_message_id()
+    for i in range(10):  # the late consumer granted one permit: the first goes to it, the rest nowhere
+        producer.send(b"now %d" % i)
+    assert [m.data() for m in drain(late, ack=False)] == [b"now 0"]
+    assert [reader.read_next(TIMEOUT_MS).data() for _ in range(10)] == [b"now %d" % i for i in range(10)]
+    late.seek(pulsar.MessageId.earliest)
+    producer.send(b"after the seek")
+    (message,) = drain(late, idle_ms=1000, ack=False)
+    assert message.data() == b"after the seek" and str(message.message_id()) == "(0,0,-1,-1)"
+    late.negative_acknowledge(message)
+    time.sleep(1.5)  # (the client's default negative-ack delay is 1 s: nothing comes back)
+    assert drain(late) == []
+    pair = [client.subscribe(topic, "pair", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=20)
+            for _ in range(2)]
+    for i in range(20):
+        producer.send(b"shared %d" % i)
+    got = [drain(consumer) for consumer in pair]
+    assert sorted(len(g) for g in got) == [10, 10]
+    assert sorted(m.data() for g in got for m in g) == sorted(b"shared %d" % i for i in range(20))

@@ -159,6 +159,50 @@ def run(client: pulsar.Client, prefix: str) -> dict[str, str]:
         return f"{len(got)} received"
 
     steps["batched ZSTD 30"] = outcome(batched_zstd)
+
+    # A non-persistent topic stores nothing: messages go to the consumers connected with permits, or nowhere.
+    volatile = f"non-persistent://public/default/{prefix}-volatile"
+
+    def volatile_send_ids() -> str:
+        producer = client.create_producer(volatile)
+        ids = {str(producer.send(f"v{i}".encode())) for i in range(3)}
+        producer.close()
+        return ",".join(sorted(ids))
+
+    steps["non-persistent: message ids of sends nobody receives"] = outcome(volatile_send_ids)
+
+    def volatile_late_subscriber() -> str:
+        consumer = client.subscribe(volatile, "late", initial_position=pulsar.InitialPosition.Earliest)
+        holder["volatile"] = consumer
+        return f"{len(receive_all(consumer, 3, timeout_ms=500))} received"
+
+    steps["non-persistent: a subscriber from earliest after the sends"] = outcome(volatile_late_subscriber)
+    steps["non-persistent: last message id"] = outcome(lambda: str(holder["volatile"].get_last_message_id()))
+
+    def volatile_without_permits() -> str:
+        slow = client.subscribe(f"{volatile}-slow", "slow", receiver_queue_size=1)
+        producer = client.create_producer(f"{volatile}-slow", batching_enabled=False)
+        for i in range(10):
+            producer.send(f"s{i}".encode())
+        got = receive_all(slow, 10, timeout_ms=500)
+        producer.close()
+        slow.close()
+        return ",".join(g.decode() for g in got)
+
+    steps["non-persistent: a consumer with one permit, 10 sent before it reads"] = outcome(volatile_without_permits)
+
+    def volatile_negative_ack() -> str:
+        consumer = client.subscribe(f"{volatile}-nack", "nack", negative_ack_redelivery_delay_ms=100)
+        producer = client.create_producer(f"{volatile}-nack")
+        producer.send(b"once")
+        consumer.negative_acknowledge(consumer.receive(timeout_millis=5000))
+        again = receive_all(consumer, 1, timeout_ms=700)
+        producer.close()
+        consumer.close()
+        return f"{len(again)} redelivered"
+
+    steps["non-persistent: a negative ack"] = outcome(volatile_negative_ack)
+    steps["non-persistent: seek to the earliest"] = outcome(lambda: holder["volatile"].seek(pulsar.MessageId.earliest))
     steps["close the named producer"] = outcome(lambda: holder["producer"].close())
     return steps
 
