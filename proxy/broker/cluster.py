@@ -24,6 +24,7 @@ from typing import Final
 
 from proxy.broker.naming import TopicName, stable_topic_hash
 from proxy.broker.replication import GeoSettings, TopicGeo
+from proxy.broker.timers import Timers
 from proxy.broker.topic import Topic
 from proxy.errors import BrokerError
 from proxy.protocol.frame import DEFAULT_MAX_MESSAGE_SIZE
@@ -73,6 +74,8 @@ class Cluster:
         self.config = config
         self.brokers: list[BrokerInfo] = []
         self.topics: dict[str, Topic] = {}
+        #: delayed deliveries of every topic (run by whoever runs the cluster: ClusterRunner)
+        self.timers = Timers()
         #: partitioned topic name -> number of partitions
         self.partitioned: dict[str, int] = {}
         self.owners: dict[str, int] = {}
@@ -159,7 +162,8 @@ class Cluster:
             if not create or not self.config.auto_create:
                 raise BrokerError("TopicNotFound", f"Topic {full} does not exist")
             topic = Topic(full, topic_name.partition_index, next(self._ledger_ids),
-                          self.config.retention_mb * 1024 * 1024, dedup=self.config.deduplication)
+                          self.config.retention_mb * 1024 * 1024, dedup=self.config.deduplication,
+                          timers=self.timers)
             self.topics[full] = topic
             self._topic_created(topic)
         return topic

@@ -14,6 +14,7 @@ methods are thread-safe and block until the broker thread has done the work.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -54,6 +55,7 @@ class ClusterRunner:
         """Serve every broker until cancelled; reports the HOST:PORT addresses once all listen."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            nursery.start_soon(self._run_timers)
             for node in self.nodes:
                 await nursery.start(node.serve)
             if self.admin is not None:
@@ -63,6 +65,18 @@ class ClusterRunner:
                 await self.start_replication(self.config.geo)
             task_status.started(self.addresses)
             await trio.sleep_forever()
+
+    async def _run_timers(self) -> None:
+        """Make the cluster's timed calls (delayed deliveries) when they are due."""
+        timers = self.cluster.timers
+        while True:
+            earlier = trio.Event()
+            timers.changed = earlier.set
+            due = timers.next_due()
+            wait = math.inf if due is None else max(0.0, (due - timers.clock()) / 1000)
+            with trio.move_on_after(wait):
+                await earlier.wait()
+            timers.run_due()
 
     async def start_replication(self, settings: GeoSettings) -> None:
         """Replicate every topic to the remote clusters of ``settings`` from now on."""

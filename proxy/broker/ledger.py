@@ -40,6 +40,8 @@ class Entry:
     marker_type: int = 0
     #: the cluster a geo-replicated entry came from ("" for one produced here)
     replicated_from: str = ""
+    #: when the producer asked for it to be delivered (ms since the epoch; 0: at once)
+    deliver_at_ms: int = 0
     size: int = field(default=0)
 
     def __post_init__(self) -> None:
@@ -98,6 +100,7 @@ class Ledger:
             chunk_uuid=metadata.uuid if metadata.HasField("uuid") else "",
             marker_type=metadata.marker_type,
             replicated_from=metadata.replicated_from,
+            deliver_at_ms=metadata.deliver_at_time,
         )
         self._next_id += 1
         self._entries.append(entry)

@@ -54,6 +54,8 @@ KEY_SHARED: Final = SubType.Key_Shared
 DEFAULT_MAX_UNACKED: Final = 50_000
 #: Key_Shared: how many entries may wait for a busy key owner before reading pauses.
 MAX_KEY_SHARED_REPLAY: Final = 1000
+#: Pulsar's ``delayedDeliveryTickTimeMillis`` (its default): a delayed message due within it goes at once
+DELAYED_DELIVERY_TICK_MS: Final = 1000
 _NONE_KEY: Final = b"NONE_KEY"
 
 
@@ -113,6 +115,8 @@ class Subscription:
         self.consumers: list[Consumer] = []
         self.redelivery_counts: dict[int, int] = {}
         self._owner: dict[int, Consumer] = {}
+        #: Shared and Key_Shared: entries read past because they are to be delivered later (see _held_back)
+        self._delayed: set[int] = set()
         self._round_robin = 0
         self._selector: KeySharedSelector[Consumer] = KeySharedSelector()
         self._active: Consumer | None = None
@@ -311,6 +315,7 @@ class Subscription:
             self.remove_consumer(consumer)
         self._owner.clear()
         self.redelivery_counts.clear()
+        self._delayed.clear()  # (read again from the new position, and held again if still early)
         self.cursor.reset(entry_id)
 
     def drop_undelivered(self) -> None:
@@ -416,12 +421,40 @@ class Subscription:
                 self._send(consumer, replay)
                 continue
             entry_id = self._next_new_entry()
-            if entry_id is None:
+            if entry_id is None or self._held_back(entry_id):
                 # give the turn back so the next message starts with the same consumer
                 self._round_robin = (self._round_robin - 1) % len(self.consumers)
-                return
+                if entry_id is None:
+                    return
+                continue
             self.cursor.read_position = entry_id + 1
             self._send(consumer, entry_id)
+
+    def _held_back(self, entry_id: int) -> bool:
+        """Whether a new entry of a Shared or Key_Shared subscription is to be delivered later.
+
+        As Pulsar's broker (its delayed-delivery tracker): the entry is read past, so what
+        follows goes on, and comes back to be dispatched first once due.  Like the tracker
+        by default (``isDelayedDeliveryDeliverAtTimeStrict=false``), an entry due within a
+        tick is not held.  Exclusive and Failover subscriptions deliver it at once, as
+        there; so does a non-persistent topic.
+        """
+        entry = self.topic.ledger.get(entry_id)
+        if entry is None or not entry.deliver_at_ms or self.topic.non_persistent:
+            return False
+        timers = self.topic.timers
+        if entry.deliver_at_ms <= timers.clock() + DELAYED_DELIVERY_TICK_MS:
+            return False
+        self.cursor.read_position = entry_id + 1
+        self._delayed.add(entry_id)
+        timers.call_at(entry.deliver_at_ms, lambda: self._delay_over(entry_id))
+        return True
+
+    def _delay_over(self, entry_id: int) -> None:
+        if entry_id in self._delayed:  # (not when a seek has forgotten it)
+            self._delayed.discard(entry_id)
+            self.cursor.replay(entry_id)
+            self.dispatch()
 
     def _key_owner(self, entry_id: int) -> Consumer | None:
         entry = self.topic.ledger.get(entry_id)
@@ -456,6 +489,8 @@ class Subscription:
             new_id = self._next_new_entry()
             if new_id is None:
                 return
+            if self._held_back(new_id):
+                continue
             owner = self._key_owner(new_id)
             self.cursor.read_position = new_id + 1
             if owner is None:

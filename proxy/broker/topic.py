@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 from proxy.broker.cursor import Cursor
 from proxy.broker.ledger import Entry, Ledger
 from proxy.broker.subscription import Subscription
+from proxy.broker.timers import Timers
 from proxy.errors import BrokerError
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.markers import is_replicator
@@ -90,7 +91,7 @@ class Topic:
     """One topic or partition: ledger, producers, subscriptions, schemas."""
 
     def __init__(self, name: str, partition_index: int, ledger_id: int, retention_bytes: int,
-                 dedup: bool = False) -> None:
+                 dedup: bool = False, timers: Timers | None = None) -> None:
         self.name = name
         #: a non-persistent topic stores nothing: a message goes to the consumers connected with permits
         #: when it is published, or nowhere (see :meth:`publish`)
@@ -107,6 +108,8 @@ class Topic:
         self.exclusive_producer: str | None = None
         self.epoch = 0
         self.stats = TopicStats()
+        #: the cluster's: when a delayed message is due (its Shared and Key_Shared subscriptions hold it until then)
+        self.timers = timers or Timers()
         #: geo-replication of this topic (None unless the cluster replicates; see proxy.broker.replication)
         self.geo: TopicGeo | None = None
 

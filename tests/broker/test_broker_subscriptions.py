@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import datetime
 import threading
 import time
 
@@ -351,3 +352,30 @@ def test_a_non_persistent_topic_delivers_to_consumers_with_permits_and_keeps_not
     got = [drain(consumer) for consumer in pair]
     assert sorted(len(g) for g in got) == [10, 10]
     assert sorted(m.data() for g in got for m in g) == sorted(b"shared %d" % i for i in range(20))
+
+
+@pytest.mark.parametrize("consumer_type", [pulsar.ConsumerType.Shared, pulsar.ConsumerType.KeyShared,
+                                           pulsar.ConsumerType.Exclusive])
+def test_a_delayed_message_waits_on_shared_subscriptions_and_not_on_exclusive_ones(
+        client: pulsar.Client, consumer_type: pulsar.ConsumerType) -> None:
+    """As Pulsar's broker (the fidelity tour): Shared and Key_Shared subscriptions hold a message until its
+    deliver_at_time while what follows goes on; one due within the tracker's tick (1 s) goes at once, and so
+    does every message of an Exclusive subscription."""
+    topic = f"delayed-{consumer_type}"
+    consumer = client.subscribe(topic, "s", consumer_type=consumer_type)
+    producer = client.create_producer(topic, batching_enabled=False)
+    sent = time.monotonic()
+    producer.send(b"in 1.6 s", deliver_after=datetime.timedelta(seconds=1.6), partition_key="k")
+    producer.send(b"in 0.5 s", deliver_after=datetime.timedelta(seconds=0.5), partition_key="k")
+    producer.send(b"now", partition_key="k")
+    arrived = {}
+    for _ in range(3):
+        message = consumer.receive(TIMEOUT_MS)
+        consumer.acknowledge(message)
+        arrived[message.data()] = time.monotonic() - sent
+    assert list(arrived)[-1 if consumer_type != pulsar.ConsumerType.Exclusive else 0] == b"in 1.6 s"
+    if consumer_type == pulsar.ConsumerType.Exclusive:
+        assert max(arrived.values()) < 1.0
+    else:
+        assert arrived[b"in 0.5 s"] < 1.0 and arrived[b"now"] < 1.0
+        assert 1.6 <= arrived[b"in 1.6 s"] < 3.0

@@ -15,6 +15,7 @@ prints ONE JSON line: ``{"steps": {"step name": "outcome", ...}}``.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import logging
 import os
@@ -159,6 +160,28 @@ def run(client: pulsar.Client, prefix: str) -> dict[str, str]:
         return f"{len(got)} received"
 
     steps["batched ZSTD 30"] = outcome(batched_zstd)
+
+    def delayed(label: str, consumer_type: Any) -> str:
+        """A message to be delivered in 2 s, then one at once: the order they come in, and whether the first
+        came at once (within 1 s: Pulsar's broker may deliver up to its tick, 1 s, before the time)."""
+        target = f"{topic}-delayed-{label}"
+        consumer = client.subscribe(target, label, consumer_type=consumer_type)
+        producer = client.create_producer(target, batching_enabled=False)
+        sent = time.monotonic()
+        producer.send(b"later", deliver_after=datetime.timedelta(seconds=2))
+        producer.send(b"now")
+        got = []
+        for message in (consumer.receive(timeout_millis=5000) for _ in range(2)):
+            consumer.acknowledge(message)
+            held = "" if message.data() != b"later" else " (held)" if time.monotonic() - sent >= 1.0 else " (at once)"
+            got.append(message.data().decode() + held)
+        producer.close()
+        consumer.close()
+        return ",".join(got)
+
+    steps["a delayed message on a Shared subscription"] = outcome(lambda: delayed("shared", pulsar.ConsumerType.Shared))
+    steps["a delayed message on an Exclusive subscription"] = outcome(
+        lambda: delayed("exclusive", pulsar.ConsumerType.Exclusive))
 
     # A non-persistent topic stores nothing: messages go to the consumers connected with permits, or nowhere.
     volatile = f"non-persistent://public/default/{prefix}-volatile"
