@@ -347,6 +347,9 @@ class BrokerConnection:
         if cmd.consumer_id in self.consumers:
             self._reply(api.CommandSuccess(request_id=cmd.request_id))
             return
+        if not cmd.subscription:  # (word for word, code and all, what Pulsar's broker answers)
+            self._error(cmd.request_id, "ProducerBusy", "Empty subscription name")
+            return
         try:
             full = str(TopicName.parse(cmd.topic))
             self.cluster.check_owner(full, self.broker_index)
@@ -449,8 +452,8 @@ class BrokerConnection:
             return
         consumer, subscription = found
         others = [c for c in subscription.consumers if c is not consumer]
-        if others and not cmd.force:
-            self._error(cmd.request_id, "ConsumerBusy", "Subscription has other connected consumers")
+        if others and not cmd.force:  # (Pulsar's code and words, the dispatcher's canUnsubscribe)
+            self._error(cmd.request_id, "MetadataError", "Unconnected or shared consumer attempting to unsubscribe")
             return
         for other in others:
             other.sink.send_close_consumer(other)

@@ -379,3 +379,17 @@ def test_a_delayed_message_waits_on_shared_subscriptions_and_not_on_exclusive_on
     else:
         assert arrived[b"in 0.5 s"] < 1.0 and arrived[b"now"] < 1.0
         assert 1.6 <= arrived[b"in 1.6 s"] < 3.0
+
+
+def test_unsubscribe_with_another_consumer_on_and_an_empty_subscription_name_are_refused_as_pulsar_does(
+        client: pulsar.Client) -> None:
+    """The real broker's codes (the fidelity tour): MetadataError "Unconnected or shared consumer attempting to
+    unsubscribe" (the client's BrokerMetadataError) and ProducerBusy "Empty subscription name" (which the client
+    reports as InvalidConfiguration)."""
+    first, second = (client.subscribe("pair", "pair", consumer_type=pulsar.ConsumerType.Shared) for _ in range(2))
+    with pytest.raises(pulsar.BrokerMetadataError):
+        first.unsubscribe()
+    second.close()
+    first.unsubscribe()  # (alone now)
+    with pytest.raises(pulsar.InvalidConfiguration):
+        client.subscribe("pair", "")

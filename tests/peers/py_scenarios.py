@@ -110,6 +110,18 @@ def run(client: pulsar.Client, prefix: str) -> dict[str, str]:
 
     steps["two Shared consumers share 20"] = outcome(lambda: pair_shares("shared", pulsar.ConsumerType.Shared, False))
 
+    def unsubscribe_shared_pair() -> None:
+        first, second = (client.subscribe(f"{topic}-pair", "pair", consumer_type=pulsar.ConsumerType.Shared)
+                         for _ in range(2))
+        try:
+            first.unsubscribe()
+        finally:
+            first.close()
+            second.close()
+
+    steps["unsubscribe a Shared subscription another consumer is on"] = outcome(unsubscribe_shared_pair)
+    steps["subscribe with an empty subscription name"] = outcome(lambda: client.subscribe(topic, "").close())
+
     def negative_ack() -> str:
         nacked = f"{topic}-nack"
         consumer = client.subscribe(nacked, "nack", negative_ack_redelivery_delay_ms=200,
