@@ -354,8 +354,8 @@ class BrokerConnection:
             full = str(TopicName.parse(cmd.topic))
             self.cluster.check_owner(full, self.broker_index)
             topic = self.cluster.get_topic(full, create=cmd.force_topic_creation)
-            if cmd.HasField("schema") and not topic.schemas:
-                topic.add_schema(cmd.schema)
+            if cmd.HasField("schema"):
+                topic.take_consumer_schema(cmd.schema)
             durable = cmd.durable
             if durable:
                 start = topic.start_position(None, cmd.initialPosition == api.CommandSubscribe.Earliest)
@@ -501,7 +501,8 @@ class BrokerConnection:
         last = ledger.get(ledger.last_entry_id)
         batch_index = last.num_messages - 1 if last is not None and last.batched else -1
         entry_id = ledger.last_entry_id
-        last_id = api.MessageIdData(ledgerId=ledger.ledger_id,
+        # (a topic nothing was ever written to: -1:-1, as Pulsar's broker answers)
+        last_id = api.MessageIdData(ledgerId=ledger.ledger_id if entry_id >= 0 else NO_REQUEST_ID,
                                     entryId=entry_id if entry_id >= 0 else NO_REQUEST_ID,
                                     partition=topic.partition_index, batch_index=batch_index)
         mark = subscription.cursor.mark_delete

@@ -44,6 +44,8 @@ EXCLUSIVE_WITH_FENCING: Final = AccessMode.ExclusiveWithFencing
 #: ledger id meaning "before every ledger" / "after every ledger" in a client's MessageIdData
 _EARLIEST_LEDGER: Final = -1
 NON_PERSISTENT: Final = "non-persistent://"
+#: Schema.Type None (a Python keyword: no attribute of its own)
+_NO_SCHEMA: Final = api.Schema.Type.Value("None")
 _INT64_MAX: Final = (1 << 63) - 1
 
 
@@ -323,6 +325,25 @@ class Topic:
                 return stored
         return None
 
+    def take_consumer_schema(self, schema: api.Schema) -> None:
+        """A subscribing consumer's schema, as Pulsar's broker takes it: stored when the topic is idle (no
+        schema, no message, nobody on it), checked against the latest otherwise (the type must be the same,
+        see :meth:`add_schema`); a topic in use without a schema refuses one.  AUTO_CONSUME (the consumer takes
+        the topic's) and none are not checked."""
+        if schema.type in (api.Schema.Type.AutoConsume, _NO_SCHEMA):
+            return
+        if self.schemas:
+            latest = self.schemas[-1].schema.type
+            if latest != schema.type:
+                raise BrokerError("IncompatibleSchema", f"Incompatible schema: exists schema type {_type_name(latest)}"
+                                                        f", new schema type {_type_name(schema.type)}")
+            return
+        if self.ledger.next_entry_id > 0 or self.producers or any(sub.consumers for sub in
+                                                                  self.subscriptions.values()):
+            raise BrokerError("IncompatibleSchema", "Failed to add schema to an active topic with empty(BYTES) "
+                                                    f"schema: new schema type {_type_name(schema.type)}")
+        self.add_schema(schema)
+
     def add_schema(self, schema: api.Schema) -> int:
         """Store a schema (or find an identical one) and return its version.
 
@@ -331,12 +352,9 @@ class Topic:
         every definition is accepted: the Avro/JSON evolution rules are not checked.
         """
         if self.schemas and self.schemas[-1].schema.type != schema.type:
-            def name(value: int) -> str:
-                return str(api.Schema.Type.Name(value)).upper()
-
             raise BrokerError("IncompatibleSchema", f"Incompatible schema: exists schema type "
-                                                    f"{name(self.schemas[-1].schema.type)}, new schema type "
-                                                    f"{name(schema.type)}")
+                                                    f"{_type_name(self.schemas[-1].schema.type)}, new schema type "
+                                                    f"{_type_name(schema.type)}")
         for stored in self.schemas:
             if (stored.schema.type == schema.type and stored.schema.schema_data == schema.schema_data
                     and list(stored.schema.properties) == list(schema.properties)):
@@ -346,3 +364,8 @@ class Topic:
         copy.CopyFrom(schema)
         self.schemas.append(SchemaVersion(version, copy))
         return version
+
+
+def _type_name(value: int) -> str:
+    """A schema type as Pulsar's broker names it in its errors (JSON, STRING, ...)."""
+    return str(api.Schema.Type.Name(value)).upper()

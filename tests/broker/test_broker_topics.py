@@ -177,6 +177,17 @@ def test_a_producer_with_a_schema_of_another_type_is_refused_as_incompatible(bro
         with pytest.raises(pulsar.PulsarException, match="IncompatibleSchema"):
             client.create_producer("typed-json", schema=pulsar.schema.StringSchema())
         client.create_producer("typed-json").close()  # no schema (bytes) is still accepted
+        # and so are consumers, as the real broker checks them (the fidelity tour): not of another type,
+        # and not with a schema on a topic in use without one; without a schema, any
+        with pytest.raises(pulsar.PulsarException, match="IncompatibleSchema"):
+            client.subscribe("typed-json", "strings", schema=pulsar.schema.StringSchema())
+        client.subscribe("typed-json", "bytes").close()
+        untyped = client.create_producer("untyped")
+        untyped.send(b"raw")
+        with pytest.raises(pulsar.PulsarException, match="IncompatibleSchema"):
+            client.subscribe("untyped", "typed", schema=pulsar.schema.JsonSchema(Order))
+        # (a topic never written to: its last message id is -1:-1, as there)
+        assert str(client.subscribe("never-written", "s").get_last_message_id()) == "(-1,-1,-1,-1)"
     finally:
         client.close()
 

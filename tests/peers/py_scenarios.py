@@ -153,6 +153,28 @@ def run(client: pulsar.Client, prefix: str) -> dict[str, str]:
     steps["JSON schema producer"] = outcome(schema_then_incompatible)
     steps["producer with an incompatible schema"] = outcome(
         lambda: client.create_producer(holder["schema_topic"], schema=StringSchema()).close())
+    steps["consumer with a STRING schema on the JSON topic"] = outcome(
+        lambda: client.subscribe(holder["schema_topic"], "strings", schema=StringSchema()).close())
+
+    def schema_on_a_topic_in_use() -> None:
+        untyped = f"{topic}-untyped"
+        producer = client.create_producer(untyped)
+        producer.send(b"raw")
+        try:
+            client.subscribe(untyped, "typed", schema=JsonSchema(Order)).close()
+        finally:
+            producer.close()
+
+    steps["consumer with a JSON schema on a topic in use without one"] = outcome(schema_on_a_topic_in_use)
+
+    def last_id_of_a_topic_never_written() -> str:
+        consumer = client.subscribe(f"{topic}-never-written", "empty")
+        try:
+            return str(consumer.get_last_message_id())
+        finally:
+            consumer.close()
+
+    steps["last message id of a topic never written to"] = outcome(last_id_of_a_topic_never_written)
     steps["producer in a namespace that does not exist"] = outcome(
         lambda: client.create_producer(f"persistent://public/{prefix}-no-such-ns/t").close())
     steps["partitions of a partitioned topic"] = outcome(
