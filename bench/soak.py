@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import signal
 import statistics
@@ -217,15 +218,7 @@ def produce(producers: list, traffic: Traffic, args: argparse.Namespace, stop: t
     import pulsar
 
     payload = b"s" * args.size
-    interval = 1.0 / args.rate
-    next_at = time.monotonic()
-    index = 0
-    while not stop.is_set():
-        now = time.monotonic()
-        if now < next_at:
-            time.sleep(min(next_at - now, 0.01))
-            continue
-        next_at += interval
+    for index in paced(args.rate, stop):
         started = time.monotonic()
 
         def done(result: object, _msg_id: object, started: float = started) -> None:
@@ -239,6 +232,21 @@ def produce(producers: list, traffic: Traffic, args: argparse.Namespace, stop: t
         producers[index % len(producers)].send_async(payload + b"%d" % index, done)
         with traffic.lock:
             traffic.sent += 1
+
+
+def paced(rate: float, stop: threading.Event, most_behind: float = math.inf) -> Iterator[int]:
+    """0, 1, 2, ... at ``rate`` a second until ``stop``; turns missed while the caller was slow are made up
+    for at once, up to ``most_behind`` seconds' worth."""
+    interval = 1.0 / rate
+    next_at = time.monotonic()
+    index = 0
+    while not stop.is_set():
+        now = time.monotonic()
+        if now < next_at:
+            time.sleep(min(next_at - now, 0.01))
+            continue
+        next_at = max(next_at + interval, now - most_behind)
+        yield index
         index += 1
 
 
@@ -246,15 +254,7 @@ def churn(url: str, traffic: Traffic, args: argparse.Namespace, stop: threading.
     """``args.churn`` client sessions a second, one after another: each a client of its own (see the docstring)."""
     import pulsar
 
-    interval = 1.0 / args.churn
-    next_at = time.monotonic()
-    index = 0
-    while not stop.is_set():
-        now = time.monotonic()
-        if now < next_at:
-            time.sleep(min(next_at - now, 0.05))
-            continue
-        next_at = max(next_at + interval, now - 1.0)  # (a slow session is not made up for with a burst)
+    for index in paced(args.churn, stop, most_behind=1.0):  # (slow sessions are not made up for with a burst)
         topic = f"persistent://public/default/churn-{index % CHURN_TOPICS}"
         client = pulsar.Client(url, operation_timeout_seconds=10, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
         try:
@@ -277,7 +277,6 @@ def churn(url: str, traffic: Traffic, args: argparse.Namespace, stop: threading.
                 traffic.churn_failed += 1
                 if len(traffic.churn_errors) < 5:
                     traffic.churn_errors.append(outcome)
-        index += 1
 
 
 def admin_sample(admin: str) -> tuple[int, int]:
