@@ -146,6 +146,7 @@ class Cluster:
         full = str(topic)
         if full in self.partitioned:
             return self.partitioned[full]
+        self._check_partition(topic)
         if (auto_create and self.config.auto_create and self.config.auto_partitions > 0
                 and topic.partition_index < 0 and full not in self.topics):
             self.create_topic(full, self.config.auto_partitions)
@@ -161,12 +162,19 @@ class Cluster:
                 raise BrokerError("NotAllowedError", f"{full} is a partitioned topic; use its partitions")
             if not create or not self.config.auto_create:
                 raise BrokerError("TopicNotFound", f"Topic {full} does not exist")
+            self._check_partition(topic_name)
             topic = Topic(full, topic_name.partition_index, next(self._ledger_ids),
                           self.config.retention_mb * 1024 * 1024, dedup=self.config.deduplication,
                           timers=self.timers)
             self.topics[full] = topic
             self._topic_created(topic)
         return topic
+
+    def _check_partition(self, topic: TopicName) -> None:
+        """A partition past a partitioned topic's last does not exist (TopicNotFound, no message: Pulsar's words)."""
+        index = topic.partition_index
+        if index >= 0 and index >= self.partitioned.get(str(topic.base), index + 1):
+            raise BrokerError("TopicNotFound", "")
 
     def _topic_created(self, topic: Topic) -> None:
         if self.geo is not None:

@@ -205,3 +205,18 @@ def test_token_authentication_accepts_the_token_and_refuses_others(broker_cluste
     finally:
         good.close()
         bad.close()
+
+
+def test_a_partition_past_a_partitioned_topics_last_does_not_exist(broker: ThreadedCluster) -> None:
+    """As the real broker answers (the fidelity tour): TopicNotFound, not a topic created on the spot."""
+    broker.cluster.create_topic("persistent://public/default/three", 3)
+    client = pulsar.Client(broker.service_url, operation_timeout_seconds=5)
+    try:
+        client.create_producer("persistent://public/default/three-partition-2").close()
+        with pytest.raises(pulsar.TopicNotFound):
+            client.create_producer("persistent://public/default/three-partition-7")
+        with pytest.raises(pulsar.TopicNotFound):
+            client.subscribe("persistent://public/default/three-partition-3", "s")
+        assert "persistent://public/default/three-partition-7" not in broker.cluster.topics
+    finally:
+        client.close()

@@ -179,6 +179,8 @@ def run(client: pulsar.Client, prefix: str) -> dict[str, str]:
         lambda: client.create_producer(f"persistent://public/{prefix}-no-such-ns/t").close())
     steps["partitions of a partitioned topic"] = outcome(
         lambda: len(client.get_topic_partitions(f"persistent://public/default/{prefix}-p3")))
+    steps["producer on a partition past the last"] = outcome(
+        lambda: client.create_producer(f"persistent://public/default/{prefix}-p3-partition-7").close())
 
     def batched_zstd() -> str:
         batched = f"{topic}-zstd"
