@@ -300,6 +300,26 @@ async def test_a_broker_that_closes_is_logged_as_the_broker_closing(nursery: tri
 
 
 @pytest.mark.parametrize("reactor", [True, False], ids=["reactor", "task-per-direction"])
+async def test_a_broker_that_refuses_the_connect_is_logged_with_its_error(nursery: trio.Nursery,
+                                                                         reactor: bool) -> None:
+    """The closing line names the broker's last ERROR, on one line, its message cut short."""
+    message = "Failed to authenticate:\n  " + "x" * 1000
+    broker = FakeBroker(refuse_connect=api.CommandError(request_id=0, error=api.ServerError.AuthenticationError,
+                                                        message=message))
+    server = await start(nursery, broker, reactor)
+    with structlog.testing.capture_logs() as logs, trio.fail_after(10):
+        stream = await trio.open_tcp_stream("127.0.0.1", server.main_address.port)
+        await stream.send_all(CONNECT)
+        [error] = await receive_frames(stream, FrameDecoder(), 1)
+        assert error.command.error.message == message  # the client gets the broker's ERROR as it was
+        assert await stream.receive_some(1024) == b""  # then the broker's FIN, passed on
+        await stream.aclose()
+        [reason] = await _logged_closing_reasons(logs)
+    assert reason == "broker closed the connection after ERROR AuthenticationError: Failed to authenticate: " \
+                     + "x" * (300 - len("Failed to authenticate: ")) + "..."
+
+
+@pytest.mark.parametrize("reactor", [True, False], ids=["reactor", "task-per-direction"])
 async def test_a_write_to_a_client_gone_with_a_reset_is_logged_as_the_client_lost(
         nursery: trio.Nursery, reactor: bool) -> None:
     # the client half-closes with a SEND in flight, then resets; its receipt, passed on late,
