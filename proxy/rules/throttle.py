@@ -24,6 +24,11 @@ consumers waiting get half the rate each, and one waiting alone the whole rate.
 Every FLOW throttle works this way, ``per: consumer`` too (one lane per bucket).
 A poll costs in proportion to the lanes it pays, never to those waiting: the lanes
 that still owe permits wait in their own round-robin queue.
+
+When the rules change, a share whose rule was replaced by a FLOW throttle of the same
+``per`` is paced by the new one (:meth:`FairShare.retune`); one whose rule is gone, or
+no longer throttles FLOW so, lets its permits go at each lane's next poll
+(:meth:`FairShare.release_all`).
 """
 
 from __future__ import annotations
@@ -117,6 +122,22 @@ class FairShare:
         """Forget ``lane``: what it waits for is never sent (its consumer is gone)."""
         self.lanes.pop(lane, None)
         self._hungry.pop(lane, None)
+
+    def retune(self, rate: float, burst: float) -> None:
+        """Pace what waits, and what comes, at ``rate`` from now on (its rule was replaced by one at that rate)."""
+        if rate <= 0 or burst <= 0:
+            raise ValueError("rate and burst must be positive")
+        bucket = self.bucket
+        bucket.rate, bucket.burst = rate, burst
+        bucket.tokens = min(bucket.tokens, burst)
+        self.interval_s = max(GRANT_INTERVAL_S, 1 / rate)
+
+    def release_all(self) -> None:
+        """Pay for every waiting permit at once: each lane's next poll sends all it was granted (its rule is gone)."""
+        for waiting in self._hungry.values():
+            waiting.paid += waiting.owed
+            waiting.owed = 0
+        self._hungry.clear()
 
     def _take(self, lane: Hashable, waiting: Waiting) -> int:
         permits, waiting.paid = waiting.paid, 0

@@ -519,6 +519,49 @@ rules:
     assert after <= 3 and not held  # at most what was paid for before its poll saw it closed
 
 
+SHARED_FLOW_THROTTLE = """\
+rules:
+  - name: shared
+    match: {command: [FLOW]}
+    action: {throttle: {messages_per_second: 50}}
+"""
+
+
+@pytest.mark.parametrize(("replacement", "paced_at"), [
+    ("rules: []\n", None),                                                    # removed: the held permits go
+    (SHARED_FLOW_THROTTLE.replace("50}", "200}"), 200),                       # a new rate paces them
+    (SHARED_FLOW_THROTTLE.replace("50}", "200, per: consumer}"), None),       # other buckets: they go
+    (SHARED_FLOW_THROTTLE.replace("[FLOW]", "[SEND]"), None),                 # no longer on FLOW: they go
+], ids=["removed", "new-rate", "new-per", "send-only"])
+def test_a_flow_throttle_replaced_or_removed_at_run_time_no_longer_paces_by_its_old_rate(
+        replacement: str, paced_at: int | None) -> None:
+    """Two consumers wait on a shared 50/s bucket; a hot reload removes the rule (or replaces it): the permits
+    it holds back go out at each consumer's next poll, or are paced by the replacing rule's rate."""
+    engine = engine_for(SHARED_FLOW_THROTTLE)
+    sessions = [Session(engine, conn_id=conn_id) for conn_id in (1, 2)]
+    for session in sessions:
+        session.add_consumer()
+        engine.connection_interest(TO_BROKER, session.conn_id, session.client, session.tracker)
+    consumers = TwoConsumers([(sessions[0], 2), (sessions[1], 2)])
+    consumers.flow(0, 0.0)
+    consumers.flow(1, 0.0)
+    now_s = consumers.run(1.0, 0.0)
+    granted = consumers.granted
+    assert 45 <= sum(granted) <= 51
+    engine.replace(load_rules_text(replacement, "test.yaml"))
+    before = list(granted)
+    if paced_at is None:
+        consumers.run(now_s + 0.11, now_s)  # (a poll every 0.1 s)
+        assert granted == [1000, 1000] and not consumers.held[0] and not consumers.held[1]
+        assert engine.permits_held(1) == engine.permits_held(2) == {}
+    else:
+        now_s = consumers.run(now_s + 1.0, now_s)
+        shares = [granted[0] - before[0], granted[1] - before[1]]
+        assert 0.9 * paced_at <= sum(shares) <= 1.05 * paced_at, shares
+        assert all(0.4 * paced_at <= share <= 0.6 * paced_at for share in shares), shares  # still split
+        assert engine.permits_held(1) == {2: 1000 - granted[0]}  # (what GET /connections shows)
+
+
 def test_a_poll_of_a_shared_flow_bucket_costs_no_more_with_thousands_of_consumers_waiting() -> None:
     """A poll pays the lanes it serves, not every lane waiting: with 2000 consumers on one bucket a poll
     costs about what it costs with 50 (it used to walk every waiting lane each time: quadratic in all)."""
