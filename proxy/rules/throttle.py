@@ -28,7 +28,8 @@ that still owe permits wait in their own round-robin queue.
 When the rules change, a share whose rule was replaced by a FLOW throttle of the same
 ``per`` is paced by the new one (:meth:`FairShare.retune`); one whose rule is gone, or
 no longer throttles FLOW so, lets its permits go at each lane's next poll
-(:meth:`FairShare.release_all`).
+(:meth:`FairShare.release_all`), which the relays then ask at once
+(``RulesEngine.permits_repaced``).
 """
 
 from __future__ import annotations

@@ -375,6 +375,11 @@ class Relay:
                     queued[index] = Send(action.direction, [])
         return actions if queued is None else queued
 
+    def hasten_polls(self) -> None:
+        """The rules changed: the held polls are asked now (a throttle removed lets its permits go at once)."""
+        if self.pipeline.held.hasten_polls(self.clock()) and self._held_changed is not None:
+            self._held_changed.set()
+
     async def _held(self, action: Hold) -> None:
         """Frames were held: make sure the release task wakes for them; wait while the queue is full."""
         del action
