@@ -158,8 +158,13 @@ class ProxyServer:
         def hasten() -> None:
             for relay in self.relays:
                 relay.hasten_polls()
-        # (the rules may change on another thread: the relays are asked on the proxy's own)
-        engine.permits_repaced = lambda: token.run_sync_soon(hasten)
+
+        def repaced() -> None:
+            # (the rules may change on another thread: the relays are asked on the proxy's own; once the
+            # proxy has stopped, nothing is held)
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(hasten)
+        engine.permits_repaced = repaced
 
     async def _drain(self) -> None:
         grace = self.config.limits.drain_seconds
