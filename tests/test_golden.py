@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import importlib.util
 import json
+import os
 import random
 import subprocess
 import sys
@@ -346,7 +347,9 @@ def test_pulsar_tap_demo_prints_the_bundled_sample_as_a_table() -> None:
     script = Path(sys.executable).with_name("pulsar-tap")
     command = [str(script)] if script.exists() else [sys.executable, "-m", "proxy"]
     command += ["demo", "--sample"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    # (PYTHONPATH: the console script imports the tree under test, not the venv's editable install's)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     lines = result.stdout.splitlines()

@@ -133,6 +133,17 @@ class HoldQueue:
         """Ask ``poll`` at ``due_ns`` for frames the proxy originates towards ``direction`` (no lane)."""
         heapq.heappush(self._heap, Held(due_ns, next(self._seq), direction, [], None, True, poll))
 
+    def hasten_polls(self, now_ns: int) -> bool:
+        """Ask every held poll at ``now_ns`` rather than at its time (what it waits for may be due now); any?"""
+        hastened = False
+        for entry in self._heap:
+            if entry.poll is not None and entry.due_ns > now_ns:
+                entry.due_ns = now_ns
+                hastened = True
+        if hastened:
+            heapq.heapify(self._heap)
+        return hastened
+
     def next_due_ns(self) -> int | None:
         return self._heap[0].due_ns if self._heap else None
 

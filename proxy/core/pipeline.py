@@ -30,7 +30,10 @@ What the pipeline does itself (Pulsar binary protocol, "Connection establishment
   is dead and both sides are closed.  PINGs and PONGs of the client and the broker pass through, paired in order so the
   proxy never swallows a PONG someone else asked for;
 - with ``verify_checksums`` a SEND with a bad CRC32C is answered SEND_ERROR
-  ChecksumError instead of being forwarded.
+  ChecksumError instead of being forwarded;
+- the last ERROR the broker sent is kept (``broker_error``) for the line that logs the
+  connection's end — of those it decodes anyway: a refused CONNECT's always, later ones
+  when a hook or observers have the tracker observe control frames.
 
 Every other frame is passed through as bytes by the :class:`FrameScanner` unless a
 hook (rules) or observers want it; observers that all take runs (``runs``) get the
@@ -80,12 +83,15 @@ from proxy.protocol.session import (
     Observation,
     SessionTracker,
     accounted_types,
+    server_error_name,
     watched_types,
 )
 from proxy.rules.verdict import FORWARD, Verdict
 
 TO_BROKER: Final = Direction.TO_BROKER
 TO_CLIENT: Final = Direction.TO_CLIENT
+#: a broker's ERROR message is cut to this many characters for the log (it is the broker's text, any length)
+MAX_ERROR_MESSAGE_CHARS: Final = 300
 #: the newest protocol version this proxy's definitions know
 MAX_PROTOCOL_VERSION: Final = max(v.number for v in api.ProtocolVersion.DESCRIPTOR.values)
 
@@ -214,6 +220,8 @@ class ConnectionPipeline:
                       TO_CLIENT: Keepalive(settings.keepalive_ns, now_ns)}
         self.started_ns = now_ns
         self.bytes_in = {TO_BROKER: 0, TO_CLIENT: 0}
+        #: the last ERROR decoded from the broker, "ErrorCode: message" on one line (None: none seen)
+        self.broker_error: str | None = None
         # Frames the proxy originates into a stream that is in the middle of a passed-through
         # frame wait here until that stream reaches a frame boundary (never spliced inside one).
         self._injections: dict[Direction, list[Piece | bytes]] = {TO_BROKER: [], TO_CLIENT: []}
@@ -393,6 +401,8 @@ class ConnectionPipeline:
                 self.inject(TO_CLIENT, [error], actions)
                 self._publish_proxy_frame(TO_CLIENT, error, now_ns)
                 return None
+        elif kind == T.ERROR and direction is TO_CLIENT:
+            self.broker_error = _one_line_error(frame.command.error)
         if data is None:
             return None
         if data is not frame.raw:
@@ -718,3 +728,11 @@ class ConnectionPipeline:
             # (with nobody observing, a pick the hook's sampler settles alone need not be handed out)
             scanner.set_wanted(wanted, want_all=want_all, sampler=interest.sampler, barrier=interest.barrier,
                                settle=self.publish is None)
+
+
+def _one_line_error(error: api.CommandError) -> str:
+    """An ERROR's code and message as one log-safe line: whitespace collapsed, the message cut short."""
+    message = " ".join(error.message.split())
+    if len(message) > MAX_ERROR_MESSAGE_CHARS:
+        message = message[:MAX_ERROR_MESSAGE_CHARS] + "..."
+    return f"{server_error_name(error.error)}: {message}" if message else server_error_name(error.error)

@@ -212,7 +212,7 @@ class Observation:
     completed: RequestPair | None = None
 
 
-def _server_error_name(code: int) -> str:
+def server_error_name(code: int) -> str:
     try:
         return str(api.ServerError.Name(code))
     except ValueError:
@@ -325,7 +325,7 @@ class SessionTracker:
             return obs
         if kind == T.ERROR and self.state is ConnectionState.CONNECTING and "connect" in self._pending:
             obs.completed = self._complete("connect", kind, now_ns, "error",
-                                           _server_error_name(cmd.error.error), cmd.error.message)
+                                           server_error_name(cmd.error.error), cmd.error.message)
             return obs
         if kind in (T.PING, T.PONG):
             return self._observe_ping(kind, direction, now_ns)
@@ -501,7 +501,7 @@ def _error_of(kind: int, sub: Any) -> tuple[str | None, str | None]:
     for code_field, message_field in (("error", "message"), ("error_code", "error_message")):
         if code_field in fields and sub.HasField(code_field):
             message = getattr(sub, message_field) if message_field in fields and sub.HasField(message_field) else None
-            return _server_error_name(getattr(sub, code_field)), message
+            return server_error_name(getattr(sub, code_field)), message
     failed = (kind == T.LOOKUP_RESPONSE and sub.response == api.CommandLookupTopicResponse.Failed) or (
         kind == T.PARTITIONED_METADATA_RESPONSE and sub.response == api.CommandPartitionedTopicMetadataResponse.Failed)
     if failed:

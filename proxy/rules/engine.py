@@ -81,6 +81,31 @@ _REGISTRATIONS: Final = {Direction.TO_BROKER: frozenset({T.PRODUCER, T.SUBSCRIBE
                          Direction.TO_CLIENT: frozenset({T.PRODUCER_SUCCESS})}
 
 
+def _hand_over_flow_shares(old: RuleState, new: RuleState | None) -> bool:
+    """The FLOW permits ``old``'s throttle holds back, as its rule is replaced by ``new`` (None: removed).
+
+    A user who loosens or tightens a throttle expects the permits it holds to follow the new
+    rate, and one who removes it expects them to go: a replacing FLOW throttle with the same
+    ``per`` (so the same buckets) takes the shares over at its rate; otherwise every lane's
+    permits go out at its next poll (asked at once: ``permits_repaced``).  Whether ``old`` held any shares.
+    """
+    if not old.flow_shares:
+        return False
+    before, after = old.rule.action, new.rule.action if new is not None else None
+    # the replacing rule's rate, if it throttles the same consumers' FLOWs through the same buckets
+    rate = after.messages_per_second if isinstance(after, acts.Throttle) and isinstance(before, acts.Throttle) \
+        and after.per == before.per and new is not None and new.rule.match.direction != Direction.TO_CLIENT.value \
+        and (new.commands is None or T.FLOW in new.commands) else None
+    for key, share in old.flow_shares.items():
+        if rate is not None and new is not None and isinstance(after, acts.Throttle):
+            share.retune(rate, after.burst)
+            new.flow_shares[key] = share
+        else:
+            share.release_all()
+    old.flow_shares.clear()
+    return True
+
+
 def choose_seed() -> int:
     """A fresh seed for a rule set without ``seed:`` (reported by GET /rules and the log)."""
     return secrets.randbelow(1 << 32)
@@ -194,6 +219,8 @@ class RulesEngine:
         self._sessions: dict[int, SessionTracker] = {}
         #: the verdicts of frames only ``mark`` / ``record`` rules fired on, by (record, fired, marks)
         self._noted: dict[tuple[bool, tuple[str, ...], tuple[str, ...]], Verdict] = {}
+        #: told when a rule change let FLOW permits go or changed their pace (the relays ask their polls now)
+        self.permits_repaced: Callable[[], None] | None = None
         self._compute_interest()
 
     # -- the rules in force ---------------------------------------------------------------------
@@ -235,8 +262,9 @@ class RulesEngine:
         seed = ruleset.seed if ruleset.seed is not None else self.seed
         old = {state.rule.name: state for state in self._states}
         states: list[RuleState] = []
+        repaced = False
         for rule in ruleset.rules:
-            previous = old.get(rule.name)
+            previous = old.pop(rule.name, None)
             if previous is not None and previous.rule == rule:
                 previous.rule = rule  # the same definition; its line may have moved
                 if previous.seed != seed:
@@ -244,10 +272,16 @@ class RulesEngine:
                 states.append(previous)
             else:
                 states.append(RuleState(rule, seed))
+                if previous is not None:
+                    repaced = _hand_over_flow_shares(previous, states[-1]) or repaced
+        for gone in old.values():
+            repaced = _hand_over_flow_shares(gone, None) or repaced
         self.seed = seed
         self.seed_from_file = self.seed_from_file or ruleset.seed is not None
         self._states = tuple(states)
         self._rules_changed()
+        if repaced and self.permits_repaced is not None:
+            self.permits_repaced()
 
     def add(self, rule: Rule) -> None:
         """Append one rule; raises ValueError when its name is taken."""
@@ -261,8 +295,12 @@ class RulesEngine:
         kept = tuple(state for state in self._states if state.rule.name != name)
         if len(kept) == len(self._states):
             return False
+        [gone] = [state for state in self._states if state.rule.name == name]  # (names are unique)
+        repaced = _hand_over_flow_shares(gone, None)
         self._states = kept
         self._rules_changed()
+        if repaced and self.permits_repaced is not None:
+            self.permits_repaced()
         return True
 
     def _rules_changed(self) -> None:

@@ -22,11 +22,20 @@ lanes (consumers) that wait, each lane's share sent when its poll comes round
 (:data:`~proxy.core.holding.Poll`, every :data:`GRANT_INTERVAL_S`), so two
 consumers waiting get half the rate each, and one waiting alone the whole rate.
 Every FLOW throttle works this way, ``per: consumer`` too (one lane per bucket).
+A poll costs in proportion to the lanes it pays, never to those waiting: the lanes
+that still owe permits wait in their own round-robin queue.
+
+When the rules change, a share whose rule was replaced by a FLOW throttle of the same
+``per`` is paced by the new one (:meth:`FairShare.retune`); one whose rule is gone, or
+no longer throttles FLOW so, lets its permits go at each lane's next poll
+(:meth:`FairShare.release_all`), which the relays then ask at once
+(``RulesEngine.permits_repaced``).
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Final
@@ -76,13 +85,15 @@ class FairShare:
     A lane is in :attr:`lanes` from its first FLOW until everything it was granted has
     been sent (or it is dropped); while it is there, exactly one poll of it is held on
     its connection (:meth:`request` says when to start one), which sends what
-    :meth:`poll` hands it.  The lanes' order is the round-robin order: a lane served
-    goes to the back.
+    :meth:`poll` hands it.  The lanes that still owe permits wait in ``_hungry``, in
+    round-robin order: a lane served goes to the back.
     """
 
     def __init__(self, bucket: TokenBucket) -> None:
         self.bucket = bucket
         self.lanes: dict[Hashable, Waiting] = {}
+        #: the lanes with permits not paid for yet, the next to be served first
+        self._hungry: OrderedDict[Hashable, Waiting] = OrderedDict()
         #: seconds between two polls of a lane: a grant at most this often, or one per token
         self.interval_s = max(GRANT_INTERVAL_S, 1 / bucket.rate)
 
@@ -94,6 +105,8 @@ class FairShare:
         if waiting is None:
             waiting = self.lanes[lane] = Waiting()
         waiting.owed += max(0, permits)
+        if waiting.owed and lane not in self._hungry:
+            self._hungry[lane] = waiting
         self._pay(now_ns)
         now_permits = self._take(lane, waiting)
         return now_permits, waiting if new and lane in self.lanes else None
@@ -109,6 +122,23 @@ class FairShare:
     def drop(self, lane: Hashable) -> None:
         """Forget ``lane``: what it waits for is never sent (its consumer is gone)."""
         self.lanes.pop(lane, None)
+        self._hungry.pop(lane, None)
+
+    def retune(self, rate: float, burst: float) -> None:
+        """Pace what waits, and what comes, at ``rate`` from now on (its rule was replaced by one at that rate)."""
+        if rate <= 0 or burst <= 0:
+            raise ValueError("rate and burst must be positive")
+        bucket = self.bucket
+        bucket.rate, bucket.burst = rate, burst
+        bucket.tokens = min(bucket.tokens, burst)
+        self.interval_s = max(GRANT_INTERVAL_S, 1 / rate)
+
+    def release_all(self) -> None:
+        """Pay for every waiting permit at once: each lane's next poll sends all it was granted (its rule is gone)."""
+        for waiting in self._hungry.values():
+            waiting.paid += waiting.owed
+            waiting.owed = 0
+        self._hungry.clear()
 
     def _take(self, lane: Hashable, waiting: Waiting) -> int:
         permits, waiting.paid = waiting.paid, 0
@@ -117,26 +147,32 @@ class FairShare:
         return permits
 
     def _pay(self, now_ns: int) -> None:
-        """Pay for waiting permits with the tokens arrived since the last call, round robin."""
+        """Pay for waiting permits with the tokens arrived since the last call, round robin.
+
+        Each lane served is paid at least one token, so a call costs in proportion to what it pays.
+        """
         bucket = self.bucket
-        hungry = [lane for lane, waiting in self.lanes.items() if waiting.owed]
-        if hungry and now_ns > bucket.updated_ns:
+        hungry = self._hungry
+        if not hungry:
+            bucket.available(now_ns)  # an idle bucket saves up to ``burst``
+            return
+        if now_ns > bucket.updated_ns:
             # while permits wait, every token goes to them as it arrives (``burst`` caps only
             # what an idle bucket saves up): they are merely handed out at the next call
             bucket.tokens += bucket.rate * (now_ns - bucket.updated_ns) / 1e9
             bucket.updated_ns = now_ns
-        available = math.floor(bucket.available(now_ns) if not hungry else bucket.tokens)
+        available = math.floor(bucket.tokens)
         while available > 0 and hungry:
             share = max(1, available // len(hungry))
-            for lane in hungry:
-                if available <= 0:
-                    break
-                waiting = self.lanes.pop(lane)
-                self.lanes[lane] = waiting  # served: to the back of the round
+            for _ in range(len(hungry)):  # one round: each lane waiting now served once, from the front
+                lane, waiting = hungry.popitem(last=False)
                 given = min(waiting.owed, share, available)
                 waiting.owed -= given
                 waiting.paid += given
                 bucket.tokens -= given
                 available -= given
-            hungry = [lane for lane in hungry if self.lanes[lane].owed]
+                if waiting.owed:
+                    hungry[lane] = waiting  # served: to the back of the round
+                if available <= 0:
+                    break
         bucket.tokens = min(bucket.tokens, bucket.burst)

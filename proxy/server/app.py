@@ -135,6 +135,7 @@ class ProxyServer:
                         self._start_listener(sock, self.config.upstream)
                         log.info("proxy listening", listen=str(self.main_address), upstream=str(self.config.upstream),
                                  lookup=self.config.lookup, tls=self.client_tls_context is not None)
+                        self._follow_rule_changes()
                         task_status.started(self)
                         await self._stop.wait()
                         self._accepting = False
@@ -145,6 +146,25 @@ class ProxyServer:
                 self.observers.close()
                 if self.reactor is not None:
                     self.reactor.stop()
+
+    def _follow_rule_changes(self) -> None:
+        """When a rule change lets a throttle's held FLOW permits go (or paces them anew), every relay asks its
+        polls at once, not at their next time (which under a slow rate may be seconds away)."""
+        engine = getattr(self.hook, "engine", None)
+        if engine is None or not hasattr(engine, "permits_repaced"):
+            return
+        token = trio.lowlevel.current_trio_token()
+
+        def hasten() -> None:
+            for relay in self.relays:
+                relay.hasten_polls()
+
+        def repaced() -> None:
+            # (the rules may change on another thread: the relays are asked on the proxy's own; once the
+            # proxy has stopped, nothing is held)
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(hasten)
+        engine.permits_repaced = repaced
 
     async def _drain(self) -> None:
         grace = self.config.limits.drain_seconds

@@ -225,19 +225,28 @@ class Relay:
         target = self.upstream if direction is TO_BROKER else self.client
         if len(self._finished) == 2 or target is None:
             # the side that closed first ended the connection; the other only answered its FIN
-            self.end(_Ending(f"{self._first_to_close or who} closed the connection"))
+            self.end(_Ending(self._closed_by(self._first_to_close or who)))
             return
         try:
             await target.send_eof()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self.end(_Ending(f"{who} closed the connection"))
+            self.end(_Ending(self._closed_by(who)))
             return
         assert self._nursery is not None
         self._nursery.start_soon(self._linger, who)
 
     async def _linger(self, who: str) -> None:
         await trio.sleep(max(self.server.config.limits.drain_seconds, 1.0))
-        self.end(_Ending(f"{who} closed the connection (the other side lingered)"))
+        self.end(_Ending(f"{self._closed_by(who)} (the other side lingered)"))
+
+    def _closed_by(self, who: str) -> str:
+        """Why the connection ended when ``who`` closed it: naming the broker's last ERROR, which says why a
+        refused connection was refused (an AuthenticationError's message holds no token: the broker's own text)."""
+        error = self.pipeline.broker_error
+        if error is None:
+            return f"{who} closed the connection"
+        whose = "" if who == "broker" else "the broker's "
+        return f"{who} closed the connection after {whose}ERROR {error}"
 
     def begin_drain(self) -> None:
         """Stop reading the client at its next frame boundary (checked after each receive)."""
@@ -365,6 +374,11 @@ class Relay:
                         queued = list(actions)
                     queued[index] = Send(action.direction, [])
         return actions if queued is None else queued
+
+    def hasten_polls(self) -> None:
+        """The rules changed: the held polls are asked now (a throttle removed lets its permits go at once)."""
+        if self.pipeline.held.hasten_polls(self.clock()) and self._held_changed is not None:
+            self._held_changed.set()
 
     async def _held(self, action: Hold) -> None:
         """Frames were held: make sure the release task wakes for them; wait while the queue is full."""

@@ -19,7 +19,8 @@ class TapProcess:
 
     def __init__(self, *argv: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
         self.argv = argv
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        # (PYTHONPATH: from any ``cwd``, the tree under test, not the venv's editable install's)
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT), **(env or {})}
         self.proc = subprocess.Popen([sys.executable, "-m", "proxy", *argv], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, cwd=cwd or ROOT, env=full_env)
         self.lines: dict[str, list[str]] = {"stdout": [], "stderr": []}

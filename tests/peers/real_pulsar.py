@@ -44,6 +44,8 @@ from pathlib import Path
 from typing import Any
 
 PEERS = Path(__file__).resolve().parent
+#: the repository these tests belong to: ``python -m proxy`` started here runs its ``proxy`` (see spawn)
+TREE = PEERS.parents[1]
 RESOLVED = PEERS / ".resolved"
 BROKER_LIB = RESOLVED / "broker-lib"
 CLIENT_LIB = RESOLVED / "client-lib"
@@ -101,10 +103,18 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def tree_env() -> dict[str, str]:
+    """The environment with :data:`TREE` first on ``PYTHONPATH``: ``python -m proxy`` run from any directory
+    imports the tree under test (in a git worktree the venv's editable install points at another)."""
+    paths = [str(TREE), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+
+
 def spawn(command: Sequence[str], log_file: Path, cwd: Path) -> subprocess.Popen[bytes]:
+    """``command`` in its own session, its output in ``log_file``; ``python -m proxy`` runs the tree under test."""
     with log_file.open("ab") as log:
         return subprocess.Popen(list(command), cwd=cwd, stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True,
+                                stderr=subprocess.STDOUT, start_new_session=True, env=tree_env(),
                                 preexec_fn=_die_with_parent)
 
 

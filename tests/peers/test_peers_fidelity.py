@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from peers_rig import Upstream, delivery_problems, embedded_running, proxy_running, service_url
-from real_pulsar import CLIENTS, PEERS, ClientRun, run_client, spawn, stop_process
+from real_pulsar import CLIENTS, PEERS, TREE, ClientRun, run_client, spawn, stop_process
 
 MESSAGES = 300
 PARTITIONS = 4
@@ -112,6 +112,15 @@ def test_every_listed_difference_is_explained_in_fidelity_md() -> None:
         assert step in text
     for diff in KNOWN_REPLAY_DIFFS:
         assert diff.split(" topic=")[0] in text
+
+
+def test_a_process_spawned_from_a_temporary_directory_runs_the_proxy_of_the_tree_under_test(tmp_path: Path) -> None:
+    """What ``served`` (and the embedded broker's rig) start from a temporary directory imports this tree's
+    ``proxy``: in a git worktree the venv's editable install points at another checkout."""
+    log = tmp_path / "where.log"
+    process = spawn([sys.executable, "-c", "import proxy; print(proxy.__file__)"], log, tmp_path)
+    assert process.wait(30) == 0, log.read_text()
+    assert Path(log.read_text().strip()).resolve().is_relative_to(TREE / "proxy"), log.read_text()
 
 
 @pytest.fixture

@@ -1,9 +1,10 @@
 """A scripted broker for relay tests: loopback sockets (``serve``) or any Trio stream
 (``handle``, e.g. one end of a memory stream pair), the project's own codec.
 
-It answers CONNECT with CONNECTED, PING with PONG (unless told not to), SEND with
-SEND_RECEIPT (after ``receipt_delay``), LOOKUP with ``lookup_answer``; it keeps the
-exact bytes it received so tests can compare them with what the client sent.
+It answers CONNECT with CONNECTED (or ``refuse_connect``'s ERROR, then closes), PING
+with PONG (unless told not to), SEND with SEND_RECEIPT (after ``receipt_delay``), LOOKUP
+with ``lookup_answer``; it keeps the exact bytes it received so tests can compare them
+with what the client sent.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ class FakeBroker:
     answer_pings: bool = True
     read_after_handshake: bool = True
     close_after_handshake: bool = False
+    #: the ERROR that answers CONNECT (the connection is then closed), as a broker refuses a bad token
+    refuse_connect: api.CommandError | None = None
     receipt_delay: float = 0.0
     lookup_answer: Callable[[Frame], bytes] | None = None
     received: bytearray = field(default_factory=bytearray)
@@ -62,7 +65,7 @@ class FakeBroker:
                         await self._answer(frame, stream, nursery)
                         if frame.type == T.CONNECT and not self.read_after_handshake:
                             await trio.sleep_forever()
-                        if frame.type == T.CONNECT and self.close_after_handshake:
+                        if frame.type == T.CONNECT and (self.close_after_handshake or self.refuse_connect):
                             return
         except* (trio.BrokenResourceError, trio.ClosedResourceError, ProtocolError):
             pass  # the proxy went away (possibly with a reset, unread receipts in its buffer)
@@ -71,7 +74,9 @@ class FakeBroker:
 
     async def _answer(self, frame: Frame, stream: trio.abc.Stream, nursery: trio.Nursery) -> None:
         kind = frame.type
-        if kind == T.CONNECT:
+        if kind == T.CONNECT and self.refuse_connect is not None:
+            await stream.send_all(encode_command(self.refuse_connect))
+        elif kind == T.CONNECT:
             connected = api.CommandConnected(server_version="fake", protocol_version=21)
             if self.max_message_size is not None:
                 connected.max_message_size = self.max_message_size

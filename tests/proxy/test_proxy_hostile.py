@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -36,6 +37,8 @@ from proxy.broker import ClusterConfig, ThreadedCluster
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.frame import FrameDecoder, encode_command
 
+#: the repository under test (its ``proxy`` is what ``python -m proxy`` must run)
+ROOT = Path(__file__).resolve().parents[2]
 WORST_SEND_S = 1.0
 TOKEN = "hostile-test-token"
 RULES = """\
@@ -89,7 +92,9 @@ def start_proxy(tmp: Path, name: str, upstream: str, *flags: str) -> RunningProx
     command = [sys.executable, "-m", "proxy", "run", "--upstream", upstream, "--listen", "127.0.0.1:0",
                "--ready-file", str(ready), "--log-format", "json", "--drain-seconds", "0.5", *flags]
     with log_path.open("w") as log_file:
-        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, text=True, cwd=tmp)
+        # (from ``tmp``: PYTHONPATH names the tree under test, not the venv's editable install's)
+        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, text=True, cwd=tmp,
+                                   env={**os.environ, "PYTHONPATH": str(ROOT)})
     deadline = time.monotonic() + 60
     while not ready.exists():
         if process.poll() is not None or time.monotonic() > deadline:

@@ -19,8 +19,11 @@ from proxy_fake_broker import CONNECT, FakeBroker, handshake, receive_frames, se
 
 from proxy.config.proxy_config import HostPort, LimitsConfig, ProxyConfig, ServiceUrl
 from proxy.pb import PulsarApi_pb2 as api
-from proxy.protocol.frame import Frame, FrameDecoder, encode_command, encode_payload_command
+from proxy.protocol.frame import Frame, FrameDecoder, encode_command, encode_payload_command, frame_from_bytes
 from proxy.protocol.session import Direction
+from proxy.rules.engine import RulesEngine
+from proxy.rules.hook import RulesHook
+from proxy.rules.loader import load_rules_text
 from proxy.server.app import ProxyServer
 
 T = api.BaseCommand.Type
@@ -300,6 +303,26 @@ async def test_a_broker_that_closes_is_logged_as_the_broker_closing(nursery: tri
 
 
 @pytest.mark.parametrize("reactor", [True, False], ids=["reactor", "task-per-direction"])
+async def test_a_broker_that_refuses_the_connect_is_logged_with_its_error(nursery: trio.Nursery,
+                                                                         reactor: bool) -> None:
+    """The closing line names the broker's last ERROR, on one line, its message cut short."""
+    message = "Failed to authenticate:\n  " + "x" * 1000
+    broker = FakeBroker(refuse_connect=api.CommandError(request_id=0, error=api.ServerError.AuthenticationError,
+                                                        message=message))
+    server = await start(nursery, broker, reactor)
+    with structlog.testing.capture_logs() as logs, trio.fail_after(10):
+        stream = await trio.open_tcp_stream("127.0.0.1", server.main_address.port)
+        await stream.send_all(CONNECT)
+        [error] = await receive_frames(stream, FrameDecoder(), 1)
+        assert error.command.error.message == message  # the client gets the broker's ERROR as it was
+        assert await stream.receive_some(1024) == b""  # then the broker's FIN, passed on
+        await stream.aclose()
+        [reason] = await _logged_closing_reasons(logs)
+    assert reason == "broker closed the connection after ERROR AuthenticationError: Failed to authenticate: " \
+                     + "x" * (300 - len("Failed to authenticate: ")) + "..."
+
+
+@pytest.mark.parametrize("reactor", [True, False], ids=["reactor", "task-per-direction"])
 async def test_a_write_to_a_client_gone_with_a_reset_is_logged_as_the_client_lost(
         nursery: trio.Nursery, reactor: bool) -> None:
     # the client half-closes with a SEND in flight, then resets; its receipt, passed on late,
@@ -371,3 +394,24 @@ async def test_the_frames_before_a_bad_one_in_the_same_write_reach_the_broker(
     assert receipts == list(range(len(receipts))) and len(receipts) <= at  # (those the broker answered in time)
     [dropped] = [entry for entry in logs if entry["log_level"] == "warning"]
     assert dropped["event"] == "dropped hostile client" and " broke the protocol: " in str(dropped["reason"])
+
+
+def test_a_throttle_removed_after_the_proxy_stopped_is_removed_without_an_error() -> None:
+    """The engine outlives the proxy's run (a threaded proxy stopped, its rules still reachable): removing a
+    throttle that holds FLOW permits then has no relay to wake, and must not fail for it."""
+    engine = RulesEngine(load_rules_text(
+        "rules:\n  - name: slow\n    match: {command: [FLOW]}\n    action: {throttle: {messages_per_second: 1}}\n"))
+
+    async def serve_then_stop() -> None:
+        async with trio.open_nursery() as nursery:
+            broker = FakeBroker()
+            await nursery.start(broker.serve)
+            config = ProxyConfig(upstream=ServiceUrl.parse(broker.url), listen=HostPort("127.0.0.1", 0))
+            await nursery.start(ProxyServer(config, hook=RulesHook(engine)).run)
+            nursery.cancel_scope.cancel()
+
+    trio.run(serve_then_stop)
+    flow = frame_from_bytes(encode_command(api.CommandFlow(consumer_id=1, messagePermits=100)))
+    verdict = engine.evaluate(flow, Direction.TO_BROKER, 0, conn_id=1)
+    assert verdict.deferred  # permits held back, waiting in the throttle
+    assert engine.remove("slow")

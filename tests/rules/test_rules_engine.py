@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from rules_helpers import (
     OTHER_TOPIC,
@@ -24,6 +26,7 @@ from proxy.rules.engine import PROXY_REQUEST_IDS_START
 from proxy.rules.loader import load_rules_text
 from proxy.rules.matcher import FrameFacts, criteria_met
 from proxy.rules.model import Match
+from proxy.rules.throttle import FairShare, TokenBucket
 from proxy.rules.verdict import FORWARD, Verdict
 
 T = api.BaseCommand.Type
@@ -514,6 +517,69 @@ rules:
     session.decide(frame(api.CommandCloseConsumer(consumer_id=2, request_id=7)), TO_CLIENT)
     after = sum(released_permits(held, tick * 10_000_000) for tick in range(101, 301))
     assert after <= 3 and not held  # at most what was paid for before its poll saw it closed
+
+
+SHARED_FLOW_THROTTLE = """\
+rules:
+  - name: shared
+    match: {command: [FLOW]}
+    action: {throttle: {messages_per_second: 50}}
+"""
+
+
+@pytest.mark.parametrize(("replacement", "paced_at"), [
+    ("rules: []\n", None),                                                    # removed: the held permits go
+    (SHARED_FLOW_THROTTLE.replace("50}", "200}"), 200),                       # a new rate paces them
+    (SHARED_FLOW_THROTTLE.replace("50}", "200, per: consumer}"), None),       # other buckets: they go
+    (SHARED_FLOW_THROTTLE.replace("[FLOW]", "[SEND]"), None),                 # no longer on FLOW: they go
+], ids=["removed", "new-rate", "new-per", "send-only"])
+def test_a_flow_throttle_replaced_or_removed_at_run_time_no_longer_paces_by_its_old_rate(
+        replacement: str, paced_at: int | None) -> None:
+    """Two consumers wait on a shared 50/s bucket; a hot reload removes the rule (or replaces it): the permits
+    it holds back go out at each consumer's next poll, or are paced by the replacing rule's rate."""
+    engine = engine_for(SHARED_FLOW_THROTTLE)
+    sessions = [Session(engine, conn_id=conn_id) for conn_id in (1, 2)]
+    for session in sessions:
+        session.add_consumer()
+        engine.connection_interest(TO_BROKER, session.conn_id, session.client, session.tracker)
+    consumers = TwoConsumers([(sessions[0], 2), (sessions[1], 2)])
+    consumers.flow(0, 0.0)
+    consumers.flow(1, 0.0)
+    now_s = consumers.run(1.0, 0.0)
+    granted = consumers.granted
+    assert 45 <= sum(granted) <= 51
+    engine.replace(load_rules_text(replacement, "test.yaml"))
+    before = list(granted)
+    if paced_at is None:
+        consumers.run(now_s + 0.11, now_s)  # (a poll every 0.1 s)
+        assert granted == [1000, 1000] and not consumers.held[0] and not consumers.held[1]
+        assert engine.permits_held(1) == engine.permits_held(2) == {}
+    else:
+        now_s = consumers.run(now_s + 1.0, now_s)
+        shares = [granted[0] - before[0], granted[1] - before[1]]
+        assert 0.9 * paced_at <= sum(shares) <= 1.05 * paced_at, shares
+        assert all(0.4 * paced_at <= share <= 0.6 * paced_at for share in shares), shares  # still split
+        assert engine.permits_held(1) == {2: 1000 - granted[0]}  # (what GET /connections shows)
+
+
+def test_a_poll_of_a_shared_flow_bucket_costs_no_more_with_thousands_of_consumers_waiting() -> None:
+    """A poll pays the lanes it serves, not every lane waiting: with 2000 consumers on one bucket a poll
+    costs about what it costs with 50 (it used to walk every waiting lane each time: quadratic in all)."""
+    def seconds_per_poll(lanes: int, polls: int = 4000) -> float:
+        share = FairShare(TokenBucket(1000, 1, 0))
+        waiting = [share.request(lane, 10**9, 0)[1] for lane in range(lanes)]
+        interval_ns = int(share.interval_s * 1e9)
+        started = time.perf_counter()
+        for index in range(polls):  # each lane polled every interval, the polls spread over it
+            lane = index % lanes
+            lane_waiting = waiting[lane]
+            assert lane_waiting is not None
+            share.poll(lane, lane_waiting, (index // lanes + 1) * interval_ns + lane * interval_ns // lanes)
+        return (time.perf_counter() - started) / polls
+
+    few = min(seconds_per_poll(50) for _ in range(3))
+    many = min(seconds_per_poll(2000) for _ in range(3))
+    assert many < 3 * few, (many, few)
 
 
 def test_replace_keeps_counters_of_unchanged_rules_only() -> None:
