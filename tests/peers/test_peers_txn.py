@@ -1,0 +1,133 @@
+"""Pulsar transactions through pulsar-tap, against the real broker with its transaction coordinator enabled.
+
+The Java client (tests/peers/java-client, ``--mode txn``) sends its messages in transactions
+of ``--txn-size`` messages, one after the other, every second one aborted, then receives what
+was committed and acknowledges it in one transaction it commits: TC_CLIENT_CONNECT_REQUEST,
+NEW_TXN, ADD_PARTITION_TO_TXN, SEND with a txnid, END_TXN, ADD_SUBSCRIPTION_TO_TXN and ACK with
+a txnid all cross the proxy.
+
+- through ``pulsar-tap run`` in both lookup modes: every committed message is delivered once,
+  no aborted one is, the recording decodes the transaction commands with their latencies, and
+  the client never dials the broker (the coordinator's connection goes through the proxy too);
+- ``pulsar-tap replay REC`` of such a session into the same broker: the coordinator gives the
+  replayed transactions new ids, which the replay carries into the SENDs, ACKs and END_TXNs
+  that name them (as it maps producer and consumer ids), so nothing differs;
+- rules on transaction commands: the client sees what the rule says and recovers as it does
+  from the broker itself.
+
+One standalone with ``transactionCoordinatorEnabled=true`` serves the module (module-scoped):
+it starts in ~8.5 s where the shared one starts in ~8 s, but the shared one stays as it is
+(its system topics and the coordinator's ledgers would change what other modules see).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from peers_rig import Upstream, leaked_addresses, proxy_running, run_with_watcher, service_url, show_json, upstream_of
+from real_pulsar import ClientRun, Standalone, start_client, start_standalone
+
+TREE = Path(__file__).resolve().parents[2]
+MESSAGES = 40
+TXN_SIZE = 10
+#: transactions 0 and 2 commit, 1 and 3 abort (--abort-every 2)
+COMMITTED = [i for j in (0, 2) for i in range(j * TXN_SIZE, (j + 1) * TXN_SIZE)]
+TXN_COMMANDS = ("TC_CLIENT_CONNECT_REQUEST", "NEW_TXN", "ADD_PARTITION_TO_TXN", "ADD_SUBSCRIPTION_TO_TXN", "END_TXN")
+
+
+@pytest.fixture(scope="module")
+def txn_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]:
+    broker = start_standalone(tmp_path_factory.mktemp("pulsar-txn"), extra={"transactionCoordinatorEnabled": "true"})
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="module")
+def txn_upstream(txn_broker: Standalone) -> Upstream:
+    return upstream_of(txn_broker)
+
+
+def txn_client(url: str, topic: str, *, messages: int = MESSAGES, txn_timeout: float = 60, **options: Any) -> Any:
+    return start_client("java", url, topic, messages=messages, mode="txn", idle=2, timeout=90,
+                        extra_args=["--txn-size", str(TXN_SIZE), "--txn-timeout", str(txn_timeout)], **options)
+
+
+def fresh_topic(prefix: str) -> str:
+    return f"persistent://public/default/{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def txn_problems(run: ClientRun) -> list[str]:
+    """What is wrong with a report of ``--mode txn`` where every transaction should have ended as asked."""
+    report = run.report
+    problems = [f"{key}: {report.get(key)}" for key in ("error", "txn_errors") if report.get(key)]
+    if (report.get("committed"), report.get("aborted")) != ([0, 2], [1, 3]):
+        problems.append(f"committed {report.get('committed')}, aborted {report.get('aborted')}")
+    if report.get("ack_txn") != "committed":
+        problems.append(f"the acknowledging transaction: {report.get('ack_txn')}")
+    if sorted(run.received_indices()) != COMMITTED:
+        problems.append(f"received {run.received_indices()}, expected the committed {COMMITTED}")
+    return problems
+
+
+def only_recording(record_dir: Path) -> Path:
+    recordings = [path for path in record_dir.iterdir() if path.is_dir()]
+    assert len(recordings) == 1, recordings
+    return recordings[0]
+
+
+@pytest.mark.parametrize("lookup", ["rewrite", "proxy-through"])
+def test_transactions_through_the_proxy_commit_and_abort_as_against_the_broker(
+        lookup: str, txn_upstream: Upstream, tmp_path: Path) -> None:
+    topic = fresh_topic(f"txn-{lookup}")
+    with proxy_running(txn_upstream.service_url, lookup=lookup, record_dir=tmp_path) as proxy:
+        run, dials = run_with_watcher(txn_upstream, lambda: txn_client(service_url(proxy), topic))
+    assert txn_problems(run) == []
+    # the coordinator's connection too: the client dialled only the proxy, only the proxy dialled the broker
+    assert dials.client_remote_ports == {int(service_url(proxy).rsplit(":", 1)[1])} or \
+        not dials.client_remote_ports & txn_upstream.broker_ports, dials
+    assert dials.broker_peers <= {"proxy", "broker", "foreign"}, dials.others
+    frames = show_json(only_recording(tmp_path))
+    assert leaked_addresses(frames, txn_upstream.addresses) == []
+    seen = {frame["command"] for frame in frames}
+    assert set(TXN_COMMANDS) | {f"{c}_RESPONSE" for c in TXN_COMMANDS[1:]} <= seen, sorted(seen)
+    ends = [f for f in frames if f["command"] == "END_TXN_RESPONSE" and f["origin"] == "broker"]
+    assert len(ends) == 5 and all(f.get("request") == "END_TXN" and f["latency_us"] > 0 for f in ends), ends
+    actions = [f["fields"]["txn_action"] for f in frames if f["command"] == "END_TXN"]
+    assert actions == ["COMMIT", "ABORT", "COMMIT", "ABORT", "COMMIT"]
+    sends = [f for f in frames if f["command"] == "SEND"]
+    assert sends and all(f["fields"].get("txnid_least_bits") is not None for f in sends), sends[:2]
+
+
+def replay(recording: Path, upstream_url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "proxy", "replay", str(recording), "--upstream", upstream_url,
+                           "--speed", "0", "--timeout", "10", "--log-level", "error"],
+                          capture_output=True, text=True, timeout=120, check=False, cwd=TREE)
+
+
+def test_a_transactional_session_replays_with_the_coordinators_new_txnids(
+        txn_upstream: Upstream, tmp_path: Path) -> None:
+    """The live coordinator numbers the replayed transactions anew (it has issued ids since the recording):
+    the SENDs, ACKs, ADD_*_TO_TXN and END_TXNs that named a recorded transaction name its replayed one."""
+    topic = fresh_topic("txn-replay")
+    with proxy_running(txn_upstream.service_url, lookup="rewrite", record_dir=tmp_path / "rec") as proxy:
+        recorded = txn_client(service_url(proxy), topic).result()
+    assert txn_problems(recorded) == []
+    recording = only_recording(tmp_path / "rec")
+    # another client's transactions in between: the live ids cannot be the recorded ones by chance
+    assert txn_problems(txn_client(txn_upstream.service_url, fresh_topic("txn-between")).result()) == []
+    done = replay(recording, txn_upstream.service_url)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert " 0 differ" in done.stderr, done.stdout[-3000:] + done.stderr[-1500:]
+    # what the replay committed is on the topic once more; what it aborted is not
+    check = start_client("java", txn_upstream.service_url, topic, messages=len(COMMITTED) * 2, mode="consume",
+                         subscription="after-replay", idle=3, timeout=60).result()
+    assert sorted(check.received_indices()) == sorted(COMMITTED * 2), json.dumps(check.report)[:1500]
