@@ -31,7 +31,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from peers_rig import Upstream, leaked_addresses, proxy_running, run_with_watcher, service_url, show_json, upstream_of
+from peers_rig import (
+    Upstream,
+    delivery_problems,
+    leaked_addresses,
+    proxy_running,
+    run_with_watcher,
+    service_url,
+    show_json,
+    upstream_of,
+)
 from real_pulsar import ClientRun, Standalone, start_client, start_standalone
 
 TREE = Path(__file__).resolve().parents[2]
@@ -131,3 +140,77 @@ def test_a_transactional_session_replays_with_the_coordinators_new_txnids(
     check = start_client("java", txn_upstream.service_url, topic, messages=len(COMMITTED) * 2, mode="consume",
                          subscription="after-replay", idle=3, timeout=60).result()
     assert sorted(check.received_indices()) == sorted(COMMITTED * 2), json.dumps(check.report)[:1500]
+
+
+def chaos_run(upstream: Upstream, rules: list[dict[str, Any]], record_dir: Path, *, operation_timeout: float = 30,
+              txn_timeout: float = 60, beside: bool = False,
+              ) -> tuple[ClientRun, ClientRun | None, list[dict[str, Any]]]:
+    """The transactional client through a proxy with ``rules`` (and a plain roundtrip client on another topic
+    beside it when ``beside``): its report, the other's, and the recording as ``show --json`` lines."""
+    with proxy_running(upstream.service_url, lookup="rewrite", record_dir=record_dir,
+                       rules={"seed": 1, "rules": rules}) as proxy:
+        url = service_url(proxy)
+        other = start_client("java", url, fresh_topic("txn-beside"), messages=200, idle=2, timeout=60) \
+            if beside else None
+        run = start_client("java", url, fresh_topic("txn-chaos"), messages=MESSAGES, mode="txn", idle=2, timeout=90,
+                           extra_args=["--txn-size", str(TXN_SIZE), "--txn-timeout", str(txn_timeout),
+                                       "--operation-timeout", str(operation_timeout)]).result()
+        other_run = other.result() if other is not None else None
+    return run, other_run, show_json(only_recording(record_dir))
+
+
+def test_an_injected_txn_error_is_the_brokers_own_refusal_and_fails_only_that_transaction(
+        txn_upstream: Upstream, tmp_path: Path) -> None:
+    """``error`` on NEW_TXN and END_TXN answers with NEW_TXN_RESPONSE / END_TXN_RESPONSE carrying the error, as
+    ServerCnx refuses them: the Java client fails that call at once.  (An ERROR frame there is one it does
+    not route to its transaction coordinator handler: it waited out its operation timeout, then said Timeout.)"""
+    rules = [{"name": "no-new-txn", "match": {"command": ["NEW_TXN"], "times": 1},
+              "action": {"error": {"code": "ServiceNotReady"}}},
+             # END_TXNs: transaction 1's abort, then transaction 2's commit, refused
+             {"name": "no-commit", "match": {"command": ["END_TXN"], "after": 1, "times": 1},
+              "action": {"error": {"code": "TransactionNotFound"}}}]
+    run, _, frames = chaos_run(txn_upstream, rules, tmp_path, operation_timeout=5, txn_timeout=10)
+    report = run.report
+    errors = report["txn_errors"]
+    assert sorted(errors) == ["0", "2"], report
+    assert "TransactionCoordinatorClientException: injected by pulsar-tap" in errors["0"], errors
+    assert "TransactionNotFoundException: injected by pulsar-tap" in errors["2"], errors
+    assert (report["committed"], report["aborted"], report["error"]) == ([], [1, 3], None), report
+    # transaction 2 stays open on the broker (its commit never reached it) until the coordinator times it out:
+    # nothing of it, nor of the aborted ones, is delivered
+    assert run.received_indices() == [], run.report
+    injected = [f["command"] for f in frames if f["origin"] == "proxy" and f["direction"] == "to_client"
+                and f["command"] != "LOOKUP_RESPONSE"]
+    assert injected == ["NEW_TXN_RESPONSE", "END_TXN_RESPONSE"], injected
+
+
+def test_a_lost_commit_answer_times_the_client_out_though_the_broker_committed(
+        txn_upstream: Upstream, tmp_path: Path) -> None:
+    """``drop`` of an END_TXN_RESPONSE: the client's commit times out (its operation timeout) while the broker
+    did commit, so the messages are delivered — what a lost answer does against the broker alone."""
+    rules = [{"name": "lost-commit", "match": {"command": ["END_TXN_RESPONSE"], "times": 1}, "action": "drop"}]
+    run, _, _ = chaos_run(txn_upstream, rules, tmp_path, operation_timeout=3)
+    report = run.report
+    assert list(report["txn_errors"]) == ["0"] and "TimeoutException" in report["txn_errors"]["0"], report
+    assert (report["committed"], report["aborted"], report["ack_txn"]) == ([2], [1, 3], "committed"), report
+    assert sorted(run.received_indices()) == COMMITTED, report
+
+
+def test_a_cut_connection_a_closed_producer_and_slow_coordinator_answers_end_every_transaction_as_asked(
+        txn_upstream: Upstream, tmp_path: Path) -> None:
+    """``disconnect`` on the first commit (the client reconnects and sends END_TXN again), ``close`` of the
+    producer between a transaction's sends and its commit (it is re-created and resends them in the
+    transaction), 200 ms on every coordinator answer: every transaction ends as asked, and a plain client on
+    the same proxy is not disturbed."""
+    rules = [{"name": "cut-commit", "match": {"command": ["END_TXN"], "times": 1}, "action": {"disconnect": {}}},
+             {"name": "unload", "match": {"command": ["SEND"], "after": 2, "times": 1}, "action": {"close": {}}},
+             {"name": "slow-tc", "match": {"command": ["NEW_TXN_RESPONSE", "END_TXN_RESPONSE"]},
+              "action": {"delay": {"ms": 200}}}]
+    run, other, frames = chaos_run(txn_upstream, rules, tmp_path, beside=True)
+    assert txn_problems(run) == []
+    assert other is not None and delivery_problems(other, 200) == []
+    fired = {rule for frame in frames for rule in frame.get("rules") or ()}
+    assert fired == {"cut-commit", "unload", "slow-tc"}, fired
+    commits = [f["conn"] for f in frames if f["command"] == "END_TXN" and f["fields"]["txn_action"] == "COMMIT"]
+    assert len(commits) == 4 and commits[0] != commits[1], commits  # the first one again, on a new connection
+    assert run.report["elapsed_seconds"] >= 11 * 0.2, run.report

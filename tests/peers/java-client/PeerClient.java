@@ -12,11 +12,11 @@
  *   java -cp CLASSES:LIB/* PeerClient --url pulsar://127.0.0.1:6650 --topic T --messages 10000 \
  *        [--batching | --no-batching] [--compression LZ4] [--subscription S] [--tls-ca CA.pem]
  *        [--rate MSGS_PER_S] [--timeout S] [--latencies] [--mode roundtrip|consume|txn]
- *        [--txn-size K] [--abort-every A] [--txn-timeout S]
+ *        [--txn-size K] [--abort-every A] [--txn-timeout S] [--operation-timeout S]
  *
  * --mode txn (Java only) sends the messages in transactions of K messages, transaction J
  * aborted when A > 0 and J % A == A - 1 and committed otherwise, one after the other; then
- * receives until --idle and acknowledges what it received in one transaction it commits.
+ * receives until --idle, and acknowledges what it received in one transaction it commits.
  * The line adds "committed" and "aborted" (transaction numbers), "txn_errors" (number ->
  * the first error of that transaction) and "ack_txn" (committed, or its error).
  */
@@ -59,6 +59,7 @@ public final class PeerClient {
         int txnSize = 10;
         int abortEvery = 2;
         double txnTimeout = 60;
+        double operationTimeout = 30;
 
         static Options parse(String[] args) {
             Options o = new Options();
@@ -81,6 +82,7 @@ public final class PeerClient {
                     case "--txn-size": o.txnSize = Integer.parseInt(args[++i]); break;
                     case "--abort-every": o.abortEvery = Integer.parseInt(args[++i]); break;
                     case "--txn-timeout": o.txnTimeout = Double.parseDouble(args[++i]); break;
+                    case "--operation-timeout": o.operationTimeout = Double.parseDouble(args[++i]); break;
                     default: throw new IllegalArgumentException("unknown option " + a);
                 }
             }
@@ -283,12 +285,9 @@ public final class PeerClient {
         producer.close();
     }
 
-    /** Receive until --idle, acknowledging every message in one transaction, then commit it. */
+    /** Receive until --idle, then acknowledge every message received in one transaction and commit it. */
     private void consumeInTransaction(PulsarClient client, Consumer<byte[]> consumer, long deadline) throws Exception {
-        Transaction txn = client.newTransaction()
-                .withTransactionTimeout((long) (options.txnTimeout * 1000), TimeUnit.MILLISECONDS)
-                .build().get(60, TimeUnit.SECONDS);
-        List<CompletableFuture<Void>> acks = new ArrayList<>();
+        List<MessageId> ids = new ArrayList<>();
         long lastMessage = System.nanoTime();
         while (System.nanoTime() < deadline && System.nanoTime() - lastMessage < (long) (options.idle * 1e9)) {
             Message<byte[]> message = consumer.receive(200, TimeUnit.MILLISECONDS);
@@ -297,9 +296,16 @@ public final class PeerClient {
             }
             lastMessage = System.nanoTime();
             recordReceived(indexOf(message.getValue()), message.getMessageId());
-            acks.add(consumer.acknowledgeAsync(message.getMessageId(), txn));
+            ids.add(message.getMessageId());
         }
         try {
+            Transaction txn = client.newTransaction()
+                    .withTransactionTimeout((long) (options.txnTimeout * 1000), TimeUnit.MILLISECONDS)
+                    .build().get(60, TimeUnit.SECONDS);
+            List<CompletableFuture<Void>> acks = new ArrayList<>();
+            for (MessageId id : ids) {
+                acks.add(consumer.acknowledgeAsync(id, txn));
+            }
             for (CompletableFuture<Void> ack : acks) {
                 ack.get(60, TimeUnit.SECONDS);
             }
@@ -315,7 +321,7 @@ public final class PeerClient {
         long deadline = started + (long) (options.timeout * 1e9);
         ClientBuilder builder = PulsarClient.builder()
                 .serviceUrl(options.url)
-                .operationTimeout(30, TimeUnit.SECONDS);
+                .operationTimeout((int) (options.operationTimeout * 1000), TimeUnit.MILLISECONDS);
         if (options.mode.equals("txn")) {
             builder.enableTransaction(true);
         }
