@@ -18,7 +18,9 @@ cluster):
 - transaction ids are the live coordinator's: a NEW_TXN's answer maps the recorded
   transaction to the live one, and every SEND (its MessageMetadata too), ACK and
   transaction command that names it is re-sent naming the live one
-  (:class:`~proxy.replay.client_side.TxnIds`).
+  (:class:`~proxy.replay.client_side.TxnIds`); an END_TXN waits for the answers
+  to the SENDs in flight, as the recorded client did before it ended its
+  transaction (the coordinator's connection may not be the producer's).
 
 A CLOSE_PRODUCER the recorded client received (the broker's, or the proxy's on its
 behalf, as a ``close`` rule sends) closes the live producer at the same point, so the
@@ -276,6 +278,8 @@ class ClientReplayer:
             return self._send(conv, step, sub)
         if kind == T.ACK:
             return await self._ack(conv, frame, sub)
+        if kind == T.END_TXN:
+            await self._sends_answered()
         cmd = api.BaseCommand()
         cmd.CopyFrom(frame.command)
         live_sub: Any = sub_command(cmd)
@@ -423,6 +427,13 @@ class ClientReplayer:
         consumer.connection.send_command(ack)
         self.result.frames_sent += 1
         return None
+
+    async def _sends_answered(self) -> None:
+        """Wait (up to the receipt timeout) for the answers to the SENDs in flight: a client ends a transaction
+        once its sends in it are acknowledged, and END_TXN may travel on another connection than they did."""
+        with trio.move_on_after(self.receipt_timeout):
+            for producer in self._producers.values():
+                await producer.all_answered.wait()
 
     async def _await_receipts(self) -> None:
         with trio.move_on_after(min(self.receipt_timeout, 2.0) if self.result.stopped else self.receipt_timeout):

@@ -125,7 +125,10 @@ def replay(recording: Path, upstream_url: str) -> subprocess.CompletedProcess[st
 def test_a_transactional_session_replays_with_the_coordinators_new_txnids(
         txn_upstream: Upstream, tmp_path: Path) -> None:
     """The live coordinator numbers the replayed transactions anew (it has issued ids since the recording):
-    the SENDs, ACKs, ADD_*_TO_TXN and END_TXNs that named a recorded transaction name its replayed one."""
+    the SENDs, ACKs, ADD_*_TO_TXN and END_TXNs that named a recorded transaction name its replayed one.
+    Replayed again through a proxy that holds every SEND 300 ms: each END_TXN still comes after the SENDs
+    of its transaction are answered, as the recorded client sent it (the replay's coordinator connection
+    is not its producer's)."""
     topic = fresh_topic("txn-replay")
     with proxy_running(txn_upstream.service_url, lookup="rewrite", record_dir=tmp_path / "rec") as proxy:
         recorded = txn_client(service_url(proxy), topic).result()
@@ -136,10 +139,15 @@ def test_a_transactional_session_replays_with_the_coordinators_new_txnids(
     done = replay(recording, txn_upstream.service_url)
     assert done.returncode == 0, done.stderr[-3000:]
     assert " 0 differ" in done.stderr, done.stdout[-3000:] + done.stderr[-1500:]
-    # what the replay committed is on the topic once more; what it aborted is not
-    check = start_client("java", txn_upstream.service_url, topic, messages=len(COMMITTED) * 2, mode="consume",
+    slow_sends = [{"name": "slow-sends", "match": {"command": ["SEND"]}, "action": {"delay": {"ms": 300}}}]
+    with proxy_running(txn_upstream.service_url, lookup="rewrite", rules=slow_sends) as proxy:
+        done = replay(recording, service_url(proxy))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert " 0 differ" in done.stderr, done.stdout[-3000:] + done.stderr[-1500:]
+    # what the replays committed is on the topic twice more; what they aborted is not
+    check = start_client("java", txn_upstream.service_url, topic, messages=len(COMMITTED) * 3, mode="consume",
                          subscription="after-replay", idle=3, timeout=60).result()
-    assert sorted(check.received_indices()) == sorted(COMMITTED * 2), json.dumps(check.report)[:1500]
+    assert sorted(check.received_indices()) == sorted(COMMITTED * 3), json.dumps(check.report)[:1500]
 
 
 def chaos_run(upstream: Upstream, rules: list[dict[str, Any]], record_dir: Path, *, operation_timeout: float = 30,
