@@ -42,6 +42,9 @@ SERVER_VERSION: Final = "pulsar-tap-broker"
 MAX_OUTBOX_BYTES: Final = 256 * 1024 * 1024
 #: a request_id of -1, as a Java broker writes it into uint64 fields
 NO_REQUEST_ID: Final = (1 << 64) - 1
+#: what a broker without a transaction coordinator (transactionCoordinatorEnabled=false) refuses with an ERROR
+_TRANSACTION_REQUESTS: Final = frozenset({T.TC_CLIENT_CONNECT_REQUEST, T.NEW_TXN, T.ADD_PARTITION_TO_TXN,
+                                          T.ADD_SUBSCRIPTION_TO_TXN, T.END_TXN})
 _HEADER = struct.Struct(">II")
 
 
@@ -145,6 +148,9 @@ class BrokerConnection:
     def _unsupported(self, frame: Frame) -> None:
         sub = frame.sub
         request_id = getattr(sub, "request_id", NO_REQUEST_ID)
+        if frame.type in _TRANSACTION_REQUESTS:  # word for word what ServerCnx answers without a coordinator
+            self._error(int(request_id), "NotAllowedError", "Transactions are not enabled.")
+            return
         self._error(int(request_id), "NotAllowedError", f"{frame.type_name} is not supported by this broker")
 
     # handshake ------------------------------------------------------------------

@@ -81,3 +81,21 @@ def test_topic_list_polls_carry_pulsars_hash_and_nothing_when_the_client_holds_t
     [grown] = roundtrip(conn, ask)
     assert grown.command.getTopicsOfNamespaceResponse.changed
     assert len(grown.command.getTopicsOfNamespaceResponse.topics) == 2
+
+
+@pytest.mark.parametrize("request_", [
+    api.CommandTcClientConnectRequest(request_id=5, tc_id=0),
+    api.CommandNewTxn(request_id=5, tc_id=0),
+    api.CommandAddPartitionToTxn(request_id=5, txnid_least_bits=1, partitions=["persistent://public/default/t"]),
+    api.CommandAddSubscriptionToTxn(request_id=5, txnid_least_bits=1),
+    api.CommandEndTxn(request_id=5, txnid_least_bits=1, txn_action=api.COMMIT),
+], ids=lambda sub: type(sub).__name__)
+def test_transaction_requests_get_the_refusal_of_a_broker_without_a_coordinator(request_: object) -> None:
+    """As a real broker with transactionCoordinatorEnabled=false (ServerCnx, measured against Pulsar 4.0.7):
+    ERROR NotAllowedError "Transactions are not enabled." for the request."""
+    _, [conn] = make(1)
+    roundtrip(conn, api.CommandConnect(client_version="t", protocol_version=21))
+    [reply] = roundtrip(conn, request_)
+    error = reply.command.error
+    assert (reply.type_name, error.request_id, api.ServerError.Name(error.error), error.message) == \
+        ("ERROR", 5, "NotAllowedError", "Transactions are not enabled.")
