@@ -94,6 +94,7 @@ class _LiveProducer:
         self.connection = connection
         self.producer_id = producer_id
         self.pending: dict[int, Exchange] = {}  # sequence id -> the recorded SEND's exchange
+        self.highest: dict[int, int] = {}  # a batch's highest sequence id -> its sequence id
         self.outcomes: dict[int, str] = {}      # id(exchange) -> outcome
         self.all_answered = trio.Event()
         self.all_answered.set()
@@ -101,6 +102,9 @@ class _LiveProducer:
 
     def expect(self, sequence_id: int, exchange: Exchange) -> None:
         self.pending[sequence_id] = exchange
+        sub: Any = exchange.request.sub
+        if sub.HasField("highest_sequence_id"):
+            self.highest[sub.highest_sequence_id] = sequence_id
         if self.all_answered.is_set():
             self.all_answered = trio.Event()
 
@@ -108,7 +112,12 @@ class _LiveProducer:
         if frame.type not in (T.SEND_RECEIPT, T.SEND_ERROR):
             return
         sub: Any = frame.sub
-        exchange = self.pending.pop(sub.sequence_id, None)
+        # a broker answers some refusals of a batch under its highest sequence id (a SEND in a transaction)
+        sequence_id = sub.sequence_id if sub.sequence_id in self.pending else self.highest.get(sub.sequence_id, -1)
+        exchange = self.pending.pop(sequence_id, None)
+        if exchange is not None:
+            request: Any = exchange.request.sub
+            self.highest.pop(request.highest_sequence_id, None)
         if exchange is not None:
             self.outcomes[id(exchange)] = (OK if frame.type == T.SEND_RECEIPT
                                            else error_outcome(api.ServerError.Name(sub.error)))

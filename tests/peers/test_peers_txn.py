@@ -11,13 +11,16 @@ a txnid all cross the proxy.
   the client never dials the broker (the coordinator's connection goes through the proxy too);
 - ``pulsar-tap replay REC`` of such a session into the same broker: the coordinator gives the
   replayed transactions new ids, which the replay carries into the SENDs, ACKs and END_TXNs
-  that name them (as it maps producer and consumer ids), so nothing differs;
+  that name them (as it maps producer and consumer ids), so nothing differs; into the embedded
+  broker, which has no coordinator, it differs exactly as into a real broker without one;
 - rules on transaction commands: the client sees what the rule says and recovers as it does
   from the broker itself.
 
 One standalone with ``transactionCoordinatorEnabled=true`` serves the module (module-scoped):
 it starts in ~8.5 s where the shared one starts in ~8 s, but the shared one stays as it is
 (its system topics and the coordinator's ledgers would change what other modules see).
+The embedded broker runs as ``python -m proxy broker`` of the installed package (in a git
+worktree, run with ``PYTHONPATH=$PWD`` to test the worktree's).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import pytest
 from peers_rig import (
     Upstream,
     delivery_problems,
+    embedded_running,
     leaked_addresses,
     proxy_running,
     run_with_watcher,
@@ -116,9 +120,9 @@ def test_transactions_through_the_proxy_commit_and_abort_as_against_the_broker(
     assert sends and all(f["fields"].get("txnid_least_bits") is not None for f in sends), sends[:2]
 
 
-def replay(recording: Path, upstream_url: str) -> subprocess.CompletedProcess[str]:
+def replay(recording: Path, upstream_url: str, timeout: float = 10) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "proxy", "replay", str(recording), "--upstream", upstream_url,
-                           "--speed", "0", "--timeout", "10", "--log-level", "error"],
+                           "--speed", "0", "--timeout", str(timeout), "--log-level", "error"],
                           capture_output=True, text=True, timeout=120, check=False, cwd=TREE)
 
 
@@ -128,7 +132,7 @@ def test_a_transactional_session_replays_with_the_coordinators_new_txnids(
     the SENDs, ACKs, ADD_*_TO_TXN and END_TXNs that named a recorded transaction name its replayed one.
     Replayed again through a proxy that holds every SEND 300 ms: each END_TXN still comes after the SENDs
     of its transaction are answered, as the recorded client sent it (the replay's coordinator connection
-    is not its producer's)."""
+    is not its producer's).  Replayed into the embedded broker: refused as without a coordinator."""
     topic = fresh_topic("txn-replay")
     with proxy_running(txn_upstream.service_url, lookup="rewrite", record_dir=tmp_path / "rec") as proxy:
         recorded = txn_client(service_url(proxy), topic).result()
@@ -148,6 +152,19 @@ def test_a_transactional_session_replays_with_the_coordinators_new_txnids(
     check = start_client("java", txn_upstream.service_url, topic, messages=len(COMMITTED) * 3, mode="consume",
                          subscription="after-replay", idle=3, timeout=60).result()
     assert sorted(check.received_indices()) == sorted(COMMITTED * 3), json.dumps(check.report)[:1500]
+
+    # the embedded broker has no transaction coordinator: every transaction request, every SEND and ACK in a
+    # transaction differs as error:NotAllowedError, the answers of a real broker with
+    # transactionCoordinatorEnabled=false (measured: the same 41 DIFF lines for a session of 51 requests)
+    sends = sum(1 for frame in show_json(recording) if frame["command"] == "SEND")
+    with embedded_running(brokers=1) as embedded:
+        done = replay(recording, embedded.service_url, timeout=2)
+    assert done.returncode == 1, done.stderr[-3000:]  # 1: differences
+    diffs = [line.split() for line in done.stdout.splitlines() if line.startswith("DIFF")]
+    assert {(d[2], d[4], d[5]) for d in diffs} == {(command, "recorded=ok", "replayed=error:NotAllowedError") for
+                                                   command in (*TXN_COMMANDS, "SEND", "ACK")}, done.stdout[-3000:]
+    assert sum(1 for d in diffs if d[2] == "SEND") == sends, done.stdout[-3000:]  # a batch's refusal too
+
 
 
 def chaos_run(upstream: Upstream, rules: list[dict[str, Any]], record_dir: Path, *, operation_timeout: float = 30,
