@@ -44,8 +44,9 @@ from peers_rig import (
     service_url,
     show_json,
     upstream_of,
+    wait_for,
 )
-from real_pulsar import ClientRun, Standalone, start_client, start_standalone
+from real_pulsar import ClientRun, Standalone, spawn, start_client, start_standalone, stop_process
 
 TREE = Path(__file__).resolve().parents[2]
 MESSAGES = 40
@@ -69,9 +70,11 @@ def txn_upstream(txn_broker: Standalone) -> Upstream:
     return upstream_of(txn_broker)
 
 
-def txn_client(url: str, topic: str, *, messages: int = MESSAGES, txn_timeout: float = 60, **options: Any) -> Any:
+def txn_client(url: str, topic: str, *, messages: int = MESSAGES, txn_timeout: float = 60,
+               operation_timeout: float = 30, **options: Any) -> Any:
     return start_client("java", url, topic, messages=messages, mode="txn", idle=2, timeout=90,
-                        extra_args=["--txn-size", str(TXN_SIZE), "--txn-timeout", str(txn_timeout)], **options)
+                        extra_args=["--txn-size", str(TXN_SIZE), "--txn-timeout", str(txn_timeout),
+                                    "--operation-timeout", str(operation_timeout)], **options)
 
 
 def fresh_topic(prefix: str) -> str:
@@ -167,6 +170,25 @@ def test_a_transactional_session_replays_with_the_coordinators_new_txnids(
     assert {(d[2], d[4], d[5]) for d in diffs} == {(command, "recorded=ok", "replayed=error:NotAllowedError") for
                                                    command in (*TXN_COMMANDS, "SEND", "ACK")}, done.stdout[-3000:]
     assert sum(1 for d in diffs if d[2] == "SEND") == sends, done.stdout[-3000:]  # a batch's refusal too
+
+
+def test_replay_serve_answers_a_transactional_client_from_the_recording(txn_upstream: Upstream, tmp_path: Path) -> None:
+    """``replay --serve``: the Java client opens, commits and aborts its transactions against the recording
+    (the coordinator's answers as recorded) and receives what was committed."""
+    topic = fresh_topic("txn-serve")
+    with proxy_running(txn_upstream.service_url, lookup="rewrite", record_dir=tmp_path / "rec") as proxy:
+        assert txn_problems(txn_client(service_url(proxy), topic).result()) == []
+    ready = tmp_path / "ready.json"
+    server = spawn([sys.executable, "-m", "proxy", "replay", str(only_recording(tmp_path / "rec")), "--serve",
+                    "--listen", "127.0.0.1:0", "--ready-file", str(ready), "--log-level", "warning"],
+                   tmp_path / "serve.log", TREE)
+    try:
+        wait_for(lambda: ready.exists() and ready.stat().st_size and server.poll() is None, 30, "replay --serve")
+        served = f"pulsar://{json.loads(ready.read_text())['listen'][0]}"
+        assert txn_problems(txn_client(served, topic, operation_timeout=5).result()) == []
+    finally:
+        stop_process(server, 5)
+    assert "0 not in it" in (tmp_path / "serve.log").read_text(), (tmp_path / "serve.log").read_text()[-2000:]
 
 
 
