@@ -42,6 +42,12 @@ SERVER_VERSION: Final = "pulsar-tap-broker"
 MAX_OUTBOX_BYTES: Final = 256 * 1024 * 1024
 #: a request_id of -1, as a Java broker writes it into uint64 fields
 NO_REQUEST_ID: Final = (1 << 64) - 1
+#: what a broker without a transaction coordinator (transactionCoordinatorEnabled=false) refuses with an ERROR
+_TRANSACTION_REQUESTS: Final = frozenset({T.TC_CLIENT_CONNECT_REQUEST, T.NEW_TXN, T.ADD_PARTITION_TO_TXN,
+                                          T.ADD_SUBSCRIPTION_TO_TXN, T.END_TXN})
+#: ServerCnx's answer, word for word, to an ACK in a transaction when it has no coordinator
+_NO_TRANSACTION_ACK: Final = ("org.apache.pulsar.broker.service.BrokerServiceException$NotAllowedException: "
+                              "Server don't support transaction ack!")
 _HEADER = struct.Struct(">II")
 
 
@@ -145,6 +151,9 @@ class BrokerConnection:
     def _unsupported(self, frame: Frame) -> None:
         sub = frame.sub
         request_id = getattr(sub, "request_id", NO_REQUEST_ID)
+        if frame.type in _TRANSACTION_REQUESTS:  # word for word what ServerCnx answers without a coordinator
+            self._error(int(request_id), "NotAllowedError", "Transactions are not enabled.")
+            return
         self._error(int(request_id), "NotAllowedError", f"{frame.type_name} is not supported by this broker")
 
     # handshake ------------------------------------------------------------------
@@ -313,6 +322,12 @@ class BrokerConnection:
         except ChecksumMismatch:
             self._send_error(cmd, "ChecksumError", "Checksum failed on the broker")
             return
+        if cmd.HasField("txnid_most_bits") and cmd.HasField("txnid_least_bits"):
+            # no transaction buffer (ServerCnx without a coordinator), answered under the highest sequence id
+            self._reply(api.CommandSendError(producer_id=cmd.producer_id, sequence_id=highest,
+                                             error=server_error("NotAllowedError"),
+                                             message="Transaction buffer disable!"))
+            return
         try:
             stored = topic.publish(producer, frame.raw[8 + frame.cmd_size:], section.metadata,
                                    cmd.num_messages, self.clock_ns())
@@ -411,7 +426,9 @@ class BrokerConnection:
         cmd: api.CommandAck = frame.command.ack
         found = self._consumer(cmd.consumer_id)
         error: BrokerError | None = None
-        if found is not None:
+        if cmd.HasField("txnid_most_bits") and cmd.HasField("txnid_least_bits"):
+            error = BrokerError("NotAllowedError", _NO_TRANSACTION_ACK)  # not applied, as without a coordinator
+        elif found is not None:
             try:
                 found[1].ack(found[0], cmd.ack_type, list(cmd.message_id))
             except BrokerError as exc:

@@ -413,7 +413,7 @@ class SessionTracker:
                 return  # queued for exclusive access: the request is still pending
             if producer is not None:
                 producer.ready = True
-        error_code, message = _error_of(kind, sub)
+        error_code, message = response_error(kind, sub)
         if error_code is None and req.type == T.SUBSCRIBE and req.consumer_id in self.consumers:
             self.consumers[req.consumer_id].ready = True
         if error_code is not None:
@@ -438,7 +438,7 @@ class SessionTracker:
         key = ("send", sub.producer_id, sub.sequence_id)
         if key not in self._pending:
             return
-        error_code, message = _error_of(kind, sub)
+        error_code, message = response_error(kind, sub)
         obs.completed = self._complete(key, kind, now_ns, "ok" if error_code is None else "error",
                                        error_code, message)
 
@@ -495,7 +495,7 @@ class SessionTracker:
         )
 
 
-def _error_of(kind: int, sub: Any) -> tuple[str | None, str | None]:
+def response_error(kind: int, sub: Any) -> tuple[str | None, str | None]:
     """The ServerError name and message a response carries, if it reports a failure."""
     fields = sub.DESCRIPTOR.fields_by_name
     for code_field, message_field in (("error", "message"), ("error_code", "error_message")):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from proxy.protocol.commands import T
 from proxy.protocol.frame import Frame
@@ -25,6 +25,45 @@ if TYPE_CHECKING:
     from proxy.recording.reader import ReadReport
 
 NOT_SENT: Final = "not-sent"
+
+
+class TxnIds:
+    """The live transaction coordinator's ids for the recorded ones, learnt from the NEW_TXN answers.
+
+    A transaction id (PulsarApi.proto ``txnid_most_bits``: the coordinator, ``txnid_least_bits``:
+    its counter) is the coordinator's, as a producer id is the client's: the live coordinator
+    numbers the replayed transactions anew, so every frame that names a recorded transaction
+    (SEND and its MessageMetadata, ACK, ADD_PARTITION_TO_TXN, ADD_SUBSCRIPTION_TO_TXN, END_TXN)
+    must name the live one instead.  An id no NEW_TXN of the recording answered is left as it is.
+    """
+
+    __slots__ = ("_live",)
+
+    def __init__(self) -> None:
+        self._live: dict[tuple[int, int], tuple[int, int]] = {}
+
+    def learn(self, recorded: Frame | None, live: Frame) -> None:
+        """The recorded NEW_TXN_RESPONSE ``recorded`` is the live ``live`` (no-op unless both are)."""
+        if recorded is not None and recorded.type == live.type == T.NEW_TXN_RESPONSE:
+            self._live[_txnid(recorded.sub)] = _txnid(live.sub)
+
+    def translate(self, message: Any) -> bool:
+        """Give ``message`` (a command or MessageMetadata) the live id of the transaction it names; whether
+        that changed it."""
+        fields = message.DESCRIPTOR.fields_by_name
+        if "txnid_least_bits" not in fields or not (
+                message.HasField("txnid_least_bits") or message.HasField("txnid_most_bits")):
+            return False
+        recorded = _txnid(message)
+        live = self._live.get(recorded, recorded)
+        if live == recorded:
+            return False
+        message.txnid_most_bits, message.txnid_least_bits = live
+        return True
+
+
+def _txnid(message: Any) -> tuple[int, int]:
+    return int(message.txnid_most_bits), int(message.txnid_least_bits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,5 +165,5 @@ def load_conversations(path: str) -> tuple[dict[int, Conversation], ReadReport]:
     return conversations, recordings.report
 
 
-__all__ = ["NOT_SENT", "ReplayDiff", "ReplayResult", "ReplayScore", "live_producer_name", "load_conversations",
-           "recorded_producer_name", "steps_in_order"]
+__all__ = ["NOT_SENT", "ReplayDiff", "ReplayResult", "ReplayScore", "TxnIds", "live_producer_name",
+           "load_conversations", "recorded_producer_name", "steps_in_order"]

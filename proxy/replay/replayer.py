@@ -14,7 +14,13 @@ cluster):
   properties, batches, compression as they were — under the new producer id;
 - FLOW is re-issued; ACK too, its message ids translated: the n-th message the
   recorded consumer received is the n-th message the live one receives;
-- other requests are re-sent with the ids remapped.
+- other requests are re-sent with the ids remapped;
+- transaction ids are the live coordinator's: a NEW_TXN's answer maps the recorded
+  transaction to the live one, and every SEND (its MessageMetadata too), ACK and
+  transaction command that names it is re-sent naming the live one
+  (:class:`~proxy.replay.client_side.TxnIds`); an END_TXN waits for the answers
+  to the SENDs in flight, as the recorded client did before it ended its
+  transaction (the coordinator's connection may not be the producer's).
 
 A CLOSE_PRODUCER the recorded client received (the broker's, or the proxy's on its
 behalf, as a ``close`` rule sends) closes the live producer at the same point, so the
@@ -32,7 +38,8 @@ a ``close`` rule took) are neither re-sent nor compared — a live broker was ne
 asked them — and are counted in ``ReplayResult.proxy_handled``.
 
 Each request's answer is compared with the recorded one by outcome only
-(``ok``, ``error:CODE``, ``unanswered``; ``not-sent`` when the producer or
+(``ok``, ``error:CODE`` — an ERROR, or the ``error`` field of a response
+such as END_TXN_RESPONSE —, ``unanswered``; ``not-sent`` when the producer or
 consumer it needs could not be created): message ids, generated names and
 timing are not differences.  :class:`~proxy.replay.client_side.ReplayDiff` is one
 differing request, printed as ``DIFF conn=N COMMAND topic=T recorded=OUTCOME replayed=OUTCOME``.
@@ -60,10 +67,12 @@ from proxy.errors import BrokerError, ClientError, ConnectionFailed, ProtocolErr
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.commands import T, sub_command
 from proxy.protocol.frame import Frame, encode_payload_command
+from proxy.protocol.session import response_error
 from proxy.replay.client_side import (
     NOT_SENT,
     ReplayResult,
     ReplayScore,
+    TxnIds,
     live_producer_name,
     load_conversations,
     recorded_producer_name,
@@ -85,6 +94,7 @@ class _LiveProducer:
         self.connection = connection
         self.producer_id = producer_id
         self.pending: dict[int, Exchange] = {}  # sequence id -> the recorded SEND's exchange
+        self.highest: dict[int, int] = {}  # a batch's highest sequence id -> its sequence id
         self.outcomes: dict[int, str] = {}      # id(exchange) -> outcome
         self.all_answered = trio.Event()
         self.all_answered.set()
@@ -92,6 +102,9 @@ class _LiveProducer:
 
     def expect(self, sequence_id: int, exchange: Exchange) -> None:
         self.pending[sequence_id] = exchange
+        sub: Any = exchange.request.sub
+        if sub.HasField("highest_sequence_id"):
+            self.highest[sub.highest_sequence_id] = sequence_id
         if self.all_answered.is_set():
             self.all_answered = trio.Event()
 
@@ -99,7 +112,12 @@ class _LiveProducer:
         if frame.type not in (T.SEND_RECEIPT, T.SEND_ERROR):
             return
         sub: Any = frame.sub
-        exchange = self.pending.pop(sub.sequence_id, None)
+        # a broker answers some refusals of a batch under its highest sequence id (a SEND in a transaction)
+        sequence_id = sub.sequence_id if sub.sequence_id in self.pending else self.highest.get(sub.sequence_id, -1)
+        exchange = self.pending.pop(sequence_id, None)
+        if exchange is not None:
+            request: Any = exchange.request.sub
+            self.highest.pop(request.highest_sequence_id, None)
         if exchange is not None:
             self.outcomes[id(exchange)] = (OK if frame.type == T.SEND_RECEIPT
                                            else error_outcome(api.ServerError.Name(sub.error)))
@@ -163,6 +181,7 @@ class ClientReplayer:
         self._retired_producers: list[_LiveProducer] = []  # replaced by a re-creation; answers still count
         self._producer_names: dict[str, str] = {}  # name the recorded broker gave -> name the live one gave
         self._consumers: dict[tuple[int, int], _LiveConsumer] = {}
+        self._txnids = TxnIds()
         self._next_id = 0
         self._lookup: LookupService | None = None
         self._pool: ConnectionPool | None = None
@@ -268,6 +287,8 @@ class ClientReplayer:
             return self._send(conv, step, sub)
         if kind == T.ACK:
             return await self._ack(conv, frame, sub)
+        if kind == T.END_TXN:
+            await self._sends_answered()
         cmd = api.BaseCommand()
         cmd.CopyFrom(frame.command)
         live_sub: Any = sub_command(cmd)
@@ -285,10 +306,12 @@ class ClientReplayer:
             live_sub.consumer_id, connection = consumer.consumer_id, consumer.connection
         if connection is None:
             connection = await self._lookup.service_connection()
+        self._txnids.translate(live_sub)
         if "request_id" in fields and live_sub.HasField("request_id"):
             live_sub.request_id = connection.new_request_id()
-            await connection.request(live_sub)
-            return OK
+            answer = await connection.request(live_sub)
+            self._txnids.learn(step.exchange.response if step.exchange is not None else None, answer)
+            return _outcome_of_answer(answer)
         connection.send_command(live_sub)
         self.result.frames_sent += 1
         return None
@@ -366,10 +389,19 @@ class ClientReplayer:
         cmd = api.BaseCommand()
         cmd.CopyFrom(frame.command)
         cmd.send.producer_id = producer.producer_id
+        self._txnids.translate(cmd.send)
         section = frame.payload
-        if section is not None and not section.checksum_ok():
-            # payloads were not recorded (zero-filled): send them with a checksum that holds
-            data = encode_payload_command(cmd, section.metadata_raw, section.payload)
+        metadata = None
+        if section is not None and sub.HasField("txnid_least_bits"):
+            metadata = api.MessageMetadata()
+            metadata.CopyFrom(section.metadata)
+            if not self._txnids.translate(metadata):
+                metadata = None
+        if section is not None and (metadata is not None or not section.checksum_ok()):
+            # a metadata naming the live transaction, or payloads that were not recorded (zero-filled):
+            # sent with a checksum that holds
+            data = encode_payload_command(cmd, section.metadata_raw if metadata is None else metadata,
+                                          section.payload)
         else:
             data = with_command(frame, cmd)
         if step.exchange is not None:
@@ -387,6 +419,7 @@ class ClientReplayer:
         cmd.CopyFrom(frame.command)
         ack = cmd.ack
         ack.consumer_id = consumer.consumer_id
+        self._txnids.translate(ack)
         for message_id in ack.message_id:
             index = order.get((message_id.ledgerId, message_id.entryId))
             live = None if index is None else await consumer.message_id(index, self.receipt_timeout)
@@ -399,11 +432,17 @@ class ClientReplayer:
                 message_id.partition = live.partition
         if ack.HasField("request_id"):
             ack.request_id = consumer.connection.new_request_id()
-            await consumer.connection.request(ack)
-            return OK
+            return _outcome_of_answer(await consumer.connection.request(ack))
         consumer.connection.send_command(ack)
         self.result.frames_sent += 1
         return None
+
+    async def _sends_answered(self) -> None:
+        """Wait (up to the receipt timeout) for the answers to the SENDs in flight: a client ends a transaction
+        once its sends in it are acknowledged, and END_TXN may travel on another connection than they did."""
+        with trio.move_on_after(self.receipt_timeout):
+            for producer in self._producers.values():
+                await producer.all_answered.wait()
 
     async def _await_receipts(self) -> None:
         with trio.move_on_after(min(self.receipt_timeout, 2.0) if self.result.stopped else self.receipt_timeout):
@@ -411,6 +450,13 @@ class ClientReplayer:
                 await producer.all_answered.wait()
         for producer in [*self._retired_producers, *self._producers.values()]:
             self.score.outcomes.update(producer.outcomes)
+
+def _outcome_of_answer(answer: Frame) -> str:
+    """``ok``, or ``error:CODE`` for a response whose own ``error`` field reports a failure (END_TXN_RESPONSE,
+    ACK_RESPONSE...: the connection raises only for ERROR)."""
+    code, _message = response_error(answer.type, answer.sub)
+    return OK if code is None else error_outcome(code)
+
 
 async def replay_recording(path: str, upstream: str, *, speed: float = 1.0, operation_timeout: float = 10.0,
                            receipt_timeout: float = 10.0, token: str | None = None) -> ReplayResult:

@@ -13,8 +13,11 @@ The frames the actions write are built with the protocol encoders:
 
 - ``error``: the reply a broker gives when it refuses the request (Pulsar binary
   protocol, "Error handling"): SEND_ERROR for SEND, a LOOKUP_RESPONSE or
-  PARTITIONED_METADATA_RESPONSE with ``response = Failed`` for lookups, ERROR with
-  the ``request_id`` for every other request;
+  PARTITIONED_METADATA_RESPONSE with ``response = Failed`` for lookups, for the
+  transaction commands and an ACK awaiting its answer their own response with its
+  ``error`` and ``message`` set (ServerCnx answers them so, and the Java client waits
+  out its operation timeout on an ERROR there), ERROR with the ``request_id`` for
+  every other request;
 - ``close``: CLOSE_PRODUCER / CLOSE_CONSUMER as a broker sends on a topic unload
   (``request_id`` -1, as ServerCnx does), and the same close as a request to the
   broker so that the client's re-creation succeeds (what happens in between:
@@ -81,6 +84,19 @@ _SERVICE_URL = re.compile(r"^pulsar(\+ssl)?://[^/?#\s]+:\d{1,5}/?$")
 _U32 = struct.Struct(">I")
 
 
+#: requests a broker refuses with their own response (its ``error`` set), not with ERROR
+_OWN_ERROR_RESPONSE: Final[dict[int, Callable[[], Message]]] = {
+    T.NEW_TXN: api.CommandNewTxnResponse,
+    T.ADD_PARTITION_TO_TXN: api.CommandAddPartitionToTxnResponse,
+    T.ADD_SUBSCRIPTION_TO_TXN: api.CommandAddSubscriptionToTxnResponse,
+    T.END_TXN: api.CommandEndTxnResponse,
+    T.END_TXN_ON_PARTITION: api.CommandEndTxnOnPartitionResponse,
+    T.END_TXN_ON_SUBSCRIPTION: api.CommandEndTxnOnSubscriptionResponse,
+    T.TC_CLIENT_CONNECT_REQUEST: api.CommandTcClientConnectResponse,
+    T.ACK: api.CommandAckResponse,
+}
+
+
 def error_reply(frame: Frame, code: str, message: str) -> bytes | None:
     """The refusal a broker would send for the request in ``frame``; None if it is no request."""
     error = api.ServerError.Value(code)
@@ -97,6 +113,16 @@ def error_reply(frame: Frame, code: str, message: str) -> bytes | None:
         return encode_command(api.CommandPartitionedTopicMetadataResponse(
             request_id=sub.request_id, response=api.CommandPartitionedTopicMetadataResponse.Failed,
             error=error, message=message))
+    if kind in _OWN_ERROR_RESPONSE and sub.HasField("request_id"):
+        answer: Any = _OWN_ERROR_RESPONSE[kind]()
+        for name in ("request_id", "consumer_id", "txnid_most_bits", "txnid_least_bits"):
+            if name in answer.DESCRIPTOR.fields_by_name and name in sub.DESCRIPTOR.fields_by_name \
+                    and sub.HasField(name):
+                setattr(answer, name, getattr(sub, name))
+        if kind == T.NEW_TXN:
+            answer.txnid_most_bits = sub.tc_id  # the coordinator that refused, as ServerCnx answers
+        answer.error, answer.message = error, message
+        return encode_command(answer)
     if kind == T.CONNECT:
         # A refused CONNECT gets an ERROR that answers no request (request_id -1, as ServerCnx does).
         return encode_command(api.CommandError(request_id=BROKER_INITIATED_REQUEST_ID, error=error,

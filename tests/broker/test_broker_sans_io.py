@@ -8,7 +8,7 @@ from proxy.broker.cluster import Cluster, ClusterConfig
 from proxy.broker.connection import BrokerConnection
 from proxy.errors import ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
-from proxy.protocol.frame import Frame, FrameDecoder, crc32c, encode_command, frame_from_bytes
+from proxy.protocol.frame import Frame, FrameDecoder, crc32c, encode_command, encode_payload_command, frame_from_bytes
 
 
 def make(brokers: int = 2) -> tuple[Cluster, list[BrokerConnection]]:
@@ -81,3 +81,48 @@ def test_topic_list_polls_carry_pulsars_hash_and_nothing_when_the_client_holds_t
     [grown] = roundtrip(conn, ask)
     assert grown.command.getTopicsOfNamespaceResponse.changed
     assert len(grown.command.getTopicsOfNamespaceResponse.topics) == 2
+
+
+@pytest.mark.parametrize("request_", [
+    api.CommandTcClientConnectRequest(request_id=5, tc_id=0),
+    api.CommandNewTxn(request_id=5, tc_id=0),
+    api.CommandAddPartitionToTxn(request_id=5, txnid_least_bits=1, partitions=["persistent://public/default/t"]),
+    api.CommandAddSubscriptionToTxn(request_id=5, txnid_least_bits=1),
+    api.CommandEndTxn(request_id=5, txnid_least_bits=1, txn_action=api.COMMIT),
+], ids=lambda sub: type(sub).__name__)
+def test_transaction_requests_get_the_refusal_of_a_broker_without_a_coordinator(request_: object) -> None:
+    """As a real broker with transactionCoordinatorEnabled=false (ServerCnx, measured against Pulsar 4.0.7):
+    ERROR NotAllowedError "Transactions are not enabled." for the request."""
+    _, [conn] = make(1)
+    roundtrip(conn, api.CommandConnect(client_version="t", protocol_version=21))
+    [reply] = roundtrip(conn, request_)
+    error = reply.command.error
+    assert (reply.type_name, error.request_id, api.ServerError.Name(error.error), error.message) == \
+        ("ERROR", 5, "NotAllowedError", "Transactions are not enabled.")
+
+
+def test_sends_and_acks_in_a_transaction_are_refused_as_without_a_coordinator() -> None:
+    """Measured against Pulsar 4.0.7 with transactionCoordinatorEnabled=false: a SEND naming a transaction gets
+    SEND_ERROR NotAllowedError under the batch's highest sequence id, an ACK naming one an ACK_RESPONSE
+    NotAllowedError."""
+    _, [conn] = make(1)
+    roundtrip(conn, api.CommandConnect(client_version="t", protocol_version=21))
+    topic = "persistent://public/default/txn"
+    [created] = roundtrip(conn, api.CommandProducer(topic=topic, producer_id=1, request_id=1))
+    assert created.type_name == "PRODUCER_SUCCESS"
+    txn = {"txnid_most_bits": 0, "txnid_least_bits": 7}
+    send = api.CommandSend(producer_id=1, sequence_id=0, highest_sequence_id=2, num_messages=3, **txn)
+    metadata = api.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1, num_messages_in_batch=3, **txn)
+    conn.handle(frame_from_bytes(encode_payload_command(send, metadata, b"batch")))
+    [refused] = [f for chunk in conn.take_output() for f in FrameDecoder().receive(chunk)]
+    error = refused.command.send_error
+    assert (refused.type_name, error.sequence_id, api.ServerError.Name(error.error), error.message) == \
+        ("SEND_ERROR", 2, "NotAllowedError", "Transaction buffer disable!")
+    roundtrip(conn, api.CommandSubscribe(topic=topic, subscription="s", subType=api.CommandSubscribe.Exclusive,
+                                         consumer_id=1, request_id=2))
+    [answer] = roundtrip(conn, api.CommandAck(consumer_id=1, ack_type=api.CommandAck.Individual, request_id=3,
+                                              message_id=[api.MessageIdData(ledgerId=0, entryId=0)], **txn))
+    response = answer.command.ackResponse
+    assert (answer.type_name, response.request_id, api.ServerError.Name(response.error)) == \
+        ("ACK_RESPONSE", 3, "NotAllowedError")
+    assert response.message.endswith("Server don't support transaction ack!")

@@ -271,7 +271,8 @@ def standalone_config(workdir: Path, *, broker_port: int, web_port: int, tls_por
     """The project's standalone.conf plus this run's keys, written into ``workdir``.
 
     ``cluster`` replaces the file's ``clusterName`` (two standalones that replicate need two
-    names); ``extra`` adds keys the file does not set.
+    names); ``extra`` adds keys, or replaces the file's value of a key it sets
+    (``transactionCoordinatorEnabled``).
     """
     base = (PEERS / "standalone.conf").read_text()
     if cluster != "standalone":
@@ -285,6 +286,8 @@ def standalone_config(workdir: Path, *, broker_port: int, web_port: int, tls_por
                     tlsTrustCertsFilePath=tls.ca)
     defined = {line.split("=", 1)[0].strip() for line in base.splitlines() if "=" in line and
                not line.lstrip().startswith("#")}
+    for key in defined & set(extra or {}):  # a setting of the file this broker wants otherwise (transactions)
+        base = re.sub(rf"(?m)^{re.escape(key)}=.*$", f"{key}={keys.pop(key)}", base)
     if clash := defined & set(keys):  # BookKeeper would read a repeated key as a list
         raise PeerFailed(f"standalone.conf must not set {sorted(clash)}: the launcher sets them per run")
     path = workdir / "standalone.conf"
@@ -388,8 +391,8 @@ def start_pulsar_proxy(broker_service_url: str, *, log_level: int, workdir: Path
 def client_command(client: str, url: str, topic: str, *, messages: int, batching: bool = True,
                    compression: str = "NONE", subscription: str = "peers", tls_ca: str | None = None,
                    rate: float = 0.0, timeout: float = 120.0, idle: float = 5.0, latencies: bool = False,
-                   mode: str = "roundtrip") -> list[str]:
-    """The command line of one client program; all three take the same options."""
+                   mode: str = "roundtrip", extra_args: Sequence[str] = ()) -> list[str]:
+    """The command line of one client program; all three take the same options (``extra_args``: one's own)."""
     options = ["--url", url, "--topic", topic, "--messages", str(messages),
                "--batching" if batching else "--no-batching", "--compression", compression,
                "--subscription", subscription, "--rate", str(rate), "--timeout", str(timeout),
@@ -398,6 +401,7 @@ def client_command(client: str, url: str, topic: str, *, messages: int, batching
         options += ["--tls-ca", tls_ca]
     if latencies:
         options.append("--latencies")
+    options += extra_args
     if client == "python":
         return [sys.executable, str(PY_CLIENT), *options]
     if client == "java":

@@ -11,7 +11,14 @@
  *
  *   java -cp CLASSES:LIB/* PeerClient --url pulsar://127.0.0.1:6650 --topic T --messages 10000 \
  *        [--batching | --no-batching] [--compression LZ4] [--subscription S] [--tls-ca CA.pem]
- *        [--rate MSGS_PER_S] [--timeout S] [--latencies] [--mode roundtrip|consume]
+ *        [--rate MSGS_PER_S] [--timeout S] [--latencies] [--mode roundtrip|consume|txn]
+ *        [--txn-size K] [--abort-every A] [--txn-timeout S] [--operation-timeout S]
+ *
+ * --mode txn (Java only) sends the messages in transactions of K messages, transaction J
+ * aborted when A > 0 and J % A == A - 1 and committed otherwise, one after the other; then
+ * receives until --idle, and acknowledges what it received in one transaction it commits.
+ * The line adds "committed" and "aborted" (transaction numbers), "txn_errors" (number ->
+ * the first error of that transaction) and "ack_txn" (committed, or its error).
  */
 
 import java.nio.charset.StandardCharsets;
@@ -32,6 +39,7 @@ import org.apache.pulsar.client.api.Producer;
 import org.apache.pulsar.client.api.PulsarClient;
 import org.apache.pulsar.client.api.SubscriptionInitialPosition;
 import org.apache.pulsar.client.api.SubscriptionType;
+import org.apache.pulsar.client.api.transaction.Transaction;
 
 public final class PeerClient {
 
@@ -48,6 +56,10 @@ public final class PeerClient {
         double idle = 10;
         boolean latencies;
         String mode = "roundtrip";
+        int txnSize = 10;
+        int abortEvery = 2;
+        double txnTimeout = 60;
+        double operationTimeout = 30;
 
         static Options parse(String[] args) {
             Options o = new Options();
@@ -67,14 +79,18 @@ public final class PeerClient {
                     case "--idle": o.idle = Double.parseDouble(args[++i]); break;
                     case "--latencies": o.latencies = true; break;
                     case "--mode": o.mode = args[++i]; break;
+                    case "--txn-size": o.txnSize = Integer.parseInt(args[++i]); break;
+                    case "--abort-every": o.abortEvery = Integer.parseInt(args[++i]); break;
+                    case "--txn-timeout": o.txnTimeout = Double.parseDouble(args[++i]); break;
+                    case "--operation-timeout": o.operationTimeout = Double.parseDouble(args[++i]); break;
                     default: throw new IllegalArgumentException("unknown option " + a);
                 }
             }
             if (o.url == null || o.topic == null) {
                 throw new IllegalArgumentException("--url and --topic are required");
             }
-            if (!o.mode.equals("roundtrip") && !o.mode.equals("consume")) {
-                throw new IllegalArgumentException("--mode is roundtrip or consume");
+            if (!o.mode.equals("roundtrip") && !o.mode.equals("consume") && !o.mode.equals("txn")) {
+                throw new IllegalArgumentException("--mode is roundtrip, consume or txn");
             }
             return o;
         }
@@ -93,6 +109,10 @@ public final class PeerClient {
     private int receivedCount;
     private int sent;
     private double produceSeconds;
+    private final List<Integer> committed = new ArrayList<>();
+    private final List<Integer> aborted = new ArrayList<>();
+    private final Map<Integer, String> txnErrors = new TreeMap<>();
+    private String ackTxn;
 
     private PeerClient(Options options) {
         this.options = options;
@@ -213,12 +233,98 @@ public final class PeerClient {
         }
     }
 
+    /** Transaction J's messages, then its commit or abort; J's first error in txnErrors (it is then aborted if it can be). */
+    private void produceInTransactions(PulsarClient client) throws Exception {
+        Producer<byte[]> producer = client.newProducer()
+                .topic(options.topic)
+                .enableBatching(options.batching)
+                .compressionType(CompressionType.valueOf(options.compression))
+                .sendTimeout(0, TimeUnit.SECONDS)  // a transactional producer must not time sends out
+                .create();
+        long start = System.nanoTime();
+        int transactions = (options.messages + options.txnSize - 1) / options.txnSize;
+        for (int j = 0; j < transactions; j++) {
+            boolean abort = options.abortEvery > 0 && j % options.abortEvery == options.abortEvery - 1;
+            Transaction txn = null;
+            try {
+                txn = client.newTransaction()
+                        .withTransactionTimeout((long) (options.txnTimeout * 1000), TimeUnit.MILLISECONDS)
+                        .build().get(60, TimeUnit.SECONDS);
+                List<CompletableFuture<MessageId>> pending = new ArrayList<>();
+                List<Integer> indices = new ArrayList<>();
+                for (int i = j * options.txnSize; i < Math.min(options.messages, (j + 1) * options.txnSize); i++) {
+                    pending.add(producer.newMessage(txn).value(payload(i)).sendAsync());
+                    indices.add(i);
+                    sent++;
+                }
+                producer.flush();
+                for (int k = 0; k < pending.size(); k++) {
+                    recordAck(indices.get(k), pending.get(k).get(60, TimeUnit.SECONDS), start);
+                }
+                if (abort) {
+                    txn.abort().get(60, TimeUnit.SECONDS);
+                    aborted.add(j);
+                } else {
+                    txn.commit().get(60, TimeUnit.SECONDS);
+                    committed.add(j);
+                }
+            } catch (Exception e) {
+                synchronized (this) {
+                    txnErrors.put(j, e.toString());
+                }
+                if (txn != null) {
+                    try {
+                        txn.abort().get(30, TimeUnit.SECONDS);
+                    } catch (Exception ignored) {
+                        // the error above is what the report says
+                    }
+                }
+            }
+        }
+        produceSeconds = (System.nanoTime() - start) / 1e9;
+        producer.close();
+    }
+
+    /** Receive until --idle, then acknowledge every message received in one transaction and commit it. */
+    private void consumeInTransaction(PulsarClient client, Consumer<byte[]> consumer, long deadline) throws Exception {
+        List<MessageId> ids = new ArrayList<>();
+        long lastMessage = System.nanoTime();
+        while (System.nanoTime() < deadline && System.nanoTime() - lastMessage < (long) (options.idle * 1e9)) {
+            Message<byte[]> message = consumer.receive(200, TimeUnit.MILLISECONDS);
+            if (message == null) {
+                continue;
+            }
+            lastMessage = System.nanoTime();
+            recordReceived(indexOf(message.getValue()), message.getMessageId());
+            ids.add(message.getMessageId());
+        }
+        try {
+            Transaction txn = client.newTransaction()
+                    .withTransactionTimeout((long) (options.txnTimeout * 1000), TimeUnit.MILLISECONDS)
+                    .build().get(60, TimeUnit.SECONDS);
+            List<CompletableFuture<Void>> acks = new ArrayList<>();
+            for (MessageId id : ids) {
+                acks.add(consumer.acknowledgeAsync(id, txn));
+            }
+            for (CompletableFuture<Void> ack : acks) {
+                ack.get(60, TimeUnit.SECONDS);
+            }
+            txn.commit().get(60, TimeUnit.SECONDS);
+            ackTxn = "committed";
+        } catch (Exception e) {
+            ackTxn = e.toString();
+        }
+    }
+
     private String run() throws Exception {
         long started = System.nanoTime();
         long deadline = started + (long) (options.timeout * 1e9);
         ClientBuilder builder = PulsarClient.builder()
                 .serviceUrl(options.url)
-                .operationTimeout(30, TimeUnit.SECONDS);
+                .operationTimeout((int) (options.operationTimeout * 1000), TimeUnit.MILLISECONDS);
+        if (options.mode.equals("txn")) {
+            builder.enableTransaction(true);
+        }
         if (options.tlsCa != null) {
             builder.tlsTrustCertsFilePath(options.tlsCa).enableTlsHostnameVerification(true);
         }
@@ -236,6 +342,12 @@ public final class PeerClient {
                     .subscribe();
             Thread producerThread = null;
             final Exception[] produceError = new Exception[1];
+            if (options.mode.equals("txn")) {
+                produceInTransactions(client);
+                consumeInTransaction(client, consumer, deadline);
+                consumer.close();
+                return report(null, (System.nanoTime() - started) / 1e9);
+            }
             if (options.mode.equals("roundtrip")) {
                 final PulsarClient producing = client;
                 producerThread = new Thread(() -> {
@@ -282,6 +394,18 @@ public final class PeerClient {
                 json.append(i == 0 ? "" : ",").append(String.format("%.3f", latencyMs[i]));
             }
             json.append(']');
+        }
+        if (options.mode.equals("txn")) {
+            json.append(",\"committed\":").append(committed);
+            json.append(",\"aborted\":").append(aborted);
+            json.append(",\"txn_errors\":{");
+            boolean first = true;
+            for (Map.Entry<Integer, String> entry : txnErrors.entrySet()) {
+                json.append(first ? "" : ",").append('"').append(entry.getKey()).append("\":")
+                        .append(quote(entry.getValue()));
+                first = false;
+            }
+            json.append("},\"ack_txn\":").append(quote(ackTxn));
         }
         json.append(",\"produce_seconds\":").append(String.format("%.3f", produceSeconds));
         json.append(",\"elapsed_seconds\":").append(String.format("%.3f", elapsed));
