@@ -100,6 +100,9 @@ class PulsarClient:
 
     def _shut_down(self) -> None:
         self._closed = True
+        for handler in list(self._handlers):
+            if isinstance(handler, Producer):  # (cut short before closing: no receipt waits forever)
+                handler.abandon()
         if self._pool is not None:
             self._pool.close_all()
         if self._nursery is not None:

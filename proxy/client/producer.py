@@ -390,6 +390,12 @@ class Producer(ReconnectingHandle):
             msg.receipt.set_error(error)
             self._release(1)
 
+    def abandon(self) -> None:
+        """The client was torn down without closing this producer: what waits for a receipt ends with ClientClosed."""
+        self._closing = True
+        self._fail_all(ClientClosed(f"{self!r} abandoned: its client was torn down"))
+        self._stop_reconnecting()
+
     async def close(self) -> None:
         """Flush, wait for outstanding receipts (up to the send timeout), and close on the broker."""
         if self._closing:

@@ -19,7 +19,7 @@ def test_perf_roundtrip_reports_throughput_and_latency_as_json(cluster: Threaded
                    "--compression", "lz4", "--json", "--quiet"])
     out = capsys.readouterr().out
     assert status == 0
-    summary = json.loads(out)
+    summary = json.loads(out.splitlines()[-1])  # (the last line: the in-process broker's log lines may come first)
     assert summary["produce"]["messages"] == 3000 and summary["produce"]["errors"] == 0
     assert summary["consume"]["messages"] == 3000
     for part in ("produce", "consume"):
@@ -84,7 +84,8 @@ def test_perf_roundtrip_counts_a_redelivery_once_and_waits_for_every_receipt(
     url = f"pulsar://{proxy_process(cluster.service_url, '--rules', str(rules))}"
     status = main(["perf", "roundtrip", "--url", url, "--topic", "perf-redelivered", "--subscription", "s",
                    "--rate", "1000", "--messages", "2000", "--no-batching", "--json", "--quiet"])
-    summary = json.loads(capsys.readouterr().out)
+    # (the summary is the last line: the embedded broker runs in this process, and its log lines may come first)
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert status == 0
     produced, consumed = summary["produce"], summary["consume"]
     assert produced["messages"] == 2000 and produced["errors"] == 0 and produced["reconnects"] == 1, produced

@@ -10,6 +10,8 @@ import trio.lowlevel
 
 from proxy.broker import ThreadedCluster
 from proxy.client import PulsarClient, Receipt
+from proxy.errors import ClientClosed
+from proxy.testing import Tap, drop
 
 ClusterFactory = Callable[..., ThreadedCluster]
 
@@ -94,3 +96,22 @@ async def test_unbatched_producer_resends_pending_messages_after_unload(cluster_
         assert all(a < b for a, b in itertools.pairwise(ids))
         payloads = await _read_all(cluster.service_url, 1000)
     assert payloads == [b"msg-%06d" % i for i in range(1000)]
+
+
+async def test_a_client_torn_down_mid_stream_ends_every_outstanding_receipt_with_client_closed(
+        cluster: ThreadedCluster) -> None:
+    """A client cut short before it closes its producers (a second Ctrl-C in ``perf``, a cancelled caller) leaves
+    no receipt waiting forever: each outstanding one ends with ClientClosed (``perf`` counts them as unfinished;
+    they were never counted at all when the second signal came before the producers began to close)."""
+    with Tap(cluster.service_url) as tap, tap.inject(drop().on("SEND_RECEIPT").after(2)):
+        receipts: list[Receipt] = []
+        with trio.fail_after(30), trio.CancelScope() as torn_down:
+            async with PulsarClient(tap.service_url, operation_timeout=10) as client:
+                producer = await client.create_producer("persistent://public/default/torn-down", batching=False)
+                for i in range(10):
+                    receipts.append(await producer.send_async(b"%d" % i))
+                await receipts[1].wait()  # (the two the tap lets through; the other eight wait for good)
+                torn_down.cancel()
+                await trio.sleep_forever()
+    assert [receipt.done for receipt in receipts] == [True] * 10
+    assert [type(receipt.error) for receipt in receipts[2:]] == [ClientClosed] * 8
