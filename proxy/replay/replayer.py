@@ -117,8 +117,8 @@ class _LiveProducer:
         exchange = self.pending.pop(sequence_id, None)
         if exchange is not None:
             request: Any = exchange.request.sub
-            self.highest.pop(request.highest_sequence_id, None)
-        if exchange is not None:
+            if request.HasField("highest_sequence_id"):
+                self.highest.pop(request.highest_sequence_id, None)
             self.outcomes[id(exchange)] = (OK if frame.type == T.SEND_RECEIPT
                                            else error_outcome(api.ServerError.Name(sub.error)))
         if not self.pending:
@@ -126,6 +126,7 @@ class _LiveProducer:
 
     def connection_closed(self, connection: ClientConnection) -> None:
         self.pending.clear()
+        self.highest.clear()
         self.all_answered.set()
 
 

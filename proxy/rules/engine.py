@@ -91,19 +91,27 @@ def _hand_over_flow_shares(old: RuleState, new: RuleState | None) -> bool:
     """
     if not old.flow_shares:
         return False
-    before, after = old.rule.action, new.rule.action if new is not None else None
-    # the replacing rule's rate, if it throttles the same consumers' FLOWs through the same buckets
-    rate = after.messages_per_second if isinstance(after, acts.Throttle) and isinstance(before, acts.Throttle) \
-        and after.per == before.per and new is not None and new.rule.match.direction != Direction.TO_CLIENT.value \
-        and (new.commands is None or T.FLOW in new.commands) else None
+    heir = _same_flow_buckets(old, new)
     for key, share in old.flow_shares.items():
-        if rate is not None and new is not None and isinstance(after, acts.Throttle):
-            share.retune(rate, after.burst)
-            new.flow_shares[key] = share
+        if heir is not None:
+            state, throttle, rate = heir
+            share.retune(rate, throttle.burst)
+            state.flow_shares[key] = share
         else:
             share.release_all()
     old.flow_shares.clear()
     return True
+
+
+def _same_flow_buckets(old: RuleState, new: RuleState | None) -> tuple[RuleState, acts.Throttle, float] | None:
+    """``new``, its throttle and rate, when it paces the same consumers' FLOWs through the same buckets as ``old``."""
+    before, after = old.rule.action, new.rule.action if new is not None else None
+    if new is None or not isinstance(before, acts.Throttle) or not isinstance(after, acts.Throttle):
+        return None
+    if after.messages_per_second is None or after.per != before.per \
+            or new.rule.match.direction == Direction.TO_CLIENT.value:
+        return None
+    return (new, after, after.messages_per_second) if new.commands is None or T.FLOW in new.commands else None
 
 
 def choose_seed() -> int:
