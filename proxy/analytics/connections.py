@@ -220,6 +220,7 @@ def send_requests(sends: pa.Table, resolution: pa.Table, last_ts: pa.Table, wind
     sends = sends.select([*keys, "seq", "ts_ns", "frame_type", "num_messages", "error_code", "error_message",
                           "epoch"]).join(last_ts, keys=["recording", "conn_id"], join_type="left outer",
                                          use_threads=False)
+    sends = _batch_answers_under_first_ids(sends, keys)
     sends = sends.sort_by([(name, "ascending") for name in (*keys, "seq")]).combine_chunks()
     count = sends.num_rows
     same_as_next = np.zeros(count, dtype=bool)
@@ -266,6 +267,41 @@ def send_requests(sends: pa.Table, resolution: pa.Table, last_ts: pa.Table, wind
     table = table.join(resolution, keys=["recording", "conn_id", "epoch", "ref_kind", "ref_id"],
                        join_type="left outer", use_threads=False)
     return table.select(schema.names).cast(schema)
+
+
+def _batch_answers_under_first_ids(sends: pa.Table, keys: list[str]) -> pa.Table:
+    """``sends`` with every SEND_ERROR that answers a batch under a later id than its first (a broker refusing
+    a transactional batch answers under its highest sequence id) moved to the batch's first id, as the
+    tracker pairs it: the latest SEND before it, of its producer, whose messages' sequence ids span its id.
+    Rare, so looked for only among errors that match no SEND's ids."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    is_error = pc.equal(sends["frame_type"], SEND_ERROR)
+    if not pc.any(is_error).as_py() or sends["sequence_id"].null_count:
+        return sends
+    sends = sends.append_column("_row", pa.array(np.arange(sends.num_rows)))
+    send_rows = sends.filter(pc.equal(sends["frame_type"], SEND))
+    first_ids = send_rows.select(keys).group_by(keys).aggregate([])
+    lost = sends.filter(is_error).join(first_ids, keys=keys, join_type="left anti", use_threads=False)
+    if not lost.num_rows:
+        return sends.drop_columns(["_row"])
+    producers = keys[:-1]
+    lost_producers = lost.select(producers).group_by(producers).aggregate([])
+    spans: dict[tuple[Any, ...], list[tuple[int, int, int]]] = {}
+    for row in send_rows.join(lost_producers, keys=producers, join_type="inner", use_threads=False).to_pylist():
+        spans.setdefault(tuple(row[name] for name in producers), []).append(
+            (row["seq"], row["sequence_id"], max(row["num_messages"] or 1, 1)))
+    moved = sends["sequence_id"].to_numpy(zero_copy_only=False).copy()
+    for error in lost.to_pylist():
+        spanning = [(seq, first) for seq, first, count in spans.get(tuple(error[name] for name in producers), [])
+                    if seq < error["seq"] and first <= error["sequence_id"] < first + count]
+        if spanning:
+            moved[error["_row"]] = max(spanning)[1]
+    at = sends.schema.get_field_index("sequence_id")
+    return sends.set_column(at, sends.schema.field(at), pa.array(moved, sends.schema.field(at).type)).drop_columns(
+        ["_row"])
 
 
 def _by_connection(edges: pa.Table) -> dict[tuple[str, int], list[dict[str, Any]]]:

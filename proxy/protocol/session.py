@@ -437,10 +437,26 @@ class SessionTracker:
     def _observe_send_answer(self, kind: int, sub: Any, obs: Observation, now_ns: int) -> None:
         key = ("send", sub.producer_id, sub.sequence_id)
         if key not in self._pending:
-            return
+            if kind != T.SEND_ERROR:
+                return
+            key = self._batch_answered(sub.producer_id, sub.sequence_id)
+            if key is None:
+                return
         error_code, message = response_error(kind, sub)
         obs.completed = self._complete(key, kind, now_ns, "ok" if error_code is None else "error",
                                        error_code, message)
+
+    def _batch_answered(self, producer_id: int, sequence_id: int) -> Any:
+        """The pending SEND a SEND_ERROR under a later id than its first ends (a broker refusing a
+        transactional batch answers so, under the batch's highest sequence id), or None: the latest SEND of
+        this producer whose messages' sequence ids span it.  By the span, not by a SEND's
+        highest_sequence_id, which a SEND accounted from its fields (no decoding) and ``analyze`` do not
+        keep.  Rare (an answer that matched no SEND's first id), so a walk of the pending requests."""
+        for key, req in reversed(self._pending.items()):
+            if req.type == T.SEND and req.producer_id == producer_id and \
+                    key[2] <= sequence_id < key[2] + max(req.num_messages, 1):
+                return key
+        return None
 
     def observe_send(self, producer_id: int, sequence_id: int, num_messages: int, now_ns: int) -> str | None:
         """:meth:`observe` of a client's SEND while connected, from its fields (no decoding); its topic.

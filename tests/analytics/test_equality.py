@@ -177,15 +177,17 @@ class Segment:
 
 
 def test_sends_pair_with_receipts_as_the_session_machine_pairs_them_across_splits(tmp_path: Path) -> None:
-    """A resent SEND replaces the waiting one, a stray receipt answers nothing, SEND_ERROR fails it, the last
-    SEND of a connection is unanswered, two producers with the same sequence ids stay apart; split anywhere."""
+    """A resent SEND replaces the waiting one, a stray receipt answers nothing, SEND_ERROR fails it (a batch's
+    under its highest sequence id too, as a broker refuses a transactional batch), the last SEND of a connection
+    is unanswered, two producers with the same sequence ids stay apart; split anywhere."""
     segment = Segment(tmp_path / "in" / "20251122T083320Z-7")
     frame = segment.frame
 
-    def send(conn_id: int, producer_id: int, sequence_id: int) -> None:
+    def send(conn_id: int, producer_id: int, sequence_id: int, messages: int = 1) -> None:
         metadata = api.MessageMetadata(producer_name=f"p{producer_id}", sequence_id=sequence_id, publish_time=1)
         frame(conn_id, rpb.TO_BROKER, encode_payload_command(
-            api.CommandSend(producer_id=producer_id, sequence_id=sequence_id), metadata, b"x" * 40))
+            api.CommandSend(producer_id=producer_id, sequence_id=sequence_id, num_messages=messages), metadata,
+            b"x" * 40))
 
     def receipt(conn_id: int, producer_id: int, sequence_id: int) -> None:
         frame(conn_id, rpb.TO_CLIENT, encode_command(api.CommandSendReceipt(producer_id=producer_id,
@@ -216,6 +218,11 @@ def test_sends_pair_with_receipts_as_the_session_machine_pairs_them_across_split
             topic="persistent://public/default/moved", producer_id=2, request_id=10)))
         send(conn_id, 2, 1)           # producer id 2 now names another topic
         receipt(conn_id, 1, 1)
+        send(conn_id, 1, 10, messages=3)
+        send(conn_id, 1, 13)
+        frame(conn_id, rpb.TO_CLIENT, encode_command(api.CommandSendError(
+            producer_id=1, sequence_id=12, error=api.NotAllowedError, message="Transaction buffer disable!")))
+        receipt(conn_id, 1, 13)
         send(conn_id, 2, 2)           # never answered
     recording = segment.save()
     for split_bytes in (200, 700, 1 << 20):
@@ -230,6 +237,8 @@ def test_sends_pair_with_receipts_as_the_session_machine_pairs_them_across_split
                 (1, 0, "ok", f"persistent://public/default/t{conn_id}1"),
                 (1, 1, "error", f"persistent://public/default/t{conn_id}1"),
                 (1, 1, "ok", f"persistent://public/default/t{conn_id}1"),
+                (1, 10, "error", f"persistent://public/default/t{conn_id}1"),
+                (1, 13, "ok", f"persistent://public/default/t{conn_id}1"),
                 (2, 1, "unanswered", "persistent://public/default/moved"),
                 (2, 2, "unanswered", "persistent://public/default/moved")))
 

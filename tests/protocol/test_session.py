@@ -199,3 +199,33 @@ def test_accounted_types_leave_out_the_data_path_unless_a_response_needs_its_req
     assert T.PRODUCER in accounted_types(frozenset()) and T.CLOSE_CONSUMER in accounted_types(frozenset())
     for seen in (frozenset({T.ERROR}), frozenset({T.ACK_RESPONSE}), None):
         assert accounted_types(seen) & DATA_PATH_TYPES == {T.ACK, T.ACK_RESPONSE}
+
+
+def test_a_batch_refused_under_its_highest_sequence_id_ends_its_send() -> None:
+    """The broker answers a refused transactional batch with SEND_ERROR under the batch's highest sequence id
+    (the real broker without a coordinator: NotAllowedError "Transaction buffer disable!"): it ends that SEND,
+    not another producer's, and a SEND without highest_sequence_id is matched by the span of its messages."""
+    s = connected()
+    s.observe(f(api.CommandProducer(topic="t", producer_id=1, request_id=1)), B, 0)
+    s.observe(f(api.CommandProducerSuccess(request_id=1, producer_name="p", producer_ready=True)), C, 1)
+    s.observe(f(api.CommandProducer(topic="u", producer_id=2, request_id=2)), B, 2)
+    s.observe(f(api.CommandProducerSuccess(request_id=2, producer_name="q", producer_ready=True)), C, 3)
+    md = api.MessageMetadata(producer_name="p", sequence_id=10, publish_time=1)
+    batched = frame_from_bytes(encode_payload_command(api.CommandSend(
+        producer_id=1, sequence_id=10, num_messages=3, highest_sequence_id=12, txnid_least_bits=1,
+        txnid_most_bits=0), md, b"x"))
+    s.observe(send(2, 12), B, 5)  # another producer's SEND under the same id
+    s.observe(batched, B, 10)
+    s.observe(send(1, 20, num=4), B, 20)
+    refused = s.observe(f(api.CommandSendError(producer_id=1, sequence_id=12, error=api.NotAllowedError,
+                                               message="Transaction buffer disable!")), C, 110)
+    assert refused.completed is not None
+    assert (refused.completed.request_command, refused.completed.sequence_id, refused.completed.latency_ns,
+            refused.completed.outcome, refused.completed.error_code) == ("SEND", 10, 100, "error", "NotAllowedError")
+    spanned = s.observe(f(api.CommandSendError(producer_id=1, sequence_id=22, error=api.NotAllowedError,
+                                               message="no")), C, 120)
+    assert spanned.completed is not None and spanned.completed.sequence_id == 20
+    outside = s.observe(f(api.CommandSendError(producer_id=1, sequence_id=30, error=api.NotAllowedError,
+                                               message="no")), C, 130)
+    assert outside.completed is None
+    assert s.observe(f(api.CommandSendReceipt(producer_id=2, sequence_id=12)), C, 140).completed is not None
