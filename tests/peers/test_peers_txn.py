@@ -264,3 +264,35 @@ def test_a_cut_connection_a_closed_producer_and_slow_coordinator_answers_end_eve
     commits = [f["conn"] for f in frames if f["command"] == "END_TXN" and f["fields"]["txn_action"] == "COMMIT"]
     assert len(commits) == 4 and commits[0] != commits[1], commits  # the first one again, on a new connection
     assert run.report["elapsed_seconds"] >= 11 * 0.2, run.report
+
+
+def test_analyze_pairs_every_transaction_command_of_a_recorded_session(txn_upstream: Upstream,
+                                                                       tmp_path: Path) -> None:
+    """``analyze``'s tables of a transactional session: every transaction request paired with its own response
+    (an error inside one would count as an error), as ``show`` pairs them, and the scaled steps give the
+    sequential reference's rows, split into small pieces."""
+    import pyarrow.parquet as pq
+
+    from proxy.analytics.reference import reference_tables
+    from proxy.analytics.steps import analyze_in_process
+
+    with proxy_running(txn_upstream.service_url, lookup="rewrite", record_dir=tmp_path / "rec") as proxy:
+        assert txn_problems(txn_client(service_url(proxy), fresh_topic("txn-analyze")).result()) == []
+    recording = only_recording(tmp_path / "rec")
+    analyze_in_process([str(recording)], str(tmp_path / "out"), split_bytes=4096)
+    requests = pq.read_table(tmp_path / "out" / "requests").to_pylist()
+    txn = [r for r in requests if r["request_command"] in TXN_COMMANDS]
+    counts = {command: sum(1 for r in txn if r["request_command"] == command) for command in TXN_COMMANDS}
+    # one coordinator connection; 5 transactions (4 of messages, 1 of acknowledgements), each ended
+    assert counts["NEW_TXN"] == 5 and counts["END_TXN"] == 5 and counts["ADD_PARTITION_TO_TXN"] >= 4, counts
+    assert counts["ADD_SUBSCRIPTION_TO_TXN"] >= 1 and counts["TC_CLIENT_CONNECT_REQUEST"] >= 1, counts
+    assert all(r["outcome"] == "ok" and r["response_command"] == r["request_command"].removesuffix("_REQUEST")
+               + "_RESPONSE" and r["latency_us"] > 0 for r in txn), [r for r in txn if r["outcome"] != "ok"][:2]
+    sends = [r for r in requests if r["request_command"] == "SEND"]
+    assert sends and all(r["outcome"] == "ok" for r in sends), [r for r in sends if r["outcome"] != "ok"][:2]
+    shown = {(f["command"], f.get("latency_us")) for f in show_json(recording)
+             if f.get("request") in TXN_COMMANDS and f["origin"] == "broker"}
+    assert len(shown) == len(txn)
+    reference = reference_tables([recording])
+    want = sorted((r["request_command"], r["start_ns"], r["end_ns"], r["outcome"]) for r in reference["requests"])
+    assert sorted((r["request_command"], r["start_ns"], r["end_ns"], r["outcome"]) for r in requests) == want
