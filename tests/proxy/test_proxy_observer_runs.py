@@ -180,7 +180,7 @@ def test_the_hub_bounds_the_bytes_of_queued_runs_and_counts_what_it_drops() -> N
         def on_connection(self, event: ConnectionEvent) -> None: ...
         def on_run(self, event: RunEvent) -> None: ...
 
-    hub = ObserverHub([Runs()], queue_bytes=1000)
+    hub = ObserverHub([Runs()], queue_bytes=1000, inline=False)
     info = ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None)
     for index in range(5):
         hub.publish(RunEvent(info, TO_BROKER, 0, b"x" * 300, 0, index * 300, 0))
@@ -197,7 +197,7 @@ def test_a_run_the_full_queue_refuses_is_not_copied() -> None:
         def on_connection(self, event: ConnectionEvent) -> None: ...
         def on_run(self, event: RunEvent) -> None: ...
 
-    hub = ObserverHub([Runs()], queue_bytes=1 << 20)
+    hub = ObserverHub([Runs()], queue_bytes=1 << 20, inline=False)
     info = ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None)
     buffer = memoryview(bytearray(1 << 20))
     tracemalloc.start()
@@ -262,7 +262,7 @@ async def test_the_hub_hands_a_long_run_over_in_pieces_cut_between_frames() -> N
     lead = 5_000  # the run starts with the last bytes of a frame begun before
     data = big[-lead:] + small + big + tail
     log: list[object] = []
-    hub = ObserverHub([_Collect(log)], run_piece_bytes=32 * 1024)
+    hub = ObserverHub([_Collect(log)], run_piece_bytes=32 * 1024, inline=False)
     info = ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None)
     run = RunEvent(info, TO_BROKER, 7, data, lead, 1000, 8)
     await _deliver_all(hub, run)
@@ -326,7 +326,7 @@ def test_a_run_is_cut_where_the_walk_frame_by_frame_cut_it_though_rows_of_one_si
 
 async def test_the_relays_run_between_the_pieces_of_a_long_run() -> None:
     log: list[object] = []
-    hub = ObserverHub([_Collect(log)], slice_seconds=0.0, run_piece_bytes=4096, share=0.0)
+    hub = ObserverHub([_Collect(log)], slice_seconds=0.0, run_piece_bytes=4096, share=0.0, inline=False)
     info = ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None)
     await _deliver_all(hub, RunEvent(info, TO_BROKER, 0, sends(500, 60), 0, 0, 0), ticks=log)
     kinds = ["piece" if isinstance(entry, RunEvent) else "tick" for entry in log]
@@ -335,7 +335,7 @@ async def test_the_relays_run_between_the_pieces_of_a_long_run() -> None:
     assert "tick" in kinds[first:last]  # the other task ran while the run was being delivered
     # and with no slice limit the whole run goes at once
     log.clear()
-    hub = ObserverHub([_Collect(log)], slice_seconds=60.0, run_piece_bytes=4096)
+    hub = ObserverHub([_Collect(log)], slice_seconds=60.0, run_piece_bytes=4096, inline=False)
     await _deliver_all(hub, RunEvent(info, TO_BROKER, 0, sends(500, 60), 0, 0, 0), ticks=log)
     kinds = ["piece" if isinstance(entry, RunEvent) else "tick" for entry in log]
     first, last = kinds.index("piece"), len(kinds) - 1 - kinds[::-1].index("piece")
@@ -370,7 +370,7 @@ async def test_while_events_wait_the_hub_takes_its_share_of_the_loop(share: floa
             exports[0] += export
 
     hub = ObserverHub([Slow([])], queue_size=100_000, share=share, slice_seconds=minimum, max_slice_seconds=1.0,
-                      clock=lambda: now[0], side_clock=lambda: side[0])
+                      clock=lambda: now[0], side_clock=lambda: side[0], inline=False)
     info = ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None)
     relay_seconds = 0.0
     async with trio.open_nursery() as nursery:
@@ -399,7 +399,7 @@ async def test_observers_that_take_runs_whole_get_them_as_received() -> None:
     class Whole(_Collect):
         runs_in_pieces = False
 
-    hub = ObserverHub([Whole(log)], slice_seconds=0.0, run_piece_bytes=4096)
+    hub = ObserverHub([Whole(log)], slice_seconds=0.0, run_piece_bytes=4096, inline=False)
     info = ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None)
     run = RunEvent(info, TO_BROKER, 0, sends(500, 60), 0, 0, 0)
     await _deliver_all(hub, run)
@@ -432,7 +432,7 @@ async def test_an_immediate_observer_sees_each_event_as_published_and_the_queue_
     class Queued(_Collect):
         runs_in_pieces = False
 
-    hub = ObserverHub([immediate, Queued(queued_log)], slice_seconds=0.0)
+    hub = ObserverHub([immediate, Queued(queued_log)], slice_seconds=0.0, inline=False)
     pipe = ConnectionPipeline(
         ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None), settings=PipelineSettings(),
         directory=BrokerDirectory("proxy.example", upstream_tls=False, open_listener=lambda broker: 40001),
@@ -462,7 +462,7 @@ def test_with_only_immediate_observers_the_hub_queues_nothing() -> None:
         immediate = True
 
     log: list[object] = []
-    hub = ObserverHub([Immediate(log)], queue_size=1)
+    hub = ObserverHub([Immediate(log)], queue_size=1, inline=False)
     info = ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None)
     runs = [RunEvent(info, TO_BROKER, 0, b"x" * 300, 0, index * 300, 0) for index in range(5)]
     for run in runs:
@@ -475,7 +475,7 @@ def test_pieces_of_a_long_run_still_to_deliver_count_as_queued() -> None:
     # took off its queue but has not yet handed out are still on their way)
     import trio
 
-    hub = ObserverHub(run_piece_bytes=1000)
+    hub = ObserverHub(run_piece_bytes=1000, inline=False)
     seen: list[int] = []
 
     class FrameByFrame(_Collect):
@@ -507,7 +507,7 @@ async def test_an_event_handed_straight_to_the_waiting_hub_counts_as_queued_unti
     import trio.testing
 
     log: list[object] = []
-    hub = ObserverHub([_Collect(log)])
+    hub = ObserverHub([_Collect(log)], inline=False)
     info = ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(hub.run)
@@ -528,7 +528,7 @@ async def test_observers_that_take_views_get_runs_copied_into_the_hubs_ring_and_
     import trio.testing
 
     log: list[object] = []
-    hub = ObserverHub([_Views(log)], queue_bytes=2500, run_piece_bytes=512, slice_seconds=60.0)
+    hub = ObserverHub([_Views(log)], queue_bytes=2500, run_piece_bytes=512, slice_seconds=60.0, inline=False)
     info = ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None)
     stream = sends(200, 40)  # frames of ~75 bytes, 4 rounds' worth
     buffer = bytearray(1000)  # the relay's receive buffer
@@ -577,7 +577,7 @@ async def test_the_hubs_ring_gives_back_a_backlogs_pages_once_it_has_gone_though
     monkeypatch.setattr(run_ring, "REUSE_FROM", 256 * 1024)
     monkeypatch.setattr(observer_hub, "RING_TICK_SECONDS", 0.02)
     log: list[object] = []
-    hub = ObserverHub([_Views(log)], queue_bytes=1 << 20, slice_seconds=60.0)
+    hub = ObserverHub([_Views(log)], queue_bytes=1 << 20, slice_seconds=60.0, inline=False)
     info = ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None)
     run = sends(1300, 40)  # ~100 KiB of frames
 
@@ -615,7 +615,7 @@ async def test_the_hubs_ring_is_memory_of_its_own_in_huge_pages_where_the_system
     if not _huge_pages_offered():
         pytest.skip("no transparent huge pages here")
     log: list[object] = []
-    hub = ObserverHub([_Views(log)], queue_bytes=8 << 20, slice_seconds=60.0)
+    hub = ObserverHub([_Views(log)], queue_bytes=8 << 20, slice_seconds=60.0, inline=False)
     info = ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None)
     run = sends(1300, 40)  # ~100 KiB of frames
     with trio.fail_after(10):
@@ -683,7 +683,7 @@ async def test_an_observer_whose_on_run_raises_is_counted_and_the_others_and_the
     import trio.testing
 
     log: list[object] = []
-    hub = ObserverHub([_Failing([]), _Views(log)])
+    hub = ObserverHub([_Failing([]), _Views(log)], inline=False)
     info = ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None)
     frame = sends(1, 10)
     with trio.fail_after(10):
@@ -711,7 +711,7 @@ async def test_an_event_waiting_behind_the_one_handed_to_the_hub_goes_in_the_sam
     # (time passes only in the relays' turns, a millisecond each: the hub's slices do not hang on how fast this
     # machine runs the test — a loaded one ended a slice of the real clock before the second event)
     now = [0.0]
-    hub = ObserverHub([_Views(log)], clock=lambda: now[0], side_clock=lambda: 0.0)
+    hub = ObserverHub([_Views(log)], clock=lambda: now[0], side_clock=lambda: 0.0, inline=False)
     info = ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None)
     frame = sends(1, 10)
     with trio.fail_after(10):
@@ -730,3 +730,76 @@ async def test_an_event_waiting_behind_the_one_handed_to_the_hub_goes_in_the_sam
     delivered = [index for index, entry in enumerate(log) if entry != "relay"]
     assert len(delivered) == 24
     assert all(second == first + 1 for first, second in zip(delivered[::2], delivered[1::2], strict=True))
+
+
+def test_with_nothing_waiting_an_event_goes_to_the_observers_as_it_is_published() -> None:
+    """Below saturation each run went through the queue alone: a copy, a wake-up of the hub's task and a trip
+    through the scheduler per run, more than telemetry's own work on it.  Now, with nothing waiting, the
+    observers get it in ``publish`` (no task runs here): one that takes views gets the relay's view itself, one
+    that keeps what it gets a copy, and nothing is queued."""
+    views: list[object] = []
+    kept: list[object] = []
+    hub = ObserverHub([_Collect(kept)])
+    viewer = ObserverHub([_Views(views)])
+    info = ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None)
+    buffer = bytearray(sends(2, 10))
+    run = memoryview(buffer)
+    for target in (hub, viewer):
+        target.publish(RunEvent(info, TO_BROKER, 0, run, 0, 0, 0, 2))  # type: ignore[arg-type]
+        target.publish(ConnectionEvent(info, 1, closed=True, reason="done"))
+        assert (target.queued, target.delivered, target.dropped) == (0, 2, 0)
+    assert views == [(0, bytes(buffer))]
+    (event,) = kept
+    assert isinstance(event, RunEvent) and type(event.data) is bytes and event.data == bytes(buffer)
+    assert event.frames == 2
+    buffer[:4] = b"\0\0\0\0"  # the relay reuses its buffer: the copy kept stays as it was
+    assert event.data == bytes(sends(2, 10))
+
+
+async def test_once_the_share_is_spent_events_queue_and_keep_their_order() -> None:
+    """What observers take in ``publish`` is charged to the hub's account, which only the relays' time fills:
+    an observer slower than its share gets the next events through the queue, in the hub's turns, and an
+    event never overtakes one queued before it; a run longer than a piece always goes through the queue."""
+    import trio
+    import trio.testing
+
+    now = [0.0]
+
+    class Slow(_Collect):
+        def on_run(self, event: RunEvent) -> None:
+            now[0] += 0.001  # a millisecond a run
+            self.log.append(event.stream_pos)
+
+    log: list[object] = []
+    hub = ObserverHub([Slow(log)], clock=lambda: now[0], side_clock=lambda: 0.0, share=0.5, run_piece_bytes=4096,
+                      slice_seconds=0.0)
+    info = ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None)
+    frame = sends(1, 10)
+    now[0] += 0.01  # the relays ran 10 ms: the hub has earned a share of that (at 0.5, as much)
+    published: list[int] = []
+    inline: list[int] = []
+    for index in range(20):
+        published.append(index * len(frame))
+        before = len(log)
+        hub.publish(RunEvent(info, TO_BROKER, 0, frame, 0, index * len(frame), 0))
+        if len(log) > before:
+            inline.append(index)
+        now[0] += 0.0002  # the relays' turn between two runs
+    # 10 ms earned, each run costs 1 ms and the relays' 0.2 ms turn between two earns 0.2: 13 runs, then the queue
+    assert inline == list(range(13)), inline
+    now[0] += 1.0  # the account is full again, but events wait: the next one queues behind them
+    published.append(20 * len(frame))
+    hub.publish(RunEvent(info, TO_BROKER, 0, frame, 0, 20 * len(frame), 0))
+    assert hub.queued == 21 - len(inline) and len(log) == len(inline)
+    long_run = sends(400, 10)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(hub.run)
+            await trio.testing.wait_all_tasks_blocked()
+            assert log == published and hub.queued == 0  # the queued ones in order, after those taken at once
+            now[0] += 1.0
+            hub.publish(RunEvent(info, TO_BROKER, 0, long_run, 0, 10_000, 0))
+            assert log == published  # longer than a piece: through the queue, in pieces
+            await trio.testing.wait_all_tasks_blocked()
+            hub.close()
+    assert log[21] == 10_000 and len(log) > 22
