@@ -267,7 +267,10 @@ class Relay:
         except UpstreamUnavailable as exc:
             self.end(_Ending(f"upstream unavailable: {exc}", level="warning"))
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            self.end(_Ending(f"{self._lost_side(sender, exc)} connection lost: {exc}"))
+            side = self._lost_side(sender, exc)
+            error = self.pipeline.broker_error if side == "broker" else None
+            after = f" (after ERROR {error})" if error is not None else ""  # (a broker resetting what it refused)
+            self.end(_Ending(f"{side} connection lost: {exc}{after}"))
 
     def _lost_side(self, sender: str, failure: Exception) -> str:
         """Whose connection a pump's failure lost: the peer a failed read or write names (the client, when

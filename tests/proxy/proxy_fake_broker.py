@@ -1,7 +1,7 @@
 """A scripted broker for relay tests: loopback sockets (``serve``) or any Trio stream
 (``handle``, e.g. one end of a memory stream pair), the project's own codec.
 
-It answers CONNECT with CONNECTED (or ``refuse_connect``'s ERROR, then closes), PING
+It answers CONNECT with CONNECTED (or ``refuse_connect``'s ERROR, then closes or resets), PING
 with PONG (unless told not to), SEND with SEND_RECEIPT (after ``receipt_delay``), LOOKUP
 with ``lookup_answer``; it keeps the exact bytes it received so tests can compare them
 with what the client sent.
@@ -9,6 +9,8 @@ with what the client sent.
 
 from __future__ import annotations
 
+import socket
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -29,6 +31,8 @@ class FakeBroker:
     close_after_handshake: bool = False
     #: the ERROR that answers CONNECT (the connection is then closed), as a broker refuses a bad token
     refuse_connect: api.CommandError | None = None
+    #: after ``refuse_connect``'s ERROR, wait this long and reset the connection instead of closing it
+    reset_after_refusal: float | None = None
     receipt_delay: float = 0.0
     lookup_answer: Callable[[Frame], bytes] | None = None
     received: bytearray = field(default_factory=bytearray)
@@ -76,6 +80,10 @@ class FakeBroker:
         kind = frame.type
         if kind == T.CONNECT and self.refuse_connect is not None:
             await stream.send_all(encode_command(self.refuse_connect))
+            if self.reset_after_refusal is not None:
+                await trio.sleep(self.reset_after_refusal)  # (the proxy has read the ERROR: the reset comes after)
+                assert isinstance(stream, trio.SocketStream)
+                stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         elif kind == T.CONNECT:
             connected = api.CommandConnected(server_version="fake", protocol_version=21)
             if self.max_message_size is not None:

@@ -323,6 +323,25 @@ async def test_a_broker_that_refuses_the_connect_is_logged_with_its_error(nurser
 
 
 @pytest.mark.parametrize("reactor", [True, False], ids=["reactor", "task-per-direction"])
+async def test_a_broker_that_resets_what_it_refused_is_logged_with_its_error(nursery: trio.Nursery,
+                                                                             reactor: bool) -> None:
+    """A broker that resets the connection after its ERROR (not a FIN): the line says the connection was lost
+    and names the ERROR that came before, which says why."""
+    broker = FakeBroker(refuse_connect=api.CommandError(request_id=0, error=api.ServerError.AuthenticationError,
+                                                        message="Failed to authenticate"), reset_after_refusal=0.2)
+    server = await start(nursery, broker, reactor)
+    with structlog.testing.capture_logs() as logs, trio.fail_after(10):
+        stream = await trio.open_tcp_stream("127.0.0.1", server.main_address.port)
+        await stream.send_all(CONNECT)
+        [error] = await receive_frames(stream, FrameDecoder(), 1)
+        assert error.command.error.error == api.ServerError.AuthenticationError
+        [reason] = await _logged_closing_reasons(logs)
+        await stream.aclose()
+    assert isinstance(reason, str) and reason.startswith("broker connection lost: "), reason
+    assert reason.endswith(" (after ERROR AuthenticationError: Failed to authenticate)"), reason
+
+
+@pytest.mark.parametrize("reactor", [True, False], ids=["reactor", "task-per-direction"])
 async def test_a_write_to_a_client_gone_with_a_reset_is_logged_as_the_client_lost(
         nursery: trio.Nursery, reactor: bool) -> None:
     # the client half-closes with a SEND in flight, then resets; its receipt, passed on late,
