@@ -226,9 +226,12 @@ class Standalone(JavaProcess):
 
     def __init__(self, process: subprocess.Popen[bytes], workdir: Path, log_file: Path, *,
                  broker_port: int, web_port: int, tls_port: int | None, tls: TlsFiles | None,
-                 cluster: str = "standalone", admin_token: str | None = None) -> None:
+                 cluster: str = "standalone", admin_token: str | None = None,
+                 command: Sequence[str] = ()) -> None:
         super().__init__(f"pulsar standalone {cluster}" if cluster != "standalone" else "pulsar standalone",
                          process, workdir, log_file)
+        #: what started it (``restart`` runs it again)
+        self.command = list(command)
         self.cluster = cluster
         self.broker_port = broker_port
         self.web_port = web_port
@@ -263,6 +266,19 @@ class Standalone(JavaProcess):
     def ready(self) -> bool:
         return self.cluster in (self.admin("GET", "/admin/v2/clusters") or []) and \
             "public/default" in (self.admin("GET", "/admin/v2/namespaces/public") or [])
+
+    def restart(self, timeout: float = 120.0) -> float:
+        """Stop the broker as an operator does (SIGTERM: it unloads its topics and closes its connections) and
+        start it again on the same ports and data; returns the seconds its port was closed.  Call it on a thread
+        that outlives the broker: the new JVM dies with the thread that started it (``_die_with_parent``)."""
+        if not self.command:
+            raise PeerFailed(f"{self.name} cannot be restarted: its command was not kept")
+        stop_process(self.process, grace=60.0)
+        stopped = time.monotonic()
+        self.started_at = stopped
+        self.process = spawn(self.command, self.log_file, self.workdir)
+        self.wait_until(self.ready, timeout)
+        return time.monotonic() - stopped
 
 
 def standalone_config(workdir: Path, *, broker_port: int, web_port: int, tls_port: int | None,
@@ -321,7 +337,7 @@ def start_standalone(workdir: Path | None = None, *, tls: TlsFiles | None = None
             heap="1g", log_file=log_file)
         broker = Standalone(spawn(command, log_file, run_dir), run_dir, log_file, broker_port=broker_port,
                             web_port=web_port, tls_port=tls_port if tls else None, tls=tls, cluster=cluster,
-                            admin_token=admin_token)
+                            admin_token=admin_token, command=command)
         try:
             broker.wait_until(broker.ready, timeout)
             return broker
