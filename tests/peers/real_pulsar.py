@@ -267,13 +267,18 @@ class Standalone(JavaProcess):
         return self.cluster in (self.admin("GET", "/admin/v2/clusters") or []) and \
             "public/default" in (self.admin("GET", "/admin/v2/namespaces/public") or [])
 
-    def restart(self, timeout: float = 120.0) -> float:
-        """Stop the broker as an operator does (SIGTERM: it unloads its topics and closes its connections) and
-        start it again on the same ports and data; returns the seconds its port was closed.  Call it on a thread
-        that outlives the broker: the new JVM dies with the thread that started it (``_die_with_parent``)."""
+    def restart(self, timeout: float = 120.0, *, crash: bool = False) -> float:
+        """Stop the broker as an operator does (SIGTERM: it unloads its topics and closes its connections), or
+        as a crash does (``crash``: SIGKILL, its connections reset by the kernel), and start it again on the same
+        ports and data; returns the seconds its port was closed.  Call it on a thread that outlives the broker:
+        the new JVM dies with the thread that started it (``_die_with_parent``)."""
         if not self.command:
             raise PeerFailed(f"{self.name} cannot be restarted: its command was not kept")
-        stop_process(self.process, grace=60.0)
+        if crash:
+            self.process.kill()
+            self.process.wait(30)
+        else:
+            stop_process(self.process, grace=60.0)
         stopped = time.monotonic()
         self.started_at = stopped
         self.process = spawn(self.command, self.log_file, self.workdir)

@@ -1,7 +1,9 @@
 """The real broker restarted under a stream of messages through pulsar-tap.
 
 An operator restarts the broker (SIGTERM: it unloads its topics, closes its connections, and is
-down for the seconds a JVM takes to start again on the same ports and data) while a client
+down for the seconds a JVM takes to start again on the same ports and data), or it crashes
+(SIGKILL: the kernel resets its connections; what it had written survives in the page cache) and
+is started again, while a client
 produces and consumes through pulsar-tap.  Meanwhile the client reconnects to pulsar-tap, which
 accepts it and cannot reach the broker (it closes the client's connection, and the client tries
 again); once the broker is back the client's producer and consumer are re-created through
@@ -37,9 +39,10 @@ def restarting_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stan
         broker.stop()
 
 
-@pytest.mark.parametrize("client", ["python", "java"])
+@pytest.mark.parametrize(("client", "crash"), [("python", False), ("java", False), ("python", True)],
+                         ids=["python-restart", "java-restart", "python-crash"])
 def test_a_broker_restart_under_a_stream_loses_nothing_through_pulsar_tap(
-        client: str, restarting_broker: Standalone) -> None:
+        client: str, crash: bool, restarting_broker: Standalone) -> None:
     upstream: Upstream = upstream_of(restarting_broker)
     topic = f"persistent://{DEDUP_NS}/restart-{client}-{uuid.uuid4().hex[:8]}"
     down: list[float] = []
@@ -48,7 +51,7 @@ def test_a_broker_restart_under_a_stream_loses_nothing_through_pulsar_tap(
                            timeout=150, idle=30)
 
         time.sleep(6)  # ~900 messages in (here, not on a thread: the broker dies with the thread that started it)
-        down.append(restarting_broker.restart())
+        down.append(restarting_broker.restart(crash=crash))
         result = run.result()
         assert down, "the broker did not come back"
         assert delivery_problems(result, MESSAGES, redelivery=True) == [], result.report
