@@ -39,8 +39,8 @@ def restarting_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stan
         broker.stop()
 
 
-@pytest.mark.parametrize(("client", "crash"), [("python", False), ("java", False), ("python", True), ("go", True)],
-                         ids=["python-restart", "java-restart", "python-crash", "go-crash"])
+@pytest.mark.parametrize(("client", "crash"), [("java", False), ("python", True), ("go", True)],
+                         ids=["java-restart", "python-crash", "go-crash"])
 def test_a_broker_restart_under_a_stream_loses_nothing_through_pulsar_tap(
         client: str, crash: bool, restarting_broker: Standalone) -> None:
     upstream: Upstream = upstream_of(restarting_broker)
