@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Protocol
 
+from proxy.broker import avro_compat
 from proxy.broker.cursor import Cursor
 from proxy.broker.ledger import Entry, Ledger
 from proxy.broker.subscription import Subscription
@@ -327,16 +328,14 @@ class Topic:
 
     def take_consumer_schema(self, schema: api.Schema) -> None:
         """A subscribing consumer's schema, as Pulsar's broker takes it: stored when the topic is idle (no
-        schema, no message, nobody on it), checked against the latest otherwise (the type must be the same,
-        see :meth:`add_schema`); a topic in use without a schema refuses one.  AUTO_CONSUME (the consumer takes
+        schema, no message, nobody on it), checked against the latest otherwise (BACKWARD: the same type, and
+        an AVRO or JSON definition that reads what the latest wrote, even when the consumer's equals an
+        older version); a topic in use without a schema refuses one.  AUTO_CONSUME (the consumer takes
         the topic's) and none are not checked."""
         if schema.type in (api.Schema.Type.AutoConsume, _NO_SCHEMA):
             return
         if self.schemas:
-            latest = self.schemas[-1].schema.type
-            if latest != schema.type:
-                raise BrokerError("IncompatibleSchema", f"Incompatible schema: exists schema type {_type_name(latest)}"
-                                                        f", new schema type {_type_name(schema.type)}")
+            _check_compatible(self.schemas[-1].schema, schema, both_ways=False)
             return
         if self.ledger.next_entry_id > 0 or self.producers or any(sub.consumers for sub in
                                                                   self.subscriptions.values()):
@@ -347,23 +346,52 @@ class Topic:
     def add_schema(self, schema: api.Schema) -> int:
         """Store a schema (or find an identical one) and return its version.
 
-        A schema of another type than the topic's latest is refused with IncompatibleSchema, as
-        Pulsar's default compatibility check refuses it (FULL: no type change).  Within one type,
-        every definition is accepted: the Avro/JSON evolution rules are not checked.
+        A schema identical to any stored version gets that version.  Any other is checked against the
+        topic's latest as Pulsar's default strategy (FULL) checks it: the same type, and an AVRO or JSON
+        definition that reads what the latest wrote and the other way round; else IncompatibleSchema.
         """
-        if self.schemas and self.schemas[-1].schema.type != schema.type:
-            raise BrokerError("IncompatibleSchema", f"Incompatible schema: exists schema type "
-                                                    f"{_type_name(self.schemas[-1].schema.type)}, new schema type "
-                                                    f"{_type_name(schema.type)}")
         for stored in self.schemas:
             if (stored.schema.type == schema.type and stored.schema.schema_data == schema.schema_data
                     and list(stored.schema.properties) == list(schema.properties)):
                 return stored.version
+        if self.schemas:
+            _check_compatible(self.schemas[-1].schema, schema, both_ways=True)
         version = len(self.schemas)
         copy = api.Schema()
         copy.CopyFrom(schema)
         self.schemas.append(SchemaVersion(version, copy))
         return version
+
+
+#: the types whose definitions Pulsar checks with Avro's resolution rules (a JSON schema carries an Avro definition)
+_AVRO_CHECKED: Final = frozenset({api.Schema.Type.Avro, api.Schema.Type.Json})
+
+
+def _check_compatible(latest: api.Schema, new: api.Schema, both_ways: bool) -> None:
+    """Refuse ``new`` with IncompatibleSchema unless it is compatible with ``latest``: FULL (``both_ways``,
+    a producer's) or BACKWARD (a consumer's: ``new`` reads what ``latest`` wrote), in Pulsar's words."""
+    if latest.type != new.type:
+        raise BrokerError("IncompatibleSchema", f"Incompatible schema: exists schema type {_type_name(latest.type)}"
+                                                f", new schema type {_type_name(new.type)}")
+    if new.type not in _AVRO_CHECKED:
+        return
+    strategy = "FULL" if both_ways else "BACKWARD"
+    prefix = ("org.apache.pulsar.broker.service.schema.exceptions.IncompatibleSchemaException: Error during schema "
+              f"compatibility check with strategy {strategy}: ")
+    try:
+        old, fresh = avro_compat.parse(latest.schema_data), avro_compat.parse(new.schema_data)
+    except avro_compat.SchemaParseError as exc:
+        raise BrokerError("IncompatibleSchema", f"{prefix}org.apache.avro.SchemaParseException: {exc}") from exc
+    directions = [(fresh, old, new, latest)] + ([(old, fresh, latest, new)] if both_ways else [])
+    for reader, writer, reader_text, writer_text in directions:
+        if avro_compat.can_read(reader, writer) is not None:
+            raise BrokerError("IncompatibleSchema", f"{prefix}org.apache.avro.SchemaValidationException: Unable to "
+                                                    f"read schema: \n{_definition(writer_text)}\nusing schema:\n"
+                                                    f"{_definition(reader_text)}")
+
+
+def _definition(schema: api.Schema) -> str:
+    return bytes(schema.schema_data).decode("utf-8", "replace")
 
 
 def _type_name(value: int) -> str:
