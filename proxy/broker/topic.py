@@ -94,7 +94,7 @@ class Topic:
     """One topic or partition: ledger, producers, subscriptions, schemas."""
 
     def __init__(self, name: str, partition_index: int, ledger_id: int, retention_bytes: int,
-                 dedup: bool = False, timers: Timers | None = None) -> None:
+                 dedup: bool = False, timers: Timers | None = None, failover_delay_ms: int = 0) -> None:
         self.name = name
         #: a non-persistent topic stores nothing: a message goes to the consumers connected with permits
         #: when it is published, or nowhere (see :meth:`publish`)
@@ -113,6 +113,8 @@ class Topic:
         self.stats = TopicStats()
         #: the cluster's: when a delayed message is due (its Shared and Key_Shared subscriptions hold it until then)
         self.timers = timers or Timers()
+        #: how long a Failover subscription's newly active consumer waits (the cluster's setting; see ClusterConfig)
+        self.failover_delay_ms = failover_delay_ms
         #: geo-replication of this topic (None unless the cluster replicates; see proxy.broker.replication)
         self.geo: TopicGeo | None = None
 

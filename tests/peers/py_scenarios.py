@@ -211,6 +211,39 @@ def run(client: pulsar.Client, prefix: str) -> dict[str, str]:
 
     steps["schema evolution: the first version again, a message's schema version"] = outcome(identical_schema_version)
 
+    def failover_activation() -> str:
+        """When a Failover subscription's first consumer, then the one taking over from it, gets a message sent at
+        once (which of two consumers is active is not compared: see FIDELITY.md)."""
+        failover = f"{topic}-failover"
+        producer = client.create_producer(failover, batching_enabled=False)
+
+        def first_to_receive(consumers: dict[str, pulsar.Consumer]) -> tuple[str, str]:
+            start = time.monotonic()
+            producer.send(b"fo")
+            while time.monotonic() - start < 5:
+                for name, consumer in consumers.items():
+                    try:
+                        consumer.acknowledge(consumer.receive(timeout_millis=10))
+                    except pulsar.Timeout:
+                        continue
+                    return name, "after ~1 s" if time.monotonic() - start > 0.8 else "at once"
+            return "", "never"
+
+        consumers = {"a": client.subscribe(failover, "fo", consumer_type=pulsar.ConsumerType.Failover,
+                                           consumer_name="a")}
+        _, first = first_to_receive(consumers)
+        consumers["b"] = client.subscribe(failover, "fo", consumer_type=pulsar.ConsumerType.Failover,
+                                          consumer_name="b")
+        time.sleep(1.5)
+        active, _ = first_to_receive(consumers)
+        consumers.pop(active).close()
+        _, taking_over = first_to_receive(consumers)
+        for closing in (producer, *consumers.values()):
+            closing.close()
+        return f"first consumer {first}, the one taking over {taking_over}"
+
+    steps["Failover: the newly active consumer's first message"] = outcome(failover_activation)
+
     def last_id_of_a_topic_never_written() -> str:
         consumer = client.subscribe(f"{topic}-never-written", "empty")
         try:
