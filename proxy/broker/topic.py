@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Protocol
 
-from proxy.broker import avro_compat
+from proxy.broker.avro_compat import SchemaParseError, can_read, parse
 from proxy.broker.cursor import Cursor
 from proxy.broker.ledger import Entry, Ledger
 from proxy.broker.subscription import Subscription
@@ -381,12 +381,12 @@ def _check_compatible(latest: api.Schema, new: api.Schema, both_ways: bool) -> N
     prefix = ("org.apache.pulsar.broker.service.schema.exceptions.IncompatibleSchemaException: Error during schema "
               f"compatibility check with strategy {strategy}: ")
     try:
-        old, fresh = avro_compat.parse(latest.schema_data), avro_compat.parse(new.schema_data)
-    except avro_compat.SchemaParseError as exc:
+        old, fresh = parse(latest.schema_data), parse(new.schema_data)
+    except SchemaParseError as exc:
         raise BrokerError("IncompatibleSchema", f"{prefix}org.apache.avro.SchemaParseException: {exc}") from exc
     directions = [(fresh, old, new, latest)] + ([(old, fresh, latest, new)] if both_ways else [])
     for reader, writer, reader_text, writer_text in directions:
-        if avro_compat.can_read(reader, writer) is not None:
+        if can_read(reader, writer) is not None:
             raise BrokerError("IncompatibleSchema", f"{prefix}org.apache.avro.SchemaValidationException: Unable to "
                                                     f"read schema: \n{_definition(writer_text)}\nusing schema:\n"
                                                     f"{_definition(reader_text)}")
