@@ -47,6 +47,9 @@ class ClusterConfig:
     auth_token: str | None = None
     keepalive_seconds: float = 30.0
     auto_create: bool = True
+    #: how long a Failover subscription's newly active consumer waits for its first message, as Pulsar's
+    #: ``activeConsumerFailoverDelayTimeMillis`` (1 s by default); 0 dispatches at once
+    failover_delay_ms: int = 1000
     #: geo-replication to other clusters (None: this cluster replicates nothing)
     geo: GeoSettings | None = None
 
@@ -165,7 +168,7 @@ class Cluster:
             self._check_partition(topic_name)
             topic = Topic(full, topic_name.partition_index, next(self._ledger_ids),
                           self.config.retention_mb * 1024 * 1024, dedup=self.config.deduplication,
-                          timers=self.timers)
+                          timers=self.timers, failover_delay_ms=self.config.failover_delay_ms)
             self.topics[full] = topic
             self._topic_created(topic)
         return topic

@@ -120,6 +120,8 @@ class Subscription:
         self._round_robin = 0
         self._selector: KeySharedSelector[Consumer] = KeySharedSelector()
         self._active: Consumer | None = None
+        #: when the Failover subscription's active consumer may get messages (ms, the timers' clock)
+        self._active_from_ms = 0
         self.messages_out = 0
         self.bytes_out = 0
         #: replicate_subscription_state: the mark-delete position follows to other clusters
@@ -179,6 +181,13 @@ class Subscription:
         active = failover_active(self.consumers, self.topic.partition_index)
         previous = self._active
         self._active = active
+        delay = self.topic.failover_delay_ms
+        if active is not previous and active is not None and delay > 0:
+            # Pulsar's single-active-consumer dispatcher reads for a newly active consumer (the first one
+            # too) only after activeConsumerFailoverDelayTimeMillis
+            timers = self.topic.timers
+            self._active_from_ms = timers.clock() + delay
+            timers.call_at(self._active_from_ms, self.dispatch)
         if active is not previous and previous is not None and previous.pending:
             for entry_id in previous.pending:
                 self._owner.pop(entry_id, None)
@@ -335,7 +344,7 @@ class Subscription:
             self._dispatch_key_shared()
         else:
             active = self._active if self.sub_type == FAILOVER else self.consumers[0]
-            if active is not None:
+            if active is not None and (self.sub_type != FAILOVER or self.topic.timers.clock() >= self._active_from_ms):
                 self._dispatch_single(active)
         if self.topic.terminated:
             self._notify_end_of_topic()

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Protocol
 
+from proxy.broker.avro_compat import SchemaParseError, can_read, parse
 from proxy.broker.cursor import Cursor
 from proxy.broker.ledger import Entry, Ledger
 from proxy.broker.subscription import Subscription
@@ -93,7 +94,7 @@ class Topic:
     """One topic or partition: ledger, producers, subscriptions, schemas."""
 
     def __init__(self, name: str, partition_index: int, ledger_id: int, retention_bytes: int,
-                 dedup: bool = False, timers: Timers | None = None) -> None:
+                 dedup: bool = False, timers: Timers | None = None, failover_delay_ms: int = 0) -> None:
         self.name = name
         #: a non-persistent topic stores nothing: a message goes to the consumers connected with permits
         #: when it is published, or nowhere (see :meth:`publish`)
@@ -112,6 +113,8 @@ class Topic:
         self.stats = TopicStats()
         #: the cluster's: when a delayed message is due (its Shared and Key_Shared subscriptions hold it until then)
         self.timers = timers or Timers()
+        #: how long a Failover subscription's newly active consumer waits (the cluster's setting; see ClusterConfig)
+        self.failover_delay_ms = failover_delay_ms
         #: geo-replication of this topic (None unless the cluster replicates; see proxy.broker.replication)
         self.geo: TopicGeo | None = None
 
@@ -327,16 +330,14 @@ class Topic:
 
     def take_consumer_schema(self, schema: api.Schema) -> None:
         """A subscribing consumer's schema, as Pulsar's broker takes it: stored when the topic is idle (no
-        schema, no message, nobody on it), checked against the latest otherwise (the type must be the same,
-        see :meth:`add_schema`); a topic in use without a schema refuses one.  AUTO_CONSUME (the consumer takes
+        schema, no message, nobody on it), checked against the latest otherwise (BACKWARD: the same type, and
+        an AVRO or JSON definition that reads what the latest wrote, even when the consumer's equals an
+        older version); a topic in use without a schema refuses one.  AUTO_CONSUME (the consumer takes
         the topic's) and none are not checked."""
         if schema.type in (api.Schema.Type.AutoConsume, _NO_SCHEMA):
             return
         if self.schemas:
-            latest = self.schemas[-1].schema.type
-            if latest != schema.type:
-                raise BrokerError("IncompatibleSchema", f"Incompatible schema: exists schema type {_type_name(latest)}"
-                                                        f", new schema type {_type_name(schema.type)}")
+            _check_compatible(self.schemas[-1].schema, schema, both_ways=False)
             return
         if self.ledger.next_entry_id > 0 or self.producers or any(sub.consumers for sub in
                                                                   self.subscriptions.values()):
@@ -347,23 +348,52 @@ class Topic:
     def add_schema(self, schema: api.Schema) -> int:
         """Store a schema (or find an identical one) and return its version.
 
-        A schema of another type than the topic's latest is refused with IncompatibleSchema, as
-        Pulsar's default compatibility check refuses it (FULL: no type change).  Within one type,
-        every definition is accepted: the Avro/JSON evolution rules are not checked.
+        A schema identical to any stored version gets that version.  Any other is checked against the
+        topic's latest as Pulsar's default strategy (FULL) checks it: the same type, and an AVRO or JSON
+        definition that reads what the latest wrote and the other way round; else IncompatibleSchema.
         """
-        if self.schemas and self.schemas[-1].schema.type != schema.type:
-            raise BrokerError("IncompatibleSchema", f"Incompatible schema: exists schema type "
-                                                    f"{_type_name(self.schemas[-1].schema.type)}, new schema type "
-                                                    f"{_type_name(schema.type)}")
         for stored in self.schemas:
             if (stored.schema.type == schema.type and stored.schema.schema_data == schema.schema_data
                     and list(stored.schema.properties) == list(schema.properties)):
                 return stored.version
+        if self.schemas:
+            _check_compatible(self.schemas[-1].schema, schema, both_ways=True)
         version = len(self.schemas)
         copy = api.Schema()
         copy.CopyFrom(schema)
         self.schemas.append(SchemaVersion(version, copy))
         return version
+
+
+#: the types whose definitions Pulsar checks with Avro's resolution rules (a JSON schema carries an Avro definition)
+_AVRO_CHECKED: Final = frozenset({api.Schema.Type.Avro, api.Schema.Type.Json})
+
+
+def _check_compatible(latest: api.Schema, new: api.Schema, both_ways: bool) -> None:
+    """Refuse ``new`` with IncompatibleSchema unless it is compatible with ``latest``: FULL (``both_ways``,
+    a producer's) or BACKWARD (a consumer's: ``new`` reads what ``latest`` wrote), in Pulsar's words."""
+    if latest.type != new.type:
+        raise BrokerError("IncompatibleSchema", f"Incompatible schema: exists schema type {_type_name(latest.type)}"
+                                                f", new schema type {_type_name(new.type)}")
+    if new.type not in _AVRO_CHECKED:
+        return
+    strategy = "FULL" if both_ways else "BACKWARD"
+    prefix = ("org.apache.pulsar.broker.service.schema.exceptions.IncompatibleSchemaException: Error during schema "
+              f"compatibility check with strategy {strategy}: ")
+    try:
+        old, fresh = parse(latest.schema_data), parse(new.schema_data)
+    except SchemaParseError as exc:
+        raise BrokerError("IncompatibleSchema", f"{prefix}org.apache.avro.SchemaParseException: {exc}") from exc
+    directions = [(fresh, old, new, latest)] + ([(old, fresh, latest, new)] if both_ways else [])
+    for reader, writer, reader_text, writer_text in directions:
+        if can_read(reader, writer) is not None:
+            raise BrokerError("IncompatibleSchema", f"{prefix}org.apache.avro.SchemaValidationException: Unable to "
+                                                    f"read schema: \n{_definition(writer_text)}\nusing schema:\n"
+                                                    f"{_definition(reader_text)}")
+
+
+def _definition(schema: api.Schema) -> str:
+    return bytes(schema.schema_data).decode("utf-8", "replace")
 
 
 def _type_name(value: int) -> str:

@@ -22,6 +22,10 @@ def client(broker: ThreadedCluster):  # type: ignore[no-untyped-def]
     c.close()
 
 
+#: more than a newly active Failover consumer waits for its first message (ClusterConfig.failover_delay_ms)
+ACTIVATION_MS = 1500
+
+
 def drain(consumer: pulsar.Consumer, idle_ms: int = 300, ack: bool = True) -> list[pulsar.Message]:
     out = []
     while True:
@@ -64,12 +68,13 @@ def test_failover_active_consumer_changes_when_it_disconnects(client: pulsar.Cli
     producer = client.create_producer("failover", batching_enabled=False)
     for i in range(10):
         producer.send(str(i).encode())
-    assert [int(m.data()) for m in drain(first)] == list(range(10))
+    # a newly active consumer (the first one too) gets messages 1 s later, as Pulsar's broker
+    assert [int(m.data()) for m in drain(first, idle_ms=ACTIVATION_MS)] == list(range(10))
     assert drain(second, idle_ms=200) == []
     first.close()
     for i in range(10, 20):
         producer.send(str(i).encode())
-    assert [int(m.data()) for m in drain(second)] == list(range(10, 20))
+    assert [int(m.data()) for m in drain(second, idle_ms=ACTIVATION_MS)] == list(range(10, 20))
 
 
 def test_key_shared_keeps_per_key_order_across_consumers(client: pulsar.Client) -> None:
@@ -263,7 +268,7 @@ def test_failover_on_a_partitioned_topic_spreads_partitions_over_consumers(broke
                                           message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution)
         for i in range(40):
             producer.send(str(i).encode())
-        got_a, got_b = drain(a), drain(b)
+        got_a, got_b = drain(a, idle_ms=ACTIVATION_MS), drain(b)
         assert len(got_a) + len(got_b) == 40
         assert {m.topic_name() for m in got_a}.isdisjoint({m.topic_name() for m in got_b})
         assert got_a and got_b

@@ -220,3 +220,38 @@ def test_a_partition_past_a_partitioned_topics_last_does_not_exist(broker: Threa
         assert "persistent://public/default/three-partition-7" not in broker.cluster.topics
     finally:
         client.close()
+
+
+def test_schema_evolution_is_checked_as_the_real_broker_checks_it(broker: ThreadedCluster) -> None:
+    """As the real 4.0.7 standalone answers (FIDELITY.md): producers FULL against the latest version, consumers
+    BACKWARD against the latest; a compatible definition gets the next version, an identical one its own."""
+
+    def schema(fields: list[dict[str, object]]) -> pulsar.schema.JsonSchema:
+        definition = {"type": "record", "name": "Order", "fields": fields}
+
+        class Definition:
+            @classmethod
+            def schema(cls) -> dict[str, object]:
+                return definition
+
+        return pulsar.schema.JsonSchema(Definition)
+
+    a = {"name": "a", "type": "int"}
+    a_or_zero = {"name": "a", "type": "int", "default": 0}
+    b_or_empty = {"name": "b", "type": "string", "default": ""}
+    client = pulsar.Client(broker.service_url, operation_timeout_seconds=5)
+    try:
+        for fields in ([a], [a_or_zero], [b_or_empty], [a]):  # the last: identical to version 0
+            client.create_producer("evolving", schema=schema(fields)).close()
+        topic = broker.cluster.topics["persistent://public/default/evolving"]
+        assert [stored.version for stored in topic.schemas] == [0, 1, 2]  # [b_or_empty] checked with the latest only
+        with pytest.raises(pulsar.PulsarException, match="IncompatibleSchema"):
+            client.create_producer("evolving", schema=schema([b_or_empty, {"name": "c", "type": "string"}]))
+        with pytest.raises(pulsar.PulsarException, match="IncompatibleSchema"):  # a long cannot read the latest string
+            client.create_producer("evolving", schema=schema([{"name": "b", "type": "long"}]))
+        with pytest.raises(pulsar.PulsarException, match="IncompatibleSchema"):  # version 0: cannot read the latest
+            client.subscribe("evolving", "old", schema=schema([a]))
+        client.subscribe("evolving", "new", schema=schema([{"name": "b", "type": "string"}])).close()
+        assert len(topic.schemas) == 3  # a consumer's schema adds no version
+    finally:
+        client.close()

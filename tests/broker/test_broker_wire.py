@@ -264,8 +264,11 @@ async def test_schemas_are_stored_and_versioned_and_stats_and_ack_responses_answ
     async with running(ClusterConfig()) as runner, wire(runner) as client:
         topic = "persistent://public/default/schemas"
         await client.connect()
-        json_v0 = api.Schema(name="s", schema_data=b'{"type": "record", "fields": []}', type=api.Schema.Json)
-        json_v1 = api.Schema(name="s", schema_data=b'{"type": "record"}', type=api.Schema.Json)
+        json_v0 = api.Schema(name="s", schema_data=b'{"type": "record", "name": "s", "fields": []}',
+                             type=api.Schema.Json)
+        json_v1 = api.Schema(name="s", type=api.Schema.Json,  # a field with a default: FULL compatible
+                             schema_data=b'{"type": "record", "name": "s", "fields": '
+                                         b'[{"name": "a", "type": "int", "default": 0}]}')
         string_schema = api.Schema(name="s", schema_data=b"", type=api.Schema.String)
         await client.send(api.CommandGetOrCreateSchema(request_id=1, topic=topic, schema=json_v0))
         first = (await client.expect("GET_OR_CREATE_SCHEMA_RESPONSE")).command.getOrCreateSchemaResponse

@@ -285,7 +285,7 @@ def test_an_update_from_another_cluster_creates_or_moves_the_subscription_here()
     assert subscription.replicated and subscription.cursor.mark_delete == 6
     # a consumer arriving now starts right after the update's position
     sink = Sink()
-    subscription.add_consumer(Consumer(1, "c", 0, sink), api.CommandSubscribe.Failover)
+    subscription.add_consumer(Consumer(1, "c", 0, sink), api.CommandSubscribe.Exclusive)
     subscription.flow(subscription.consumers[0], 100)
     assert sink.messages == [7, 8, 9]
 

@@ -34,6 +34,17 @@ class Order(Record):
     item = String()
 
 
+def defined_json_schema(definition: dict[str, Any]) -> JsonSchema:
+    """A JSON schema of this Avro definition (the Python client builds one from a Record class only)."""
+
+    class Defined:
+        @classmethod
+        def schema(cls) -> dict[str, Any]:
+            return definition
+
+    return JsonSchema(Defined)
+
+
 def outcome(step: Callable[[], Any]) -> str:
     """``ok`` / ``ok:DETAIL`` or ``error:EXCEPTION_NAME`` (the client's own classification of the answer)."""
     try:
@@ -166,6 +177,72 @@ def run(client: pulsar.Client, prefix: str) -> dict[str, str]:
             producer.close()
 
     steps["consumer with a JSON schema on a topic in use without one"] = outcome(schema_on_a_topic_in_use)
+
+    def evolve(fields: list[dict[str, Any]], subscription: str | None = None) -> Callable[[], None]:
+        """A producer (or a consumer of ``subscription``) of the JSON topic ``-evolving`` with these fields."""
+        evolving = f"{topic}-evolving"
+        schema = defined_json_schema({"type": "record", "name": "Order", "fields": fields})
+        if subscription is None:
+            return lambda: client.create_producer(evolving, schema=schema).close()
+        return lambda: client.subscribe(evolving, subscription, schema=schema).close()
+
+    item = {"name": "item", "type": ["null", "string"]}
+    qty_or_one = {"name": "qty", "type": "int", "default": 1}
+    steps["schema evolution: Order{item} (the Python client's Record)"] = outcome(evolve([item]))
+    steps["schema evolution: a field added without a default"] = outcome(evolve([item, {"name": "qty", "type": "int"}]))
+    steps["schema evolution: a field added with a default"] = outcome(evolve([item, qty_or_one]))
+    steps["schema evolution: item dropped (the latest reads it, no default)"] = outcome(evolve([qty_or_one]))
+    steps["schema evolution: an int widened to long (the latest cannot read it)"] = outcome(
+        evolve([{"name": "qty", "type": "long", "default": 1}]))
+    steps["schema evolution: consumer of the first version"] = outcome(evolve([item], "first"))
+    steps["schema evolution: consumer reading the latest, never registered"] = outcome(
+        evolve([{"name": "qty", "type": "long"}], "promoting"))
+
+    def identical_schema_version() -> str:
+        """A producer's schema identical to the first version: its messages carry that version."""
+        evolving = f"{topic}-evolving"
+        consumer = client.subscribe(evolving, "versions")  # no schema: not checked
+        producer = client.create_producer(evolving, schema=JsonSchema(Order))
+        producer.send(Order(item="book"))
+        message = consumer.receive(timeout_millis=5000)
+        producer.close()
+        consumer.close()
+        return f"schema_version={message.schema_version()!r}"
+
+    steps["schema evolution: the first version again, a message's schema version"] = outcome(identical_schema_version)
+
+    def failover_activation() -> str:
+        """When a Failover subscription's first consumer, then the one taking over from it, gets a message sent at
+        once (which of two consumers is active is not compared: see FIDELITY.md)."""
+        failover = f"{topic}-failover"
+        producer = client.create_producer(failover, batching_enabled=False)
+
+        def first_to_receive(consumers: dict[str, pulsar.Consumer]) -> tuple[str, str]:
+            start = time.monotonic()
+            producer.send(b"fo")
+            while time.monotonic() - start < 5:
+                for name, consumer in consumers.items():
+                    try:
+                        consumer.acknowledge(consumer.receive(timeout_millis=10))
+                    except pulsar.Timeout:
+                        continue
+                    return name, "after ~1 s" if time.monotonic() - start > 0.8 else "at once"
+            return "", "never"
+
+        consumers = {"a": client.subscribe(failover, "fo", consumer_type=pulsar.ConsumerType.Failover,
+                                           consumer_name="a")}
+        _, first = first_to_receive(consumers)
+        consumers["b"] = client.subscribe(failover, "fo", consumer_type=pulsar.ConsumerType.Failover,
+                                          consumer_name="b")
+        time.sleep(1.5)
+        active, _ = first_to_receive(consumers)
+        consumers.pop(active).close()
+        _, taking_over = first_to_receive(consumers)
+        for closing in (producer, *consumers.values()):
+            closing.close()
+        return f"first consumer {first}, the one taking over {taking_over}"
+
+    steps["Failover: the newly active consumer's first message"] = outcome(failover_activation)
 
     def last_id_of_a_topic_never_written() -> str:
         consumer = client.subscribe(f"{topic}-never-written", "empty")
