@@ -12,6 +12,7 @@ import importlib.util
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -122,3 +123,41 @@ def test_the_python_floor_relays_both_ways_and_ends_both_sides_together(monkeypa
                 assert got == back == data
         assert upstream.recv(1) == b""  # the client left: the floor closed the server's side
         upstream.close()
+
+
+def _stand_in(server: socket.socket, answer: bytes, accepted: list[int]) -> None:
+    """Accept connections until the server closes; to each CONNECT (and SEND) answer ``answer``, then close."""
+    while True:
+        try:
+            sock, _ = server.accept()
+        except OSError:
+            return
+        with sock:
+            accepted.append(1)
+            sock.recv(65536)
+            if answer:
+                sock.sendall(answer)
+                sock.recv(65536)  # (the client's close)
+
+
+@pytest.mark.parametrize("send", [False, True])
+def test_a_connection_storm_opens_every_connection_and_awaits_its_answers(send: bool,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    connections = load_bench("connections", monkeypatch)
+    passthrough = load_bench("passthrough", monkeypatch)
+    answer = passthrough.CONNECTED + (passthrough.RECEIPT if send else b"")
+    accepted: list[int] = []
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        thread = threading.Thread(target=_stand_in, args=(server, answer, accepted), daemon=True)
+        thread.start()
+        assert connections.storm(server.getsockname()[1], 30, 5, send) > 0
+    assert len(accepted) == 30
+
+
+def test_a_connection_storm_fails_when_the_path_closes_a_connection_unanswered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A path that drops connections must not look fast: the storm raises rather than counting them done."""
+    connections = load_bench("connections", monkeypatch)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        threading.Thread(target=_stand_in, args=(server, b"", []), daemon=True).start()
+        with pytest.raises(ConnectionError):
+            connections.storm(server.getsockname()[1], 10, 2, False)
