@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import multiprocessing
 import os
 import selectors
 import socket
@@ -44,7 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from passthrough import broker_main, connect_frame, haproxy, pulsar_tap, send_frame  # (a script of bench/)
+from passthrough import connect_frame, haproxy, pulsar_tap, send_frame, start_stand_in  # (a script of bench/)
 
 CLOCK_TICK = os.sysconf("SC_CLK_TCK")
 CONNECTED_SIZE_FIELD = 4
@@ -194,16 +193,7 @@ def main() -> None:
     if args.baseline is not None and not (args.baseline / "proxy" / "__init__.py").is_file():
         parser.error(f"--baseline {args.baseline}: no proxy/ package there")
 
-    context = multiprocessing.get_context("fork")
-    reports = context.Queue()  # (the stand-in reports only its sink streams: none here)
-    listen = socket.socket()
-    listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listen.bind(("127.0.0.1", 0))
-    listen.listen(4096)
-    target = listen.getsockname()[1]
-    broker = context.Process(target=broker_main, args=(listen, reports), daemon=True)
-    broker.start()
-    listen.close()
+    broker, target, _reports = start_stand_in()  # (it reports only its sink streams: none here)
 
     with tempfile.TemporaryDirectory(prefix="bench-connections-") as tmp, contextlib.ExitStack() as stack:
         workdir = Path(tmp)

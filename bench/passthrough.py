@@ -203,6 +203,21 @@ def _write_all(sock: socket.socket, data: bytes | memoryview) -> None:
     sock.setblocking(False)
 
 
+def start_stand_in() -> tuple[Any, int, Any]:
+    """The stand-in broker in a process of its own: (the process, its port on loopback, the queue it reports on)."""
+    context = multiprocessing.get_context("fork")
+    reports = context.Queue()
+    listen = socket.socket()
+    listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listen.bind(("127.0.0.1", 0))
+    listen.listen(4096)
+    port = listen.getsockname()[1]
+    broker = context.Process(target=broker_main, args=(listen, reports), daemon=True)
+    broker.start()
+    listen.close()
+    return broker, port, reports
+
+
 def broker_main(listen: socket.socket, reports: Any) -> None:
     """Answer CONNECT, then either swallow bytes (sink) or answer each frame with a receipt (echo)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -1288,16 +1303,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.sizes:
         SIZES[:] = [(size_label(int(size)), int(size)) for size in args.sizes.split(",")]
 
-    context = multiprocessing.get_context("fork")
-    reports = context.Queue()
-    listen = socket.socket()
-    listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listen.bind(("127.0.0.1", 0))
-    listen.listen(4096)
-    target = listen.getsockname()[1]
-    broker = context.Process(target=broker_main, args=(listen, reports), daemon=True)
-    broker.start()
-    listen.close()
+    broker, target, reports = start_stand_in()
     if broker.pid is not None:
         BENCH_PROCESSES["sink"] = broker.pid
     columns: dict[str, dict[str, float] | None] = {}
@@ -1305,7 +1311,7 @@ def main(argv: list[str] | None = None) -> int:
     otlp_listen = socket.socket()
     otlp_listen.bind(("127.0.0.1", 0))
     otlp_listen.listen(64)
-    otlp_sink = context.Process(target=otlp_sink_main, args=(otlp_listen,), daemon=True)
+    otlp_sink = multiprocessing.get_context("fork").Process(target=otlp_sink_main, args=(otlp_listen,), daemon=True)
     otlp_sink.start()
     if otlp_sink.pid is not None:
         BENCH_PROCESSES["otlp"] = otlp_sink.pid

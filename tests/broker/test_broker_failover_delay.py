@@ -5,9 +5,8 @@ not one that joins while another stays active, and not Exclusive."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from broker_sinks import Clock, Sink
 
-from proxy.broker.ledger import Entry
 from proxy.broker.subscription import Consumer, Subscription
 from proxy.broker.timers import Timers
 from proxy.broker.topic import Producer, Topic
@@ -15,37 +14,6 @@ from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.frame import encode_payload_section
 
 FAILOVER = api.CommandSubscribe.Failover
-
-
-@dataclass
-class Sink:
-    messages: list[tuple[str, int]] = field(default_factory=list)
-
-    def send_message(self, consumer: Consumer, entry: Entry, redelivery_count: int, ack_set: list[int] | None) -> None:
-        self.messages.append((consumer.consumer_name, entry.entry_id))
-
-    def send_active_consumer_change(self, consumer: Consumer, is_active: bool) -> None:
-        pass
-
-    def send_reached_end_of_topic(self, consumer: Consumer) -> None:
-        pass
-
-    def send_close_consumer(self, consumer: Consumer) -> None:
-        pass
-
-    def send_close_producer(self, producer: Producer) -> None:
-        pass
-
-    def send_producer_ready(self, producer: Producer) -> None:
-        pass
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.ms = 1_000_000
-
-    def __call__(self) -> int:
-        return self.ms
 
 
 def setup(sub_type: int = FAILOVER) -> tuple[Topic, Subscription, Sink, Clock]:

@@ -9,9 +9,8 @@ resent messages are dropped by deduplication on their original producer name.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pytest
+from broker_sinks import Clock, Sink
 
 from proxy.broker.cluster import Cluster, ClusterConfig
 from proxy.broker.ledger import Entry
@@ -25,39 +24,6 @@ from proxy.protocol import markers
 from proxy.protocol.frame import encode_payload_section
 
 TOPIC = "persistent://public/default/geo"
-
-
-@dataclass
-class Sink:
-    """Collects what a topic pushes to its producers and consumers."""
-
-    messages: list[int] = field(default_factory=list)
-
-    def send_message(self, consumer: Consumer, entry: Entry, redelivery_count: int, ack_set: list[int] | None) -> None:
-        self.messages.append(entry.entry_id)
-
-    def send_active_consumer_change(self, consumer: Consumer, is_active: bool) -> None:
-        pass
-
-    def send_reached_end_of_topic(self, consumer: Consumer) -> None:
-        pass
-
-    def send_close_consumer(self, consumer: Consumer) -> None:
-        pass
-
-    def send_close_producer(self, producer: Producer) -> None:
-        pass
-
-    def send_producer_ready(self, producer: Producer) -> None:
-        pass
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.ms = 1_000_000
-
-    def __call__(self) -> int:
-        return self.ms
 
 
 def cluster(name: str, remotes: dict[str, str], *, dedup: bool = False, backlog_limit: int = 100_000) -> Cluster:
@@ -223,7 +189,7 @@ def test_markers_are_never_delivered_and_do_not_hold_the_mark_delete_back() -> N
     geo_of(topic).write_marker(markers.SNAPSHOT_REQUEST,
                                pm.ReplicatedSubscriptionsSnapshotRequest(snapshot_id="x", source_cluster="A"), None)
     publish(topic, producer, 1)
-    assert sink.messages == [0, 2]
+    assert sink.entry_ids == [0, 2]
     assert consumer.permits == 98
     ack(topic, "s", consumer, 0)
     assert topic.subscriptions["s"].cursor.mark_delete == 1  # past the marker
@@ -256,7 +222,7 @@ def test_a_replicated_subscription_updates_the_other_clusters_once_acks_pass_a_s
     topic.publish(remote, encode_payload_section(metadata, response.SerializeToString()), metadata, 1, 0)
     geo.replicators["B"].read(10, geo)  # A's replicator towards B reads it: the snapshot completes
     assert geo.controller is not None and geo.controller.stats.completed == 1
-    assert sink.messages == [0, 1, 2]  # request, response and snapshot were passed, not delivered
+    assert sink.entry_ids == [0, 1, 2]  # request, response and snapshot were passed, not delivered
     assert len(geo.controller.caches["orders"]) == 1
     ack(topic, "orders", consumer, 0)
     ack(topic, "orders", consumer, 1)
@@ -287,7 +253,7 @@ def test_an_update_from_another_cluster_creates_or_moves_the_subscription_here()
     sink = Sink()
     subscription.add_consumer(Consumer(1, "c", 0, sink), api.CommandSubscribe.Exclusive)
     subscription.flow(subscription.consumers[0], 100)
-    assert sink.messages == [7, 8, 9]
+    assert sink.entry_ids == [7, 8, 9]
 
 
 def test_a_cursor_per_remote_cluster() -> None:
