@@ -37,7 +37,7 @@ from proxy.errors import ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol import chunks, compression
 from proxy.protocol.frame import Frame, frame_from_bytes
-from proxy.protocol.session import Direction, RequestPair, SessionTracker
+from proxy.protocol.session import Direction, RequestPair, SessionTracker, batch_spans
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -289,14 +289,14 @@ def _batch_answers_under_first_ids(sends: pa.Table, keys: list[str]) -> pa.Table
         return sends.drop_columns(["_row"])
     producers = keys[:-1]
     lost_producers = lost.select(producers).group_by(producers).aggregate([])
-    spans: dict[tuple[Any, ...], list[tuple[int, int, int]]] = {}
+    spans: dict[tuple[Any, ...], list[tuple[int, int, int | None]]] = {}
     for row in send_rows.join(lost_producers, keys=producers, join_type="inner", use_threads=False).to_pylist():
         spans.setdefault(tuple(row[name] for name in producers), []).append(
-            (row["seq"], row["sequence_id"], max(row["num_messages"] or 1, 1)))
+            (row["seq"], row["sequence_id"], row["num_messages"]))
     moved = sends["sequence_id"].to_numpy(zero_copy_only=False).copy()
     for error in lost.to_pylist():
         spanning = [(seq, first) for seq, first, count in spans.get(tuple(error[name] for name in producers), [])
-                    if seq < error["seq"] and first <= error["sequence_id"] < first + count]
+                    if seq < error["seq"] and batch_spans(first, count, error["sequence_id"])]
         if spanning:
             moved[error["_row"]] = max(spanning)[1]
     at = sends.schema.get_field_index("sequence_id")

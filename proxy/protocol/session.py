@@ -219,6 +219,13 @@ def server_error_name(code: int) -> str:
         return f"UNKNOWN({code})"
 
 
+def batch_spans(first_sequence_id: int, num_messages: int | None, sequence_id: int) -> bool:
+    """Whether a SEND whose first message has ``first_sequence_id`` and that holds ``num_messages`` (at least
+    one) spans ``sequence_id``: a SEND_ERROR under that id ends it (a broker refusing a transactional batch
+    answers under the batch's highest sequence id).  The tracker and ``analyze`` pair by this one rule."""
+    return first_sequence_id <= sequence_id < first_sequence_id + max(num_messages or 1, 1)
+
+
 class SessionTracker:
     """Follows one connection's frames in both directions; see the module docstring."""
 
@@ -454,7 +461,7 @@ class SessionTracker:
         keep.  Rare (an answer that matched no SEND's first id), so a walk of the pending requests."""
         for key, req in reversed(self._pending.items()):
             if req.type == T.SEND and req.producer_id == producer_id and \
-                    key[2] <= sequence_id < key[2] + max(req.num_messages, 1):
+                    batch_spans(key[2], req.num_messages, sequence_id):
                 return key
         return None
 
