@@ -8,8 +8,9 @@ says so), any other the pipeline's Sends — as long as nothing has to wait.  Th
 wait (a partial write, connecting upstream, a rule's delay, a close, an error, draining),
 it hands the work to the direction's own task (``Relay._serve_with_reactor``) and stands
 aside until that task has finished it — so ordering and backpressure are exactly the async
-path's.  This runs once per relayed read, so ``scripts/setup.sh`` compiles this module with
-mypyc (see :mod:`proxy.compiled`); the task's side, which awaits, stays in ``relay``.
+path's.  With observers, the events of a read reach them after its write (the hub defers them
+around it), off the request's latency.  This runs once per relayed read, so ``scripts/setup.sh``
+compiles this module with mypyc (see :mod:`proxy.compiled`); the task's side, which awaits, stays in ``relay``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from proxy.server.transport import READY_STREAK, SocketTransport
 
 if TYPE_CHECKING:
     from proxy.core.pipeline import ConnectionPipeline
+    from proxy.server.observer_hub import ObserverHub
     from proxy.server.reactor import LoopWait, Reactor
     from proxy.server.relay import Relay
 
@@ -63,6 +65,8 @@ class ReactorPump:
         self.base_ns: int = relay.clock.base_ns
         self.elapsed_ns: Callable[[], int] = relay.clock.elapsed_ns
         self.source_plain: PlainSocket = source.plain
+        #: the observers' hub when the relay publishes events (None: it publishes none)
+        self.hub: ObserverHub | None = relay.server.observers if relay.pipeline.publish is not None else None
         self.busy = True
         self.work: list[Action] | BaseException | None = None
         #: the direction's task, and whether it sleeps until work is handed over (set by it)
@@ -95,7 +99,7 @@ class ReactorPump:
             self.peer_hung_up = True
         if self.busy:
             return False
-        relay, pipeline, direction = self.relay, self.pipeline, self.direction
+        relay, pipeline, direction, hub = self.relay, self.pipeline, self.direction, self.hub
         try:
             for _ in range(READY_STREAK):
                 if self.from_client and relay.draining and pipeline.scanners[TO_BROKER].at_frame_boundary:
@@ -108,20 +112,17 @@ class ReactorPump:
                     pipeline.peer_closed(direction)
                     self.hand_over(Stop(finished=True))
                     return False
-                actions = pipeline.relay_read(direction, data, self.base_ns + self.elapsed_ns())
-                if actions is None:  # (the usual read: it goes on as it is, one write, at once)
-                    target = relay.upstream if self.from_client else relay.client
-                    left = target.plain.try_send([data]) if type(target) is SocketTransport else None
-                    if left is None:
-                        self.hand_over(relay.queue_writes([Send(direction, [data])]))
-                        return False
-                    if left:  # (the transport owes the rest)
-                        self.hand_over([Send(direction, [])])
+                if hub is None:
+                    if not self._relay(data):
                         return False
                 else:
-                    rest = self._write_now(actions)
-                    if rest:
-                        self.hand_over(rest)
+                    # (the observers' work on this read after its write, before the next read reuses the buffer)
+                    hub.defer()
+                    try:
+                        relayed = self._relay(data)
+                    finally:
+                        hub.flush()
+                    if not relayed:
                         return False
                 if len(data) < RECV_SIZE and not self.peer_hung_up:
                     # A short read emptied the socket; anything newer raises a fresh edge.
@@ -130,6 +131,26 @@ class ReactorPump:
         except Exception as exc:  # raised again in the pump task, which knows how to end the connection
             self.hand_over(exc)
             return False
+
+    def _relay(self, data: bytes | memoryview) -> bool:
+        """One read through the pipeline and written without waiting; False: the rest was handed to the task."""
+        relay, direction = self.relay, self.direction
+        actions = self.pipeline.relay_read(direction, data, self.base_ns + self.elapsed_ns())
+        if actions is None:  # (the usual read: it goes on as it is, one write, at once)
+            target = relay.upstream if self.from_client else relay.client
+            left = target.plain.try_send([data]) if type(target) is SocketTransport else None
+            if left is None:
+                self.hand_over(relay.queue_writes([Send(direction, [data])]))
+                return False
+            if left:  # (the transport owes the rest)
+                self.hand_over([Send(direction, [])])
+                return False
+        else:
+            rest = self._write_now(actions)
+            if rest:
+                self.hand_over(rest)
+                return False
+        return True
 
     def _write_now(self, actions: list[Action]) -> list[Action] | None:
         """Carry out the leading writes that need no wait; the rest goes to the task (its writes queued now)."""

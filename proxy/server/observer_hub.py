@@ -30,7 +30,10 @@ share)`` of that, what the observers take now is charged, and the hub's own turn
 Through the queue a lone run cost the relay a copy into the ring, a wake-up of the hub's task and a trip through
 the scheduler (the official client, 100 B messages, batching off: the relay's thread 1-1.5 us a message more
 with an observer that does nothing, ~0.5 us when the observer is called at once); an observer slower than its
-share gets the next events through the queue, as before.  The hub's task counts what it put in its channel
+share gets the next events through the queue, as before.  The reactor's hop publishes a read's events
+between :meth:`ObserverHub.defer` and :meth:`ObserverHub.flush`, around its write: the observers then work on
+them after the read went on, not before (with metrics on, a round trip's added latency fell by ~70 us here, to
+about the plain proxy's).  The hub's task counts what it put in its channel
 and took out, and looks in the channel only when something waits there (an empty channel's ``receive_nowait``
 raised ``WouldBlock``, ~1 us a run), and hands a run
 to each observer's ``on_run`` directly.
@@ -203,6 +206,10 @@ class ObserverHub:
         #: when observers last had the loop (a hub turn or an event delivered in ``publish``): the relays'
         #: time since then earns the hub its share
         self._turn_ended = clock()
+        #: between :meth:`defer` and :meth:`flush` (a reactor hop's read and its write): the events for the
+        #: queued observers, in order, handed over once the hop has written
+        self._deferring = False
+        self._deferred: list[Event] = []
 
     @property
     def active(self) -> bool:
@@ -250,6 +257,31 @@ class ObserverHub:
             self._call(observer, event)
         if not self._queued:
             return
+        if self._deferring:
+            self._deferred.append(event)
+            return
+        self._publish_queued(event)
+
+    def defer(self) -> None:
+        """Keep the events published from now on for the queued observers until :meth:`flush`.
+
+        The reactor's hop defers around a read it relays: the observers' work on what it read (a
+        histogram's record, a span) then comes after the hop's write instead of before it, off the
+        request's latency (with metrics on, ~70-90 us a round trip here, the observers' cold work).
+        A run's data may be a view of the receive buffer: the hop flushes before it reads again.
+        """
+        self._deferring = True
+
+    def flush(self) -> None:
+        """Stop deferring; the events kept meanwhile go on, in order, as :meth:`publish` would have sent them."""
+        self._deferring = False
+        if self._deferred:
+            events, self._deferred = self._deferred, []
+            for event in events:
+                self._publish_queued(event)
+
+    def _publish_queued(self, event: Event) -> None:
+        """:meth:`publish` for the queued observers: now if nothing waits and the account allows, else queued."""
         run_bytes = len(event.data) if type(event) is RunEvent else 0
         if self.inline and self._sent == self._taken and not self._pieces and run_bytes <= self.run_piece_bytes:
             # Nothing waits: the event goes to the observers now, on the relay's turn, if the hub's account

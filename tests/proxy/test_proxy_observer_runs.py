@@ -803,3 +803,30 @@ async def test_once_the_share_is_spent_events_queue_and_keep_their_order() -> No
             await trio.testing.wait_all_tasks_blocked()
             hub.close()
     assert log[21] == 10_000 and len(log) > 22
+
+
+def test_events_published_while_the_hub_defers_go_on_at_the_flush_in_order() -> None:
+    """The reactor's hop defers around a read it relays, so that the observers work on it after its write: an
+    immediate observer (the recorder, which copies the relay's view) is still called as each event is
+    published, the queued ones get the events at ``flush``, in order, as ``publish`` would have given them
+    (here at once: nothing waits), and a view of the receive buffer is read before the buffer is reused."""
+
+    class Immediate(_Collect):
+        immediate = True
+
+        def on_run(self, event: RunEvent) -> None:
+            self.log.append(("immediate", event.stream_pos))
+
+    log: list[object] = []
+    hub = ObserverHub([Immediate(log), _Views(log)])
+    info = ConnectionInfo(1, "127.0.0.1:5555", "127.0.0.1:6650", None)
+    buffer = bytearray(sends(2, 10))
+    hub.defer()
+    hub.publish(RunEvent(info, TO_BROKER, 0, memoryview(buffer), 0, 0, 0, 2))  # type: ignore[arg-type]
+    hub.publish(RunEvent(info, TO_BROKER, 0, memoryview(buffer)[:10], 0, len(buffer), 0))  # type: ignore[arg-type]
+    assert log == [("immediate", 0), ("immediate", len(buffer))] and hub.delivered == 0  # (the write comes here)
+    hub.flush()
+    assert log[2:] == [(0, bytes(buffer)), (len(buffer), bytes(buffer[:10]))]
+    assert (hub.queued, hub.delivered, hub.dropped) == (0, 2, 0)
+    hub.publish(RunEvent(info, TO_BROKER, 0, memoryview(buffer), 0, 99, 0))  # type: ignore[arg-type]
+    assert log[-2:] == [("immediate", 99), (99, bytes(buffer))] and hub.delivered == 3  # no longer deferring

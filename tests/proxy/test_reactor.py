@@ -8,16 +8,24 @@ through Trio, with the same traffic.
 
 from __future__ import annotations
 
+import fcntl
 import socket
+import sys
+import termios
+import threading
+import time
 
 import pytest
 import trio
 import trio.testing
 from proxy_fake_broker import CONNECT, FakeBroker, send_frame
+from proxy_harness import ProxyFactory
 
 from proxy.config.proxy_config import HostPort, LimitsConfig, ProxyConfig, ServiceUrl
+from proxy.core.hooks import ConnectionEvent, FrameEvent, RunEvent
 from proxy.pb import PulsarApi_pb2 as api
-from proxy.protocol.frame import FrameDecoder
+from proxy.protocol.frame import FrameDecoder, encode_command
+from proxy.protocol.session import Direction
 from proxy.server.app import ProxyServer
 from proxy.server.reactor import Reactor
 
@@ -234,3 +242,66 @@ async def test_the_write_lock_says_busy_while_a_writer_holds_it_or_waits_for_it_
         assert lock.busy == 1
         lock.release()
         assert lock.busy == 0
+
+
+def test_observers_work_on_a_read_after_the_hop_has_written_it(proxy_factory: ProxyFactory) -> None:
+    """With observers, the reactor's hop writes a read on first and hands it to them after (metrics' histogram,
+    a span: their work is off the request's latency), before it reads again.  Seen from the broker's socket,
+    which reads nothing after CONNECTED: whenever the observer gets a run of SENDs, its bytes are there."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    broker_side: list[socket.socket] = []
+
+    def broker() -> None:
+        conn, _ = listener.accept()
+        decoder = FrameDecoder(1 << 20)
+        while (frame := decoder.next_frame()) is None:
+            decoder.feed(conn.recv(65536))
+        assert frame.type == T.CONNECT
+        broker_side.append(conn)
+        conn.sendall(encode_command(api.CommandConnected(server_version="still", protocol_version=21)))
+
+    class BytesAtTheBroker:
+        """For each run towards the broker: the bytes of runs so far, and those waiting in the broker's socket."""
+
+        needs_observation = False
+
+        def __init__(self) -> None:
+            self.seen: list[tuple[int, int]] = []
+            self.sent = 0
+
+        def on_connection(self, event: ConnectionEvent) -> None:
+            pass
+
+        def on_frame(self, event: FrameEvent) -> None:
+            pass
+
+        def on_run(self, event: RunEvent) -> None:
+            if event.direction is Direction.TO_BROKER:
+                self.sent += len(event.data)
+                waiting = fcntl.ioctl(broker_side[0], termios.FIONREAD, b"\0\0\0\0")
+                self.seen.append((self.sent, int.from_bytes(waiting, sys.byteorder)))
+
+    observer = BytesAtTheBroker()
+    accepting = threading.Thread(target=broker, daemon=True)
+    accepting.start()
+    proxy = proxy_factory(f"pulsar://127.0.0.1:{listener.getsockname()[1]}",
+                          server_options={"observers": [observer]})
+    assert proxy.server.reactor is not None
+    with socket.create_connection(("127.0.0.1", proxy.address.port), timeout=10) as client:
+        client.sendall(CONNECT)
+        decoder = FrameDecoder(1 << 20)
+        while decoder.next_frame() is None:
+            decoder.feed(client.recv(65536))
+        for seq in range(20):
+            client.sendall(send_frame(seq, 100))
+            time.sleep(0.01)  # (each its own read, and the hub's account never short)
+        deadline = time.monotonic() + 10
+        while observer.sent < 20 * len(send_frame(0, 100)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    accepting.join(5)
+    listener.close()
+    for conn in broker_side:
+        conn.close()
+    assert observer.sent == 20 * len(send_frame(0, 100))
+    assert len(observer.seen) >= 10  # (mostly a read a SEND)
+    assert all(waiting >= sent for sent, waiting in observer.seen), observer.seen
