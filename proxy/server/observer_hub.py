@@ -52,11 +52,12 @@ each page of it (up to the ring's 64 MiB) on the relay's thread, at its first bu
 trim, ~5-15 faults per thousand frames of 1 KiB in ``bench/passthrough.py --observers``.
 
 An observer with ``immediate = True`` (the recorder: it only queues bytes for its own
-writer) is called from :meth:`ObserverHub.publish` itself, on the relay's path, and
-never through the queue: it keeps every event's order, costs no hop, and is not subject
-to the queue's drops (it has its own bounded queue).  A RunEvent's ``data`` may be a
-view of a receive buffer the relay reuses: an immediate observer copies what it keeps,
-and the hub copies it before queueing it for the others.
+writer) is called from :meth:`ObserverHub.publish` itself (while the hub defers, at the
+flush, before the relay reads again), on the relay's path, and never through the queue:
+it keeps every event's order, costs no hop, and is not subject to the queue's drops (it
+has its own bounded queue).  A RunEvent's ``data`` may be a view of a receive buffer the
+relay reuses: an immediate observer copies what it keeps, and the hub copies it before
+queueing it for the others.
 """
 
 from __future__ import annotations
@@ -253,21 +254,23 @@ class ObserverHub:
     def publish(self, event: Event) -> None:
         if self._split_of != len(self.observers):
             self._split()
-        for observer in self._immediate:
-            self._call(observer, event)
-        if not self._queued:
-            return
         if self._deferring:
             self._deferred.append(event)
             return
-        self._publish_queued(event)
+        self._publish_now(event)
+
+    def _publish_now(self, event: Event) -> None:
+        for observer in self._immediate:
+            self._call(observer, event)
+        if self._queued:
+            self._publish_queued(event)
 
     def defer(self) -> None:
-        """Keep the events published from now on for the queued observers until :meth:`flush`.
+        """Keep the events published from now on until :meth:`flush`.
 
-        The reactor's hop defers around a read it relays: the observers' work on what it read (a
-        histogram's record, a span) then comes after the hop's write instead of before it, off the
-        request's latency (with metrics on, ~70-90 us a round trip here, the observers' cold work).
+        The reactor's hop defers around a read it relays: the observers' work on what it read (the
+        recorder's copy, a histogram's record, a span) then comes after the hop's write instead of before
+        it, off the request's latency (with metrics on, ~70 us a round trip here, the observers' cold work).
         A run's data may be a view of the receive buffer: the hop flushes before it reads again.
         """
         self._deferring = True
@@ -278,7 +281,7 @@ class ObserverHub:
         if self._deferred:
             events, self._deferred = self._deferred, []
             for event in events:
-                self._publish_queued(event)
+                self._publish_now(event)
 
     def _publish_queued(self, event: Event) -> None:
         """:meth:`publish` for the queued observers: now if nothing waits and the account allows, else queued."""
