@@ -37,6 +37,9 @@ Latency runs after the rounds, path by path.
         path's round trips taken in turn (a shared machine's load shifts between phases), with a
         "python floor" path: the least a relay in Python does (one recv_into and one send a hop), what
         no Python proxy's round trip gets under on the machine
+    .venv/bin/python bench/passthrough.py --interleaved --baseline /tmp/main \\
+        --latency-observers 'metrics,traces 1%,recording'    # and what watching adds to a round trip
+        (--pin: the proxies on a core of their own, the client and the stand-in broker on the other)
     .venv/bin/python bench/passthrough.py --baseline /tmp/main      # also the pulsar-tap of another
         checkout (e.g. ``git archive main | tar -x -C /tmp/main``), measured in the same rounds:
         a before/after from the same run, as the ``tap/baseline`` column
@@ -111,7 +114,7 @@ from typing import Any, Final
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from interleave import children_of, process_cpu_seconds  # (a module of bench/: the script's directory)
+from interleave import children_of, process_cpu_seconds, threads_of  # (a module of bench/: the script's directory)
 
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.frame import encode_command, encode_payload_command, frame_from_bytes
@@ -458,11 +461,68 @@ def interleaved_latency(arms: dict[str, tuple[int, int | None]], rounds: int) ->
 
 def print_interleaved(results: dict[str, dict[str, float]]) -> None:
     direct = results["direct"]
-    print(f"{'interleaved':<14}{'p50 us':>10}{'added':>9}{'p99 us':>10}{'added':>9}{'CPU us/rt':>11}")
+    print(f"{'interleaved':<18}{'p50 us':>10}{'added':>9}{'p99 us':>10}{'added':>9}{'CPU us/rt':>11}")
     for name, row in results.items():
         added_p50, added_p99 = row["p50 us"] - direct["p50 us"], row["p99 us"] - direct["p99 us"]
-        print(f"{name:<14}{row['p50 us']:>10.1f}{added_p50:>+9.1f}{row['p99 us']:>10.1f}{added_p99:>+9.1f}"
+        print(f"{name:<18}{row['p50 us']:>10.1f}{added_p50:>+9.1f}{row['p99 us']:>10.1f}{added_p99:>+9.1f}"
               f"{row['proxy CPU us/rt seq']:>11.1f}")
+
+
+def start_latency_observers(running: contextlib.ExitStack, target: int, workdir: Path, otlp_port: int,
+                            args: argparse.Namespace) -> dict[str, tuple[int, int | None]]:
+    """``--latency-observers``: a pulsar-tap with each of those observer arms (and the baseline's, with
+    ``--baseline``) for the interleaved latency: what watching adds to a round trip."""
+    chosen = [name.strip() for name in (args.latency_observers or "").split(",") if name.strip()]
+    every = observer_arms(workdir, otlp_port) + (observer_arms(workdir, otlp_port, BASELINE_ARM)
+                                                 if args.baseline is not None else [])
+    unknown = sorted(set(chosen) - {arm_kind(name) for name, _ in every})
+    if unknown:
+        raise SystemExit(f"--latency-observers: no observer arm {', '.join(unknown)} (see --help)")
+    arms: dict[str, tuple[int, int | None]] = {}
+    for name, yaml_text in every:
+        if arm_kind(name) in chosen:
+            directory = arm_directory(workdir, name)
+            directory.mkdir()
+            (directory / "proxy.yaml").write_text(yaml_text, encoding="utf-8")
+            arms[name] = running.enter_context(pulsar_tap(
+                target, directory, None, args.baseline if name.endswith(BASELINE_ARM) else None,
+                config=directory / "proxy.yaml"))
+    return arms
+
+
+def pin_proxies(proxies: list[int], broker: int | None) -> None:
+    """``--pin``: every proxy (each thread, and child processes: a recording's writer) on the last CPU, this client
+    and the stand-in broker on the others: a proxy with a core of its own, as a sidecar whose peers answer from
+    elsewhere, instead of three processes taking turns on the same cores."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--pin: needs at least two CPUs")
+    proxy_cpu, others = {cpus[-1]}, set(cpus[:-1])
+    for pid in proxies:
+        for process in (pid, *children_of(pid)):
+            for thread in threads_of(process):
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(thread, proxy_cpu)
+    for thread in threads_of(broker) if broker is not None else []:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(thread, others)
+    os.sched_setaffinity(0, others)
+    print(f"pinned: the proxies on CPU {cpus[-1]}, the client and the stand-in broker on "
+          f"{', '.join(map(str, sorted(others)))}", flush=True)
+
+
+def print_observer_latency(results: dict[str, dict[str, float]]) -> None:
+    """What each observer arm adds to a round trip over its own tree's plain pulsar-tap (p50, CPU)."""
+    plains = {"": results.get("pulsar-tap"), BASELINE_ARM: results.get("baseline")}
+    rows = [(name, row, plains[BASELINE_ARM if name.endswith(BASELINE_ARM) else ""]) for name, row in results.items()
+            if name not in ("direct", "haproxy", "python floor", "baseline", "pulsar-tap")]
+    if not rows:
+        return
+    print("\nwatching, over the same tree's plain pulsar-tap (p50 us added, proxy CPU us per round trip):")
+    for name, row, plain in rows:
+        if plain is not None:
+            print(f"  {name:<22}{row['p50 us'] - plain['p50 us']:>+9.1f}"
+                  f"{row['proxy CPU us/rt seq'] - plain['proxy CPU us/rt seq']:>+10.1f}")
 
 
 def concurrency(port: int, connections: int, duration: float) -> float:
@@ -1286,6 +1346,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --profile: profile this observer arm (e.g. recording) instead of the plain run")
     parser.add_argument("--no-pulsar-proxy", action="store_true",
                         help="leave out Apache Pulsar's proxy (its two arms start a JVM each)")
+    parser.add_argument("--latency-observers", metavar="ARM,...",
+                        help="with --interleaved: also a pulsar-tap with each of these observer arms (recording, "
+                             "metrics, 'traces 1%%', 'traces 100%%', ...; the baseline's too with --baseline), and "
+                             "what each adds over plain, e.g. --latency-observers 'metrics,traces 1%%,recording'")
+    parser.add_argument("--pin", action="store_true",
+                        help="with --interleaved: the proxies (haproxy, the floor, every pulsar-tap) on the last CPU, "
+                             "the client and the stand-in broker on the others (a proxy with a core of its own)")
     parser.add_argument("--interleaved", action="store_true",
                         help="only latency, of direct, haproxy, a Python floor relay (floor_relay_main: the least "
                              "a relay in Python does), --baseline and pulsar-tap together: their round trips taken "
@@ -1334,7 +1401,12 @@ def main(argv: list[str] | None = None) -> int:
                             pulsar_tap(target, workdir / "baseline", None, args.baseline))
                     (workdir / "tap").mkdir()
                     arms["pulsar-tap"] = running.enter_context(pulsar_tap(target, workdir / "tap", None))
-                    print_interleaved(interleaved_latency(arms, args.rounds))
+                    arms |= start_latency_observers(running, target, workdir, otlp_listen.getsockname()[1], args)
+                    if args.pin:
+                        pin_proxies([pid for _, pid in arms.values() if pid is not None], broker.pid)
+                    results = interleaved_latency(arms, args.rounds)
+                    print_interleaved(results)
+                    print_observer_latency(results)
                 return 0
             if args.observers:
                 observers = measure_observers(target, reports, workdir, otlp_listen.getsockname()[1], args)
