@@ -52,6 +52,7 @@ async def memory_relay(broker: FakeBroker, *, hook: FrameHook | None = None,
             return StreamTransport(proxy_end, str(url.address))
 
         server = ProxyServer(config, hook=hook, reactor=False, connect_upstream=connect_upstream)
+        await nursery.start(server.keepalive.run)  # (the server's own runs in ``server.run``)
         client_end, proxy_end = trio.testing.memory_stream_pair()
         relay = server.new_relay(StreamTransport(proxy_end, "client.test:50000"), "client.test:50000",
                                  config.upstream, "main")
