@@ -185,12 +185,19 @@ class Relay:
         finally:
             wheel.discard(self)  # (before any checkpoint: the wheel never ticks a relay whose nursery closed)
             ending = self._ending or self._lingered() or _Ending("cancelled (proxy shutting down)")
-            with trio.CancelScope(shield=True):
-                await self.client.aclose(reset=ending.reset)
-                if self.upstream is not None:
-                    await self.upstream.aclose()
-                if self._lookup_links is not None:
-                    await self._lookup_links.aclose()
+            client, upstream = self.client, self.upstream
+            if type(client) is SocketTransport and (upstream is None or type(upstream) is SocketTransport) \
+                    and self._lookup_links is None:
+                client.close(reset=ending.reset)  # (plain sockets close at once: no shielded wait)
+                if upstream is not None:
+                    upstream.close()
+            else:
+                with trio.CancelScope(shield=True):
+                    await client.aclose(reset=ending.reset)
+                    if upstream is not None:
+                        await upstream.aclose()
+                    if self._lookup_links is not None:
+                        await self._lookup_links.aclose()
             fields = {"conn": self.info.conn_id, "client": self.info.client, "broker": self.info.broker_url,
                       "reason": ending.reason, "bytes_from_client": self.pipeline.bytes_in[TO_BROKER],
                       "bytes_from_broker": self.pipeline.bytes_in[TO_CLIENT],

@@ -53,9 +53,15 @@ def upstream_context(tls: TlsConfig) -> ssl.SSLContext:
 async def connect_plain(host: str, port: int) -> socket.socket:
     """A connected non-blocking socket (each resolved address tried in turn)."""
     try:
-        infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError as exc:
-        raise UpstreamUnavailable(f"cannot resolve {host}: {exc}") from None
+        # An IP address needs no resolver: read at once (Trio's getaddrinfo would spend a scheduler
+        # round a connection finding that out), a name is resolved in Trio's thread.
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_NUMERICHOST | socket.AI_NUMERICSERV)
+    except socket.gaierror:
+        try:
+            infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise UpstreamUnavailable(f"cannot resolve {host}: {exc}") from None
     errors: list[str] = []
     for family, type_, proto, _, address in infos:
         sock = socket.socket(family, type_, proto)
