@@ -128,8 +128,9 @@ class _WriteLock:
 class SocketTransport:
     """A plain TCP connection on a non-blocking stdlib socket."""
 
-    def __init__(self, sock: socket.socket, peer: str | None = None) -> None:
-        tune(sock)
+    def __init__(self, sock: socket.socket, peer: str | None = None, *, tuned: bool = False) -> None:
+        if not tuned:  # (``tuned``: the caller did, e.g. before connecting it)
+            tune(sock)
         self.sock = sock
         self.peer = peer or peer_name(sock)
         self._write_lock = _WriteLock()

@@ -93,7 +93,7 @@ async def open_upstream(broker: ServiceUrl, context: ssl.SSLContext | None) -> T
     with trio.move_on_after(CONNECT_TIMEOUT_S) as scope:
         sock = await connect_plain(host, port)
         if not broker.tls:
-            return SocketTransport(sock, f"{broker.address}")
+            return SocketTransport(sock, f"{broker.address}", tuned=True)  # (connect_plain tuned it)
         tls_context = context or ssl.create_default_context()
         stream = trio.SSLStream(trio.SocketStream(trio.socket.from_stdlib_socket(sock)), tls_context,
                                 server_hostname=host)
