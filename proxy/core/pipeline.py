@@ -690,9 +690,15 @@ class ConnectionPipeline:
 
     def _refresh_wanted(self) -> None:
         """Tell both scanners which frames to hand over (the rest passes through as bytes)."""
-        if self.hook is not None:
-            self._hook_generation = getattr(self.hook, "generation", None)
-            self._entities_seen = self.tracker.entities_named if self.tracker is not None else 0
+        generation = getattr(self.hook, "generation", None)
+        entities = self.tracker.entities_named if self.tracker is not None else 0
+        # The hook is asked again unless nothing its answer depends on moved: a hook with a generation
+        # answers alike for the same generation and the same producers and consumers (the session's
+        # state moving alone, at CONNECT and CONNECTED, changes only the frames the session watches).
+        if self.hook is not None and (generation is None or generation != self._hook_generation
+                                      or entities != self._entities_seen or not self._hook_interest):
+            self._hook_generation = generation
+            self._entities_seen = entities
             interest_in = getattr(self.hook, "connection_interest", None)
             for direction in (TO_BROKER, TO_CLIENT):
                 self._hook_interest[direction] = interest = \

@@ -12,6 +12,7 @@ are counted by the engine, which owns the counters and the random generators.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from typing import Any, Final
 
@@ -26,6 +27,7 @@ from proxy.rules.model import IPNetwork, Match, TextPattern
 
 
 def host_of(address: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The IP address of a peer ``host:port`` (``[v6]:port``, or a bare host); None when it names none."""
     if not address:
         return None
     host = address
@@ -33,6 +35,13 @@ def host_of(address: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Addres
         host = host[1:].split("]", 1)[0]
     elif host.count(":") == 1:
         host = host.split(":", 1)[0]
+    return _ip_address(host)
+
+
+@functools.lru_cache(maxsize=4096)
+def _ip_address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``host`` parsed (clients come back from few hosts: a reconnect storm parses each once, not
+    several times a connection; the addresses are immutable), None when it is no IP address."""
     try:
         return ipaddress.ip_address(host)
     except ValueError:

@@ -33,6 +33,7 @@ from proxy.core.hooks import ConnectionInfo, FrameHook, Observer
 from proxy.core.lookup import BrokerDirectory
 from proxy.core.pipeline import ConnectionPipeline, PipelineSettings
 from proxy.errors import ProtocolError
+from proxy.server.keepalive import KeepaliveWheel
 from proxy.server.observer_hub import ObserverHub
 from proxy.server.reactor import Reactor
 from proxy.server.relay import Relay, TrioEpochClock, next_conn_id
@@ -85,6 +86,8 @@ class ProxyServer:
         self.directory = BrokerDirectory(config.advertised_host, upstream_tls=config.upstream.tls,
                                          open_listener=self._open_broker_listener,
                                          allowed=config.allowed_brokers, upstream=config.upstream)
+        #: the keepalive timer of every relay (run in ``run``)
+        self.keepalive = KeepaliveWheel(self.settings.keepalive_ns)
         self.listeners: list[ListenerInfo] = []
         self.relays: set[Relay] = set()
         self.active_connections = 0
@@ -123,6 +126,7 @@ class ProxyServer:
         """Serve until :meth:`request_shutdown`; ``task_status.started`` once accepting."""
         async with trio.open_nursery() as outer:
             outer.start_soon(self.observers.run)
+            await outer.start(self.keepalive.run)
             if self.reactor is not None:
                 await outer.start(self.reactor.run)
             try:
@@ -144,6 +148,7 @@ class ProxyServer:
                     connections.cancel_scope.cancel()
             finally:
                 self.observers.close()
+                self.keepalive.stop()
                 if self.reactor is not None:
                     self.reactor.stop()
 

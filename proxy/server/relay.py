@@ -153,6 +153,10 @@ class Relay:
     _held_room: trio.Event = field(default_factory=trio.Event)
     #: proxy-through: the proxy's own connections for following Redirects (opened on the first)
     _lookup_links: LookupLinks | None = None
+    #: a keepalive tick's writes are being carried out (the next tick waits for them)
+    _keepalive_busy: bool = False
+    #: "client" or "broker": who half-closed, the other side lingering (until the nursery's deadline)
+    _lingering: str | None = None
 
     @property
     def info(self) -> ConnectionInfo:
@@ -170,19 +174,30 @@ class Relay:
 
     async def run(self) -> None:
         hub = self.server.observers
+        wheel = self.server.keepalive
+        assert wheel.running, "the server's keepalive wheel must run for its relays to be kept alive"
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                nursery.start_soon(self._pump, TO_BROKER)
-                nursery.start_soon(self._keepalive)
+                wheel.add(self)
+                # (the client's direction is served by this task: one task fewer a connection)
+                await self._pump(TO_BROKER)
         finally:
-            ending = self._ending or _Ending("cancelled (proxy shutting down)")
-            with trio.CancelScope(shield=True):
-                await self.client.aclose(reset=ending.reset)
-                if self.upstream is not None:
-                    await self.upstream.aclose()
-                if self._lookup_links is not None:
-                    await self._lookup_links.aclose()
+            wheel.discard(self)  # (before any checkpoint: the wheel never ticks a relay whose nursery closed)
+            ending = self._ending or self._lingered() or _Ending("cancelled (proxy shutting down)")
+            client, upstream = self.client, self.upstream
+            if type(client) is SocketTransport and (upstream is None or type(upstream) is SocketTransport) \
+                    and self._lookup_links is None:
+                client.close(reset=ending.reset)  # (plain sockets close at once: no shielded wait)
+                if upstream is not None:
+                    upstream.close()
+            else:
+                with trio.CancelScope(shield=True):
+                    await client.aclose(reset=ending.reset)
+                    if upstream is not None:
+                        await upstream.aclose()
+                    if self._lookup_links is not None:
+                        await self._lookup_links.aclose()
             fields = {"conn": self.info.conn_id, "client": self.info.client, "broker": self.info.broker_url,
                       "reason": ending.reason, "bytes_from_client": self.pipeline.bytes_in[TO_BROKER],
                       "bytes_from_broker": self.pipeline.bytes_in[TO_CLIENT],
@@ -205,7 +220,7 @@ class Relay:
     def end(self, ending: _Ending) -> None:
         """Record why the connection ends (first reason wins) and cancel both directions."""
         if self._ending is None:
-            self._ending = ending
+            self._ending = self._lingered() or ending
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
@@ -233,11 +248,17 @@ class Relay:
             self.end(_Ending(self._closed_by(who)))
             return
         assert self._nursery is not None
-        self._nursery.start_soon(self._linger, who)
+        # The other side may linger for the drain period: then the connection ends.  A deadline on the
+        # connection's own scope, not a task (its reason is read when the connection ends: ``_lingered``).
+        self._lingering = who
+        self._nursery.cancel_scope.deadline = trio.current_time() + max(self.server.config.limits.drain_seconds, 1.0)
 
-    async def _linger(self, who: str) -> None:
-        await trio.sleep(max(self.server.config.limits.drain_seconds, 1.0))
-        self.end(_Ending(f"{self._closed_by(who)} (the other side lingered)"))
+    def _lingered(self) -> _Ending | None:
+        """The ending when the other side of a half-closed connection lingered past its deadline, else None."""
+        who = self._lingering
+        if who is None or self._nursery is None or trio.current_time() < self._nursery.cancel_scope.deadline:
+            return None
+        return _Ending(f"{self._closed_by(who)} (the other side lingered)")
 
     def _closed_by(self, who: str) -> str:
         """Why the connection ended when ``who`` closed it: naming the broker's last ERROR, which says why a
@@ -446,18 +467,31 @@ class Relay:
         assert self._nursery is not None
         self._nursery.start_soon(self._pump, TO_CLIENT)
 
-    async def _keepalive(self) -> None:
-        interval_s = self.pipeline.settings.keepalive_ns / 1e9
-        period = min(max(interval_s / 4, 0.01), 1.0)
-        while True:
-            await trio.sleep(period)
+    def keepalive_tick(self) -> None:
+        """The keepalive wheel's tick (see ``keepalive``): what is due is carried out by a task of this
+        connection's, one at a time (no tick while the last one's writes wait)."""
+        if self._keepalive_busy or self._nursery is None:
+            return
+        try:
             actions = self.pipeline.tick(self.clock())
-            if actions:
-                try:
-                    await self._carry_out(actions)
-                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                    self.end(_Ending(f"keepalive write failed: {exc}"))
-                    return
+        except Exception as exc:  # (a bug: it ends this connection, logged as any failure of its tasks)
+            self._nursery.start_soon(_raise, exc)
+            return
+        if actions:
+            self._keepalive_busy = True
+            self._nursery.start_soon(self._keepalive_actions, actions)
+
+    async def _keepalive_actions(self, actions: list[Action]) -> None:
+        try:
+            await self._carry_out(actions)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self.end(_Ending(f"keepalive write failed: {exc}"))
+        finally:
+            self._keepalive_busy = False
+
+
+async def _raise(error: Exception) -> None:
+    raise error
 
 
 def set_keepalive_socket_options(sock: socket.socket) -> None:

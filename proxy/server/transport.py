@@ -128,8 +128,9 @@ class _WriteLock:
 class SocketTransport:
     """A plain TCP connection on a non-blocking stdlib socket."""
 
-    def __init__(self, sock: socket.socket, peer: str | None = None) -> None:
-        tune(sock)
+    def __init__(self, sock: socket.socket, peer: str | None = None, *, tuned: bool = False) -> None:
+        if not tuned:  # (``tuned``: the caller did, e.g. before connecting it)
+            tune(sock)
         self.sock = sock
         self.peer = peer or peer_name(sock)
         self._write_lock = _WriteLock()
@@ -220,12 +221,22 @@ class SocketTransport:
             await trio.lowlevel.wait_writable(self.sock)
 
     async def send_eof(self) -> None:
+        if not self._write_lock.busy and not self.plain.owed:
+            # (nothing written or owed: the FIN goes at once, without a trip through the lock)
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_WR)
+            return
         async with self._write_lock:  # after any write still in progress
             await self._send_waiting(self.plain.with_owed(()))
             with contextlib.suppress(OSError):
                 self.sock.shutdown(socket.SHUT_WR)
 
     async def aclose(self, reset: bool = False) -> None:
+        self.close(reset)
+        await trio.lowlevel.checkpoint()
+
+    def close(self, reset: bool = False) -> None:
+        """:meth:`aclose` at once (a plain socket's close never waits)."""
         if self.plain.closed:
             return
         self.plain.closed = True
@@ -235,7 +246,6 @@ class SocketTransport:
                 self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
         trio.lowlevel.notify_closing(self.sock)
         self.sock.close()
-        await trio.lowlevel.checkpoint()
 
 
 class StreamTransport:

@@ -53,9 +53,15 @@ def upstream_context(tls: TlsConfig) -> ssl.SSLContext:
 async def connect_plain(host: str, port: int) -> socket.socket:
     """A connected non-blocking socket (each resolved address tried in turn)."""
     try:
-        infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError as exc:
-        raise UpstreamUnavailable(f"cannot resolve {host}: {exc}") from None
+        # An IP address needs no resolver: read at once (Trio's getaddrinfo would spend a scheduler
+        # round a connection finding that out), a name is resolved in Trio's thread.
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_NUMERICHOST | socket.AI_NUMERICSERV)
+    except socket.gaierror:
+        try:
+            infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise UpstreamUnavailable(f"cannot resolve {host}: {exc}") from None
     errors: list[str] = []
     for family, type_, proto, _, address in infos:
         sock = socket.socket(family, type_, proto)
@@ -87,7 +93,7 @@ async def open_upstream(broker: ServiceUrl, context: ssl.SSLContext | None) -> T
     with trio.move_on_after(CONNECT_TIMEOUT_S) as scope:
         sock = await connect_plain(host, port)
         if not broker.tls:
-            return SocketTransport(sock, f"{broker.address}")
+            return SocketTransport(sock, f"{broker.address}", tuned=True)  # (connect_plain tuned it)
         tls_context = context or ssl.create_default_context()
         stream = trio.SSLStream(trio.SocketStream(trio.socket.from_stdlib_socket(sock)), tls_context,
                                 server_hostname=host)

@@ -19,14 +19,15 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from test_proxy_pipeline import connected, pipeline, rules_hook, sent
 
-from proxy.core.hooks import FrameEvent
+from proxy.core.hooks import ConnectionInfo, FrameEvent
+from proxy.core.interest import ConnectionInterest
 from proxy.core.pipeline import ConnectionPipeline, Send
 from proxy.core.scanner import FrameScanner
 from proxy.errors import ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.frame import Frame, FrameDecoder, encode_command, encode_payload_command
-from proxy.protocol.session import Direction
-from proxy.rules.engine import RuleState
+from proxy.protocol.session import Direction, SessionTracker
+from proxy.rules.engine import RulesEngine, RuleState
 from proxy.rules.hook import RulesHook
 from proxy.rules.loader import load_rules_text
 from proxy.rules.sampling import RuleSampler, SampleDraw
@@ -580,3 +581,31 @@ def test_picks_counted_later_are_counted_when_their_connection_closes_first(
         state = next(iter(hook.engine.states()))
         outcomes.append((state.hits, state.rng.getstate()))
     assert outcomes[0] == outcomes[1]
+
+
+class AskCountingHook(RulesHook):
+    """The rules hook, counting how often a connection's interest is asked."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(RulesEngine(load_rules_text(text)))
+        self.asked = 0
+
+    def connection_interest(self, direction: Direction, info: ConnectionInfo,
+                            session: SessionTracker | None) -> ConnectionInterest:
+        self.asked += 1
+        return super().connection_interest(direction, info, session)
+
+
+def test_the_rules_are_asked_a_connections_interest_again_only_when_their_answer_can_change() -> None:
+    """Once per direction at set-up; the handshake moving the session alone asks nothing (a reconnect storm
+    paid for six asks a connection); a producer registering, or the rules changing, asks again."""
+    hook = AskCountingHook(DROP_WATCHED_SENDS)
+    p = pipeline(hook=hook)
+    assert hook.asked == 2
+    connected(p)
+    assert hook.asked == 2
+    p.receive(TO_BROKER, producer(1, WATCHED), 0)
+    assert hook.asked == 4
+    hook.engine.replace(load_rules_text(DROP_WATCHED_SENDS.replace("watched", "renamed", 1)))
+    p.receive(TO_BROKER, sends(1, 0, 1), 0)
+    assert hook.asked == 6

@@ -52,6 +52,7 @@ async def memory_relay(broker: FakeBroker, *, hook: FrameHook | None = None,
             return StreamTransport(proxy_end, str(url.address))
 
         server = ProxyServer(config, hook=hook, reactor=False, connect_upstream=connect_upstream)
+        await nursery.start(server.keepalive.run)  # (the server's own runs in ``server.run``)
         client_end, proxy_end = trio.testing.memory_stream_pair()
         relay = server.new_relay(StreamTransport(proxy_end, "client.test:50000"), "client.test:50000",
                                  config.upstream, "main")
@@ -212,3 +213,71 @@ async def test_a_throttled_frame_released_behind_a_delay_while_the_hold_queue_is
     # the first SEND passes at once; the others were due 0.1-0.4 s but queue behind the PING held to 1 s
     assert arrived == [("0", 0.0), ("pong", 1.0), ("1", 1.0), ("2", 1.0), ("3", 1.0), ("4", 1.0)]
     assert len(frames_of(broker, T.PING)) == 1
+
+
+async def test_an_idle_connection_is_pinged_and_closed_on_time_while_others_come_and_go(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """One keepalive wheel serves every relay of a server: connections opened and ended around an idle one
+    (each one registering and leaving) neither skip nor delay the idle one's PING and its end."""
+    broker = FakeBroker(answer_pings=False)
+    config = ProxyConfig(upstream=ServiceUrl.parse(BROKER_URL), listen=HostPort("127.0.0.1", 0),
+                         limits=LimitsConfig(keepalive_seconds=0.2))
+    with structlog.testing.capture_logs() as logs, trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            async def connect_upstream(url: ServiceUrl) -> Transport:
+                proxy_end, broker_end = trio.testing.memory_stream_pair()
+                nursery.start_soon(broker.handle, broker_end)
+                return StreamTransport(proxy_end, str(url.address))
+
+            server = ProxyServer(config, reactor=False, connect_upstream=connect_upstream)
+            await nursery.start(server.keepalive.run)
+
+            def open_client(port: int) -> trio.StapledStream[Any, Any]:
+                client_end, proxy_end = trio.testing.memory_stream_pair()
+                peer = f"client.test:{port}"
+                nursery.start_soon(server.new_relay(StreamTransport(proxy_end, peer), peer, config.upstream,
+                                                    "main").run)
+                return client_end
+
+            async def come_and_go() -> None:
+                for port in range(50001, 50031):  # one every 20 ms, each over before the next
+                    other = open_client(port)
+                    await connected(other)
+                    await other.aclose()
+                    await trio.sleep(0.02)
+
+            idle = open_client(50000)
+            decoder = await connected(idle)
+            start = trio.current_time()
+            nursery.start_soon(come_and_go)
+            pinged: list[float] = []
+            while data := await idle.receive_some(1 << 16):
+                for frame in decoder.receive(data):
+                    assert frame.type == T.PING
+                    pinged.append(trio.current_time() - start)
+            closed_at = trio.current_time() - start
+            nursery.cancel_scope.cancel()
+    assert pinged and 0.2 <= pinged[0] <= 0.25 + 1e-6
+    assert 0.4 <= closed_at <= 0.45 + 1e-6
+    reasons = [entry["reason"] for entry in logs
+               if entry.get("event") == "connection closed" and entry["client"] == "client.test:50000"]
+    assert len(reasons) == 1 and reasons[0].endswith("and no PONG: peer is dead")
+    assert len(server.keepalive.relays) == 0  # every relay left the wheel when it ended
+
+
+@pytest.mark.parametrize(("drain_seconds", "lingers_for"), [(3.0, 3.0), (0.0, 1.0)])
+async def test_a_half_closed_connection_lingers_for_the_drain_period_then_ends(
+        autojump_clock: trio.testing.MockClock, drain_seconds: float, lingers_for: float) -> None:
+    """The client half-closes; the broker never closes its side: the connection ends after
+    ``limits.drain_seconds`` (at least a second), logged as the client's close with the other side lingering."""
+    broker = FakeBroker(read_after_handshake=False)  # (it never reads the half-close)
+    with structlog.testing.capture_logs() as logs, trio.fail_after(60):
+        async with memory_relay(broker, drain_seconds=drain_seconds, keepalive_seconds=100) as (client, _relay):
+            await connected(client)
+            start = trio.current_time()
+            await client.send_eof()
+            assert await client.receive_some(1024) == b""
+            assert trio.current_time() - start == pytest.approx(lingers_for, abs=1e-6)
+            await trio.testing.wait_all_tasks_blocked()
+    [reason] = [entry["reason"] for entry in logs if entry.get("event") == "connection closed"]
+    assert reason == "client closed the connection (the other side lingered)"
