@@ -198,6 +198,14 @@ def run(client: pulsar.Client, prefix: str) -> dict[str, str]:
     steps["schema evolution: consumer reading the latest, never registered"] = outcome(
         evolve([{"name": "qty", "type": "long"}], "promoting"))
 
+    steps["a first JSON schema that is no definition ({\"foo\": 1})"] = outcome(
+        lambda: client.create_producer(f"{topic}-not-avro", schema=defined_json_schema({"foo": 1})).close())
+    steps["a first JSON schema naming a field twice"] = outcome(lambda: client.create_producer(
+        f"{topic}-twice", schema=defined_json_schema({"type": "record", "name": "R", "fields": [
+            {"name": "x", "type": "int"}, {"name": "x", "type": "int"}]})).close())
+    steps["a consumer's first JSON schema that is no definition"] = outcome(
+        lambda: client.subscribe(f"{topic}-not-avro-consumed", "s", schema=defined_json_schema({"foo": 1})).close())
+
     def identical_schema_version() -> str:
         """A producer's schema identical to the first version: its messages carry that version."""
         evolving = f"{topic}-evolving"
