@@ -15,6 +15,8 @@ POST     /admin/v2/persistent/{tenant}/{ns}/{topic}/terminate         {"ledgerId
 GET      /admin/v2/persistent/{tenant}/{ns}/{topic}/stats             TopicStats (msgRateIn, ...)
 GET      /admin/v2/persistent/{tenant}/{ns}/{topic}/partitioned-stats the same, over all partitions
 GET      /lookup/v2/topic/persistent/{tenant}/{ns}/{topic}            {"brokerUrl", "httpUrl", ...}
+PUT      /admin/v2/namespaces/{tenant}/{ns}                          204; 409 when it exists (only with
+                                                                     ClusterConfig.known_namespaces set)
 =======  ==========================================================  ==========================
 
 Errors answer ``{"reason": ...}`` with Pulsar's status codes (404 unknown topic,
@@ -50,6 +52,7 @@ _ROUTES: Final[list[tuple[str, re.Pattern[str], str]]] = [
     ("POST", re.compile(_PERSISTENT + r"/(?P<topic>[^/]+)/terminate$"), "terminate"),
     ("GET", re.compile(_PERSISTENT + r"/(?P<topic>[^/]+)/stats$"), "stats"),
     ("GET", re.compile(_PERSISTENT + r"/(?P<topic>[^/]+)/partitioned-stats$"), "stats"),
+    ("PUT", re.compile(r"/admin/v2/namespaces/(?P<tenant>[^/]+)/(?P<ns>[^/]+)/?$"), "create_namespace"),
     ("GET", re.compile(r"/lookup/v2/topic/persistent/(?P<tenant>[^/]+)/(?P<ns>[^/]+)/(?P<topic>[^/]+)$"),
      "lookup"),
 ]
@@ -124,6 +127,12 @@ class AdminApp:
         if name in self.cluster.partitioned or name in self.cluster.topics:
             raise HttpError(409, "This topic already exists")
         self.cluster.create_topic(name, partitions)
+        return 204, None
+
+    def create_namespace(self, *, tenant: str, ns: str, body: bytes) -> tuple[int, Any]:
+        namespace = f"{tenant}/{ns}"
+        if not self.cluster.create_namespace(namespace) and self.cluster.namespaces is not None:
+            raise HttpError(409, "Namespace already exists")
         return 204, None
 
     def partitioned_metadata(self, *, tenant: str, ns: str, topic: str, body: bytes) -> tuple[int, Any]:

@@ -17,6 +17,11 @@ resolving grammar applies them, with its leniencies, measured on the real broker
   writer's type (same type and name first, then any record, then a promotion).
 
 :func:`can_read` answers None when the reader resolves the writer, else why not.
+
+Before any of that the broker validates a definition it is to store
+(``StructSchemaDataValidator``): Avro must parse it (an AVRO one must not be a union); a
+JSON one Avro cannot parse may still be a JSON Schema document (an object with a known
+``type``).  :func:`invalid_definition` answers with the broker's words.
 """
 
 from __future__ import annotations
@@ -33,7 +38,11 @@ PROMOTIONS: Final = frozenset({("int", "long"), ("int", "float"), ("int", "doubl
 
 
 class SchemaParseError(ValueError):
-    """The text is not an Avro schema definition."""
+    """The text is not an Avro schema definition (Avro's ``SchemaParseException``, in its words)."""
+
+
+class DuplicateField(SchemaParseError):
+    """A record names a field twice (Avro's ``AvroRuntimeException``, not a parse error, in Pulsar's eyes)."""
 
 
 @dataclass(eq=False)
@@ -80,7 +89,7 @@ class _Parser:
         if isinstance(kind, (dict, list)):
             return self.node(kind, namespace)
         if not isinstance(kind, str):
-            raise SchemaParseError(f"no type: {document!r}")
+            raise SchemaParseError(f"No type: {_compact(document)}")
         if kind in PRIMITIVES:
             return AvroType(kind)
         if kind == "array":
@@ -93,20 +102,57 @@ class _Parser:
         named = AvroType("record" if kind == "error" else kind, name=full_name, size=_size(document))
         self.names[full_name] = named
         if named.kind == "record":
-            for entry in document.get("fields") or []:
+            entries = document.get("fields")
+            if not isinstance(entries, list):
+                raise SchemaParseError(f"Record has no fields: {_compact(document)}")
+            for entry in entries:
                 if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-                    raise SchemaParseError(f"bad field: {entry!r}")
-                named.fields.append(AvroField(entry["name"], self.node(entry.get("type"), namespace),
+                    raise SchemaParseError(f"No field name: {_compact(entry)}")
+                kind_of = entry.get("type")
+                if isinstance(kind_of, str) and kind_of not in PRIMITIVES and not self.known(kind_of, namespace):
+                    raise SchemaParseError(f"{_compact(kind_of)} is not a defined name. The type of the "
+                                           f"{_compact(entry['name'])} field must be a defined name or a "
+                                           '{"type": ...} expression.')
+                named.fields.append(AvroField(entry["name"], self.node(kind_of, namespace),
                                               "default" in entry, tuple(entry.get("aliases") or ())))
+            _refuse_duplicates(named)
         return named
+
+    def known(self, name: str, namespace: str) -> bool:
+        return any(candidate in self.names for candidate in _candidates(name, namespace))
 
     def reference(self, name: str, namespace: str) -> AvroType:
         if name in PRIMITIVES:
             return AvroType(name)
-        for candidate in (f"{namespace}.{name}" if namespace and "." not in name else name, name):
+        for candidate in _candidates(name, namespace):
             if candidate in self.names:
                 return self.names[candidate]
-        raise SchemaParseError(f"undefined name: {name}")
+        raise SchemaParseError(f"Undefined name: {_compact(name)}")
+
+
+def _refuse_duplicates(record: AvroType) -> None:
+    first: dict[str, int] = {}
+    for position, entry in enumerate(record.fields):
+        if entry.name in first:
+            earlier = first[entry.name]
+            raise DuplicateField(f"Duplicate field {entry.name} in record {record.name}: "
+                                 f"{_field_label(record, position)} and {_field_label(record, earlier)}.")
+        first[entry.name] = position
+
+
+def _field_label(record: AvroType, position: int) -> str:
+    """A field as Avro's ``Field.toString`` shows it."""
+    entry = record.fields[position]
+    return f"{entry.name} type:{entry.type.kind.upper()} pos:{position}"
+
+
+def _candidates(name: str, namespace: str) -> tuple[str, str]:
+    return (f"{namespace}.{name}" if namespace and "." not in name else name, name)
+
+
+def _compact(value: Any) -> str:
+    """JSON as Avro's messages quote it (Jackson's compact form)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def _full_name(document: dict[str, Any], namespace: str) -> tuple[str, str]:
@@ -185,3 +231,41 @@ def _best_branch(union: AvroType, writer: AvroType) -> AvroType | None:
 
 def _label(node: AvroType) -> str:
     return f"{node.kind} {node.name}" if node.name else node.kind
+
+
+def invalid_definition(type_name: str, text: str | bytes) -> str | None:
+    """Why Pulsar's broker refuses to store this AVRO or JSON definition (its IncompatibleSchema message), or None.
+
+    Measured on the 4.0.7 standalone; a JSON definition whose ``type`` Jackson does not know (``record`` with
+    an undefined field type, no fields, a bad name) is never answered there, and accepted here.
+    """
+    prefix = f"Invalid schema definition data for {type_name} schema caused by "
+    try:
+        parsed = parse(text)
+    except DuplicateField as exc:
+        return f"{prefix}org.apache.avro.AvroRuntimeException: {exc}"
+    except SchemaParseError as exc:
+        if type_name != "JSON":
+            return f"{prefix}org.apache.avro.SchemaParseException: {exc}"
+        return _json_schema_problem(text, prefix)
+    if type_name == "AVRO" and parsed.kind == "union":
+        return "Avro schema typed [UNION] is not supported"
+    return None
+
+
+def _json_schema_problem(text: str | bytes, prefix: str) -> str | None:
+    """Jackson's complaint reading the text as a JSON Schema document, or None (read, or never answered)."""
+    decoded = text.decode("utf-8", "replace") if isinstance(text, (bytes, bytearray, memoryview)) else text
+    try:
+        document = json.loads(decoded)
+    except ValueError:
+        document = None
+    if isinstance(document, dict) and isinstance(document.get("type"), str):
+        return None
+    # Jackson gives up where the value it read ends: the closing brace of an object, else the first token
+    lines = decoded.rstrip().splitlines() or [""]
+    line, column = (len(lines), len(lines[-1])) if isinstance(document, dict) else (1, 1)
+    return (f"{prefix}com.fasterxml.jackson.databind.exc.InvalidTypeIdException: Could not resolve subtype of "
+            "[simple type, class com.fasterxml.jackson.module.jsonSchema.JsonSchema]: missing type id property "
+            "'type'\n at [Source: REDACTED (`StreamReadFeature.INCLUDE_SOURCE_IN_LOCATION` disabled); "
+            f"line: {line}, column: {column}]")

@@ -52,6 +52,11 @@ class ClusterConfig:
     failover_delay_ms: int = 1000
     #: geo-replication to other clusters (None: this cluster replicates nothing)
     geo: GeoSettings | None = None
+    #: the namespaces (``tenant/ns``) that exist, as on a real broker: a topic of another one is not found
+    #: (lookups answer TopicNotFound "Namespace not found").  None: every namespace exists, so any topic
+    #: name works without an admin step.  The namespaces of ``topics`` and those created through the admin
+    #: API exist too.
+    known_namespaces: frozenset[str] | None = None
 
 
 @dataclass
@@ -85,6 +90,11 @@ class Cluster:
         self._ledger_ids = itertools.count(1)
         self._producer_names = itertools.count(0)
         self.geo: GeoSettings | None = None
+        #: the namespaces that exist (None: all of them; see ClusterConfig.known_namespaces)
+        self.namespaces: set[str] | None = None
+        if config.known_namespaces is not None:
+            self.namespaces = set(config.known_namespaces)
+            self.namespaces.update(TopicName.parse(name).namespace_name for name in config.topics)
         #: called with every topic created (and, when replication starts, every existing one)
         self.topic_listeners: list[Callable[[Topic], None]] = []
         if config.geo is not None:
@@ -115,8 +125,33 @@ class Cluster:
         return chosen
 
     def check_owner(self, topic: str, broker_index: int) -> None:
+        """A PRODUCER or SUBSCRIBE may go on here: this broker owns the topic, of a namespace that exists."""
+        namespace = TopicName.parse(topic).namespace_name
+        if not self.namespace_exists(namespace):
+            # the real broker's words when nobody could have looked the topic up (its web address; ours)
+            broker = self.brokers[broker_index]
+            raise BrokerError("ServiceNotReady", f"Namespace bundle ({namespace}/0x00000000_0xffffffff) for topic "
+                                                 f"({topic}) not served by this instance:{broker.address}. Please "
+                                                 "redo the lookup.")
         if self.owner(topic).index != broker_index:
             raise BrokerError("ServiceNotReady", f"Namespace bundle for topic ({topic}) not served by this instance")
+
+    # -- namespaces -----------------------------------------------------------------
+
+    def namespace_exists(self, namespace: str) -> bool:
+        return self.namespaces is None or namespace in self.namespaces
+
+    def check_namespace(self, topic: TopicName) -> None:
+        """LOOKUP and PARTITIONED_METADATA of a topic of a namespace that does not exist: Pulsar's answer."""
+        if not self.namespace_exists(topic.namespace_name):
+            raise BrokerError("TopicNotFound", "Namespace not found")
+
+    def create_namespace(self, namespace: str) -> bool:
+        """Make ``tenant/ns`` exist; False if it already did (with every namespace known, always False)."""
+        if self.namespaces is None or namespace in self.namespaces:
+            return False
+        self.namespaces.add(namespace)
+        return True
 
     def broker_down(self, broker_index: int) -> None:
         self.brokers[broker_index].alive = False
@@ -146,6 +181,7 @@ class Cluster:
     def partitions_of(self, name: str, auto_create: bool = True) -> int:
         """PARTITIONED_METADATA: the partition count (0 for a non-partitioned topic)."""
         topic = TopicName.parse(name)
+        self.check_namespace(topic)
         full = str(topic)
         if full in self.partitioned:
             return self.partitioned[full]

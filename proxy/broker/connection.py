@@ -225,7 +225,9 @@ class BrokerConnection:
         cmd: api.CommandLookupTopic = frame.command.lookupTopic
         lookup = api.CommandLookupTopicResponse
         try:
-            full = str(TopicName.parse(cmd.topic))
+            name = TopicName.parse(cmd.topic)
+            self.cluster.check_namespace(name)
+            full = str(name)
             owner = self.cluster.owner(full)
         except BrokerError as exc:
             self._reply(lookup(request_id=cmd.request_id, response=lookup.Failed,

@@ -1,9 +1,14 @@
 """Which consumer gets a message: Failover's active consumer and Key_Shared's hash ranges.
 
-Failover (Pulsar's ``PersistentDispatcherSingleActiveConsumer``): consumers are
-ordered by priority level (lower number first), then by consumer name; of those
-at the best priority level, a partition ``p`` goes to consumer ``p % count`` and a
-non-partitioned topic to the first.
+Failover (Pulsar's ``AbstractDispatcherSingleActiveConsumer``): consumers are
+ordered by priority level (lower number first), then by consumer name (Java's
+UTF-16 order); of those at the best priority level, a partition ``p`` goes to
+consumer ``p % count``.  A non-partitioned topic goes to the consumer owning the
+topic name's place on a hash ring: each of those consumers puts 100 points on it,
+``murmur3("<name><j>")`` for j in 0..99 (31-bit, a later consumer winning a tie),
+and the topic's point ``murmur3(full topic name)`` belongs to the first point at or
+after it, wrapping round to the lowest.  Which consumer is active thus depends on
+the topic's name, and one leaving hands over to whoever owns its points next.
 
 Key_Shared in AUTO_SPLIT mode (``HashRangeAutoSplitStickyKeyConsumerSelector``):
 the hash space [0, 65536) is cut into ranges named by their inclusive upper end.
@@ -19,7 +24,7 @@ import bisect
 from collections.abc import Sequence
 from typing import Generic, Protocol, TypeVar
 
-from proxy.broker.naming import KEY_HASH_RANGE
+from proxy.broker.naming import KEY_HASH_RANGE, murmur3_32
 
 
 class Selectable(Protocol):
@@ -34,19 +39,35 @@ C = TypeVar("C", bound=Selectable)
 T = TypeVar("T")
 
 
+#: points each Failover consumer puts on the ring (Pulsar's CONSUMER_CONSISTENT_HASH_REPLICAS)
+FAILOVER_RING_POINTS = 100
+
+
 def failover_order(consumers: Sequence[C]) -> list[C]:
-    """Consumers in Failover order: priority level, then name."""
-    return sorted(consumers, key=lambda c: (c.priority_level, c.consumer_name))
+    """Consumers in Failover order: priority level, then name as Java's ``String.compareTo`` orders it."""
+    return sorted(consumers, key=lambda c: (c.priority_level, c.consumer_name.encode("utf-16-be", "surrogatepass")))
 
 
-def failover_active(consumers: Sequence[C], partition_index: int) -> C | None:
-    """The consumer Failover makes active for a topic (partition -1: not partitioned)."""
+def _ring_hash(text: str) -> int:
+    return murmur3_32(text.encode("utf-8", "surrogatepass")) & 0x7FFFFFFF
+
+
+def failover_active(consumers: Sequence[C], partition_index: int, topic_name: str) -> C | None:
+    """The consumer Failover makes active for a topic (partition -1: not partitioned; full topic name)."""
     if not consumers:
         return None
     ordered = failover_order(consumers)
     best = ordered[0].priority_level
     top = [c for c in ordered if c.priority_level == best]
-    return top[max(partition_index, 0) % len(top)]
+    if partition_index >= 0:
+        return top[partition_index % len(top)]
+    ring: dict[int, int] = {}
+    for i, consumer in enumerate(top):
+        for j in range(FAILOVER_RING_POINTS):
+            ring[_ring_hash(f"{consumer.consumer_name}{j}")] = i
+    points = sorted(ring)
+    at = bisect.bisect_left(points, _ring_hash(topic_name))
+    return top[ring[points[at % len(points)]]]
 
 
 class ConflictingRange(Exception):

@@ -6,7 +6,8 @@ Pulsar semantics this module reproduces (``Consumer``, ``PersistentDispatcher*``
   consumer that has any permit left and costs as many permits as it holds messages
   (a batch of 10 costs 10); permits may go negative, as on a real broker.
 - **Exclusive / Failover** have one active consumer (Failover picks it by priority,
-  then name; see :mod:`proxy.broker.selectors`); redelivery rewinds the cursor to
+  then name and, on a non-partitioned topic, the topic name's hash; see
+  :mod:`proxy.broker.selectors`); redelivery rewinds the cursor to
   the first unacknowledged entry.
 - **Shared** dispatches round-robin over the consumers with permits, and stops a
   consumer at ``max_unacked_messages`` unacknowledged messages.
@@ -178,7 +179,7 @@ class Subscription:
         self.dispatch()
 
     def _update_active(self) -> None:
-        active = failover_active(self.consumers, self.topic.partition_index)
+        active = failover_active(self.consumers, self.topic.partition_index, self.topic.name)
         previous = self._active
         self._active = active
         delay = self.topic.failover_delay_ms

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Protocol
 
-from proxy.broker.avro_compat import SchemaParseError, can_read, parse
+from proxy.broker.avro_compat import SchemaParseError, can_read, invalid_definition, parse
 from proxy.broker.cursor import Cursor
 from proxy.broker.ledger import Entry, Ledger
 from proxy.broker.subscription import Subscription
@@ -343,12 +343,14 @@ class Topic:
                                                                   self.subscriptions.values()):
             raise BrokerError("IncompatibleSchema", "Failed to add schema to an active topic with empty(BYTES) "
                                                     f"schema: new schema type {_type_name(schema.type)}")
-        self.add_schema(schema)
+        # stored unvalidated: the real broker takes a consumer's {"foo": 1} on an idle topic
+        self.add_schema(schema, validate=False)
 
-    def add_schema(self, schema: api.Schema) -> int:
+    def add_schema(self, schema: api.Schema, validate: bool = True) -> int:
         """Store a schema (or find an identical one) and return its version.
 
-        A schema identical to any stored version gets that version.  Any other is checked against the
+        A schema identical to any stored version gets that version.  Any other AVRO or JSON definition
+        must be one the broker can store (``avro_compat.invalid_definition``), and is checked against the
         topic's latest as Pulsar's default strategy (FULL) checks it: the same type, and an AVRO or JSON
         definition that reads what the latest wrote and the other way round; else IncompatibleSchema.
         """
@@ -356,6 +358,10 @@ class Topic:
             if (stored.schema.type == schema.type and stored.schema.schema_data == schema.schema_data
                     and list(stored.schema.properties) == list(schema.properties)):
                 return stored.version
+        if validate and schema.type in _AVRO_CHECKED:
+            problem = invalid_definition(_type_name(schema.type), bytes(schema.schema_data))
+            if problem is not None:
+                raise BrokerError("IncompatibleSchema", problem)
         if self.schemas:
             _check_compatible(self.schemas[-1].schema, schema, both_ways=True)
         version = len(self.schemas)

@@ -38,6 +38,8 @@ examples:
   pulsar-tap broker --listen 127.0.0.1:6650 --brokers 3 --partitions 4 --admin 127.0.0.1:8080
   pulsar-tap broker --topic orders=4 --topic persistent://acme/ns/audit --ready-file /tmp/ready.json
   pulsar-tap broker --auth-token token.txt --keepalive 10
+  pulsar-tap broker --failover-delay-ms 0      # Failover consumers get messages at once
+  pulsar-tap broker --namespaces public/default,acme/orders   # other namespaces do not exist
 
 geo-replication (two clusters replicating to each other; put `pulsar-tap run` on a link
 to delay, cut or drop what crosses it):
@@ -84,6 +86,17 @@ def _topic(value: str) -> tuple[str, int]:
     return name, int(count)
 
 
+def _namespaces(value: str) -> frozenset[str]:
+    from proxy.errors import UsageError
+
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    for name in names:
+        parts = name.split("/")
+        if len(parts) != 2 or not all(parts):
+            raise UsageError(f"--namespaces: expected TENANT/NS, got {name!r}")
+    return frozenset(names)
+
+
 def _positive(value: str) -> int:
     try:
         number = int(value)
@@ -116,6 +129,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keepalive", metavar="SECONDS", type=float, default=30.0,
                         help="PING idle clients after this long and close them if the next PING gets no PONG "
                              "(default 30; 0 disables)")
+    parser.add_argument("--failover-delay-ms", metavar="MS", type=_positive, default=1000,
+                        help="a Failover subscription's newly active consumer (the first one too) gets its first "
+                             "messages this long after it became active (default 1000, Pulsar's "
+                             "activeConsumerFailoverDelayTimeMillis; 0: at once)")
+    parser.add_argument("--namespaces", metavar="TENANT/NS,...",
+                        help="only these namespaces exist (plus those of --topic and those created with PUT "
+                             "/admin/v2/namespaces/TENANT/NS): a topic of another one is not found, as on a "
+                             "real broker (default: every namespace exists)")
     parser.add_argument("--deduplication", action="store_true",
                         help="drop messages whose sequence id a producer name already stored")
     parser.add_argument("--replicate-to", metavar="NAME=URL", action="append", default=[],
@@ -165,11 +186,12 @@ def build_config(args: argparse.Namespace) -> tuple[object, list[int], tuple[str
     if args.max_message_size < 1024:
         raise UsageError("--max-message-size: must be at least 1024 bytes")
     geo = _geo_settings(args)
+    namespaces = _namespaces(args.namespaces) if args.namespaces is not None else None
     config = ClusterConfig(cluster_name=args.cluster, host=host, brokers=args.brokers,
                            auto_partitions=args.partitions, topics=topics,
                            max_message_size=args.max_message_size, retention_mb=args.retention_mb,
                            deduplication=args.deduplication, auth_token=token, keepalive_seconds=args.keepalive,
-                           geo=geo)
+                           failover_delay_ms=args.failover_delay_ms, known_namespaces=namespaces, geo=geo)
     return config, ports, admin
 
 

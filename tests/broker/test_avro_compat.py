@@ -75,3 +75,37 @@ def test_a_recursive_record_resolves_and_references_use_the_namespace() -> None:
 def test_what_is_not_a_schema_is_a_parse_error(text: str) -> None:
     with pytest.raises(avro_compat.SchemaParseError):
         avro_compat.parse(text)
+
+
+JACKSON = ("Invalid schema definition data for JSON schema caused by com.fasterxml.jackson.databind.exc."
+           "InvalidTypeIdException: Could not resolve subtype of [simple type, class com.fasterxml.jackson.module."
+           "jsonSchema.JsonSchema]: missing type id property 'type'\n at [Source: REDACTED "
+           "(`StreamReadFeature.INCLUDE_SOURCE_IN_LOCATION` disabled); line: {line}, column: 1]")
+
+
+#: the real 4.0.7 standalone's IncompatibleSchema messages for a first schema (definitions as the official Python
+#: client sends them: json.dumps(..., indent=True)); None: stored
+@pytest.mark.parametrize(("type_name", "definition", "message"), [
+    ("JSON", {"foo": 1}, JACKSON.format(line=3)),
+    ("JSON", "not json{", JACKSON.format(line=1)),
+    ("AVRO", {"foo": 1}, "Invalid schema definition data for AVRO schema caused by "
+                         'org.apache.avro.SchemaParseException: No type: {"foo":1}'),
+    ("AVRO", record([{"name": "x", "type": "Nope"}]),
+     "Invalid schema definition data for AVRO schema caused by org.apache.avro.SchemaParseException: \"Nope\" is "
+     'not a defined name. The type of the "x" field must be a defined name or a {"type": ...} expression.'),
+    ("AVRO", ["null", "string"], "Avro schema typed [UNION] is not supported"),
+    ("JSON", record([{"name": "x", "type": "int"}, {"name": "x", "type": "int"}]),
+     "Invalid schema definition data for JSON schema caused by org.apache.avro.AvroRuntimeException: "
+     "Duplicate field x in record R: x type:INT pos:1 and x type:INT pos:0."),
+    ("AVRO", {"type": "string"}, None),
+    ("JSON", {"type": "string"}, None),
+    ("JSON", ["null", "string"], None),
+    ("JSON", {"type": "object", "properties": {"x": {"type": "integer"}}}, None),  # a JSON Schema document
+    ("JSON", record([]), None),
+    ("JSON", record([{"name": "x", "type": "int", "default": "s"}]), None),  # defaults are not validated
+    # the real broker never answers these (an exception escapes its validator): stored here
+    ("JSON", record([{"name": "x", "type": "Nope"}]), None),
+    ("JSON", {"type": "record", "name": "R"}, None),
+])
+def test_a_definition_the_real_broker_refuses_to_store(type_name: str, definition: Any, message: str | None) -> None:
+    assert avro_compat.invalid_definition(type_name, json.dumps(definition, indent=True)) == message

@@ -84,3 +84,38 @@ def test_unload_terminate_and_lookup(admin_cluster: ThreadedCluster) -> None:
         assert http("DELETE", f"{base}/life/unload")[0] == 405
     finally:
         client.close()
+
+
+def test_known_namespaces_make_others_not_found_as_on_a_real_broker(broker_cluster) -> None:  # type: ignore[no-untyped-def]
+    """FIDELITY.md: with ClusterConfig.known_namespaces, a topic of another namespace is not found (the real
+    broker's answers); its namespace exists once created through the admin API, and --topic's namespaces do."""
+    cluster: ThreadedCluster = broker_cluster(admin=True, known_namespaces=frozenset({"public/default"}),
+                                              topics={"persistent://acme/audit/log": 0})
+    client = pulsar.Client(cluster.service_url, operation_timeout_seconds=5)
+    try:
+        client.create_producer("persistent://public/default/t").close()
+        client.create_producer("persistent://acme/audit/other").close()
+        for topic in ("persistent://nosuch/ns/t", "persistent://public/nosuch/t"):
+            with pytest.raises(pulsar.PulsarException, match="TopicNotFound"):
+                client.create_producer(topic)
+            with pytest.raises(pulsar.PulsarException, match="TopicNotFound"):
+                client.subscribe(topic, "s")
+            with pytest.raises(pulsar.PulsarException, match="TopicNotFound"):
+                client.get_topic_partitions(topic)
+        assert not any("nosuch" in name for name in cluster.cluster.topics)
+        base = f"{cluster.admin_url}/admin/v2/namespaces/public/nosuch"
+        assert http("PUT", base) == (204, None)
+        assert http("PUT", base) == (409, {"reason": "Namespace already exists"})
+        client.create_producer("persistent://public/nosuch/t").close()
+    finally:
+        client.close()
+
+
+def test_without_known_namespaces_every_namespace_exists(broker_cluster) -> None:  # type: ignore[no-untyped-def]
+    cluster: ThreadedCluster = broker_cluster(admin=True)
+    client = pulsar.Client(cluster.service_url, operation_timeout_seconds=5)
+    try:
+        client.create_producer("persistent://public/nosuch/t").close()
+        assert http("PUT", f"{cluster.admin_url}/admin/v2/namespaces/public/nosuch") == (204, None)
+    finally:
+        client.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import signal
 import socket
@@ -19,18 +20,44 @@ def test_help_documents_every_flag() -> None:
     result = subprocess.run([*COMMAND, "--help"], capture_output=True, text=True, timeout=30, check=False)
     assert result.returncode == 0
     for flag in ("--listen", "--brokers", "--partitions", "--topic", "--cluster", "--admin", "--ready-file",
-                 "--max-message-size", "--retention-mb", "--auth-token", "--keepalive", "--deduplication"):
+                 "--max-message-size", "--retention-mb", "--auth-token", "--keepalive", "--deduplication",
+                 "--failover-delay-ms", "--namespaces"):
         assert flag in result.stdout
     assert "example" in result.stdout
 
 
 def test_bad_flags_give_one_clear_line() -> None:
-    for argv in (["--brokers", "x"], ["--listen", "nowhere"], ["--topic", "a=b"], ["--auth-token", "/nonexistent"]):
+    for argv in (["--brokers", "x"], ["--listen", "nowhere"], ["--topic", "a=b"], ["--auth-token", "/nonexistent"],
+                 ["--failover-delay-ms", "-1"], ["--namespaces", "public"]):
         result = subprocess.run([*COMMAND, *argv], capture_output=True, text=True, timeout=30, check=False)
         assert result.returncode == 2, argv
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and "error" in lines[0], result.stderr
         assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("argv", "delay_ms"), [([], 1000), (["--failover-delay-ms", "0"], 0),
+                                                (["--failover-delay-ms", "250"], 250)])
+def test_failover_delay_flag_reaches_the_cluster_config(argv: list[str], delay_ms: int) -> None:
+    from proxy.cli.broker import build_config, configure
+
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    config, _, _ = build_config(parser.parse_args(argv))
+    assert config.failover_delay_ms == delay_ms  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("argv", "known"), [
+    ([], None),
+    (["--namespaces", "public/default, acme/orders"], frozenset({"public/default", "acme/orders"})),
+])
+def test_namespaces_flag_reaches_the_cluster_config(argv: list[str], known: frozenset[str] | None) -> None:
+    from proxy.cli.broker import build_config, configure
+
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    config, _, _ = build_config(parser.parse_args(argv))
+    assert config.known_namespaces == known  # type: ignore[attr-defined]
 
 
 def test_port_in_use_is_one_line_error() -> None:

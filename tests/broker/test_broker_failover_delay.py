@@ -43,32 +43,32 @@ def advance(topic: Topic, clock: Clock, ms: int) -> None:
 
 def test_the_first_consumer_and_one_taking_over_wait_a_second() -> None:
     topic, sub, sink, clock = setup()
-    a = join(sub, sink, 1, "a")
+    b = join(sub, sink, 1, "b")
     publish(topic, 0)
     assert sink.messages == []
     advance(topic, clock, 999)
     assert sink.messages == []
     advance(topic, clock, 1)
-    assert sink.messages == [("a", 0)]
-    join(sub, sink, 2, "b")  # a stays active: no wait
+    assert sink.messages == [("b", 0)]
+    join(sub, sink, 2, "a")  # b stays active (on .../fo the hash ring of names picks b over a): no wait
     publish(topic, 1)
-    assert sink.messages[-1] == ("a", 1)
-    sub.remove_consumer(a)
+    assert sink.messages[-1] == ("b", 1)
+    sub.remove_consumer(b)
     publish(topic, 2)
-    assert sink.messages[-1] == ("a", 1)
+    assert sink.messages[-1] == ("b", 1)
     advance(topic, clock, 1000)
-    assert sink.messages[-1] == ("b", 2)
+    assert sink.messages[-1] == ("a", 2)
 
 
 def test_a_consumer_that_joins_and_becomes_active_waits_too() -> None:
     topic, sub, sink, clock = setup()
-    join(sub, sink, 1, "b")
+    join(sub, sink, 1, "a")
     advance(topic, clock, 1000)
-    join(sub, sink, 2, "a")  # sorts first: takes over
+    join(sub, sink, 2, "b")  # the ring picks b over a: takes over
     publish(topic, 0)
     assert sink.messages == []
     advance(topic, clock, 1000)
-    assert sink.messages == [("a", 0)]
+    assert sink.messages == [("b", 0)]
 
 
 def test_exclusive_does_not_wait() -> None:

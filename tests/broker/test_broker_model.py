@@ -40,10 +40,47 @@ class FakeConsumer:
 
 def test_failover_picks_by_priority_then_name_and_spreads_partitions() -> None:
     a, b, c = FakeConsumer("b"), FakeConsumer("a"), FakeConsumer("z", priority_level=1)
-    assert failover_active([a, b, c], -1) is b
-    assert failover_active([a, b, c], 1) is a
-    assert failover_active([c], 0) is c
-    assert failover_active([], 0) is None
+    assert failover_active([a, b, c], 1, "persistent://public/default/t-partition-1") is a
+    assert failover_active([a, b, c], 2, "persistent://public/default/t-partition-2") is b
+    assert failover_active([c], 0, "persistent://public/default/t-partition-0") is c
+    assert failover_active([], 0, "persistent://public/default/t-partition-0") is None
+
+
+#: measured on the real 4.0.7 standalone (official Python client, Failover subscription, topics
+#: persistent://public/default/<name>): the consumers, the active one, the one taking over when it closed
+REAL_FAILOVER_CHOICES = [
+    ("fo-p1-t-alpha-2", ["a", "b"], "a", "b"),
+    ("fo-p1-orders-3", ["a", "b", "c"], "a", "b"),
+    ("fo-p1-t-alpha-3", ["a", "b", "c"], "a", "c"),
+    ("fo-p1-zz-3", ["a", "b", "c"], "b", "a"),
+    ("fo-p1-t-alpha-2", ["x1", "x2"], "x1", "x2"),
+    ("fo-p1-t-beta-2", ["x1", "x2"], "x2", "x1"),
+    ("fo-p1-t-alpha-4", ["c1", "c2", "c3", "c4"], "c2", "c3"),
+    ("fo-p1-t-beta-4", ["c1", "c2", "c3", "c4"], "c3", "c4"),
+    ("fo-p1-t-gamma-4", ["c1", "c2", "c3", "c4"], "c4", "c2"),
+    ("fo-p1-orders-4", ["c1", "c2", "c3", "c4"], "c1", "c4"),
+]
+
+
+@pytest.mark.parametrize(("topic", "names", "active", "next_active"), REAL_FAILOVER_CHOICES)
+def test_failover_of_a_non_partitioned_topic_is_chosen_by_the_topic_name_as_the_real_broker(
+        topic: str, names: list[str], active: str, next_active: str) -> None:
+    full = f"persistent://public/default/{topic}"
+    # joined in reverse order: the order of arrival does not matter
+    consumers = [FakeConsumer(name) for name in reversed(names)]
+    chosen = failover_active(consumers, -1, full)
+    assert chosen is not None and chosen.consumer_name == active
+    rest = [c for c in consumers if c is not chosen]
+    after = failover_active(rest, -1, full)
+    assert after is not None and after.consumer_name == next_active
+
+
+def test_failover_ring_spans_only_the_best_priority_level() -> None:
+    # on fo-p1-zz-3 the ring of a, b, c picks b; with a and c one level better, b never can
+    full = "persistent://public/default/fo-p1-zz-3"
+    a, b, c = FakeConsumer("a"), FakeConsumer("b", priority_level=1), FakeConsumer("c")
+    assert failover_active([a, b, c], -1, full) in (a, c)
+    assert failover_active([b], -1, full) is b
 
 
 def test_key_shared_auto_split_halves_the_biggest_range_and_merges_on_leave() -> None:

@@ -63,8 +63,9 @@ def test_shared_spreads_messages_and_redelivers_a_closed_consumers_unacked(clien
 
 
 def test_failover_active_consumer_changes_when_it_disconnects(client: pulsar.Client) -> None:
-    first = client.subscribe("failover", "f", consumer_type=pulsar.ConsumerType.Failover, consumer_name="a")
-    second = client.subscribe("failover", "f", consumer_type=pulsar.ConsumerType.Failover, consumer_name="b")
+    # on persistent://public/default/failover the hash ring of names picks b over a (see selectors.py)
+    first = client.subscribe("failover", "f", consumer_type=pulsar.ConsumerType.Failover, consumer_name="b")
+    second = client.subscribe("failover", "f", consumer_type=pulsar.ConsumerType.Failover, consumer_name="a")
     producer = client.create_producer("failover", batching_enabled=False)
     for i in range(10):
         producer.send(str(i).encode())

@@ -192,6 +192,26 @@ def test_a_producer_with_a_schema_of_another_type_is_refused_as_incompatible(bro
         client.close()
 
 
+def test_a_first_schema_that_is_not_a_valid_definition_is_refused_as_the_real_broker_does(
+        broker: ThreadedCluster) -> None:
+    """FIDELITY.md: the real broker validates a producer's AVRO/JSON definition before storing it; a consumer's
+    on an idle topic is taken as it is."""
+
+    class Defined:
+        @classmethod
+        def schema(cls) -> dict[str, object]:
+            return {"foo": 1}
+
+    client = pulsar.Client(broker.service_url, operation_timeout_seconds=5)
+    try:
+        with pytest.raises(pulsar.PulsarException, match="IncompatibleSchema"):
+            client.create_producer("not-avro", schema=pulsar.schema.JsonSchema(Defined))
+        assert broker.cluster.topics["persistent://public/default/not-avro"].schemas == []
+        client.subscribe("not-avro-consumed", "s", schema=pulsar.schema.JsonSchema(Defined)).close()
+    finally:
+        client.close()
+
+
 def test_token_authentication_accepts_the_token_and_refuses_others(broker_cluster) -> None:  # type: ignore[no-untyped-def]
     cluster: ThreadedCluster = broker_cluster(auth_token="secret-token")
     good = pulsar.Client(cluster.service_url, authentication=pulsar.AuthenticationToken("secret-token"),

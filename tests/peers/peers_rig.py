@@ -93,11 +93,11 @@ def upstream_of(broker: Standalone) -> Upstream:
 class EmbeddedBroker:
     """``pulsar-tap broker`` in a subprocess: its own process, as users run it."""
 
-    def __init__(self, workdir: Path, brokers: int) -> None:
+    def __init__(self, workdir: Path, brokers: int, options: Sequence[str] = ()) -> None:
         ready = workdir / "ready.json"
         log_file = workdir / "broker.log"
         command = [sys.executable, "-m", "proxy", "broker", "--listen", "127.0.0.1:0", "--brokers", str(brokers),
-                   "--admin", "127.0.0.1:0", "--ready-file", str(ready), "--log-level", "warning"]
+                   "--admin", "127.0.0.1:0", "--ready-file", str(ready), "--log-level", "warning", *options]
         self.process = spawn(command, log_file, workdir)
         deadline = time.monotonic() + 60
         while not (ready.exists() and ready.stat().st_size):
@@ -119,9 +119,10 @@ class EmbeddedBroker:
 
 
 @contextlib.contextmanager
-def embedded_running(brokers: int = 2) -> Iterator[Upstream]:
+def embedded_running(brokers: int = 2, options: Sequence[str] = ()) -> Iterator[Upstream]:
+    """``pulsar-tap broker`` with ``options`` (more flags) for the block."""
     workdir = Path(tempfile.mkdtemp(prefix="pulsar-tap-broker-"))
-    broker = EmbeddedBroker(workdir, brokers)
+    broker = EmbeddedBroker(workdir, brokers, options)
     try:
         yield broker.upstream()
     finally:

@@ -198,6 +198,14 @@ def run(client: pulsar.Client, prefix: str) -> dict[str, str]:
     steps["schema evolution: consumer reading the latest, never registered"] = outcome(
         evolve([{"name": "qty", "type": "long"}], "promoting"))
 
+    steps["a first JSON schema that is no definition ({\"foo\": 1})"] = outcome(
+        lambda: client.create_producer(f"{topic}-not-avro", schema=defined_json_schema({"foo": 1})).close())
+    steps["a first JSON schema naming a field twice"] = outcome(lambda: client.create_producer(
+        f"{topic}-twice", schema=defined_json_schema({"type": "record", "name": "R", "fields": [
+            {"name": "x", "type": "int"}, {"name": "x", "type": "int"}]})).close())
+    steps["a consumer's first JSON schema that is no definition"] = outcome(
+        lambda: client.subscribe(f"{topic}-not-avro-consumed", "s", schema=defined_json_schema({"foo": 1})).close())
+
     def identical_schema_version() -> str:
         """A producer's schema identical to the first version: its messages carry that version."""
         evolving = f"{topic}-evolving"
@@ -213,7 +221,7 @@ def run(client: pulsar.Client, prefix: str) -> dict[str, str]:
 
     def failover_activation() -> str:
         """When a Failover subscription's first consumer, then the one taking over from it, gets a message sent at
-        once (which of two consumers is active is not compared: see FIDELITY.md)."""
+        once (which consumer is active: the next step)."""
         failover = f"{topic}-failover"
         producer = client.create_producer(failover, batching_enabled=False)
 
@@ -243,6 +251,39 @@ def run(client: pulsar.Client, prefix: str) -> dict[str, str]:
         return f"first consumer {first}, the one taking over {taking_over}"
 
     steps["Failover: the newly active consumer's first message"] = outcome(failover_activation)
+
+    def failover_choice() -> str:
+        """Which of the Failover consumers a, b, c of two non-partitioned topics is active, and which takes over when
+        it closes (the real broker's hash ring of consumer names against the topic name picks it)."""
+        names = ("a", "b", "c")
+        chosen: list[str] = []
+        for ring in ("ring-1", "ring-2"):
+            ringed = f"{topic}-{ring}"
+            consumers = {name: client.subscribe(ringed, "ring", consumer_type=pulsar.ConsumerType.Failover,
+                                                consumer_name=name) for name in names}
+            producer = client.create_producer(ringed, batching_enabled=False)
+            order = []
+            for _ in range(2):
+                producer.send(b"ring")
+                got = ""
+                deadline = time.monotonic() + 5
+                while not got and time.monotonic() < deadline:
+                    for name, consumer in consumers.items():
+                        try:
+                            consumer.acknowledge(consumer.receive(timeout_millis=10))
+                        except pulsar.Timeout:
+                            continue
+                        got = name
+                        break
+                order.append(got)
+                if got:
+                    consumers.pop(got).close()
+            for closing in (producer, *consumers.values()):
+                closing.close()
+            chosen.append(f"{ring}: {' then '.join(order)}")
+        return ", ".join(chosen)
+
+    steps["Failover: which of a, b, c is active, and which next"] = outcome(failover_choice)
 
     def last_id_of_a_topic_never_written() -> str:
         consumer = client.subscribe(f"{topic}-never-written", "empty")
