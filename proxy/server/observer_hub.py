@@ -207,8 +207,8 @@ class ObserverHub:
         #: when observers last had the loop (a hub turn or an event delivered in ``publish``): the relays'
         #: time since then earns the hub its share
         self._turn_ended = clock()
-        #: between :meth:`defer` and :meth:`flush` (a reactor hop's read and its write): the events for the
-        #: queued observers, in order, handed over once the hop has written
+        #: between :meth:`defer` and :meth:`flush` (a reactor hop's read and its write): the events published,
+        #: in order, handed to every observer (immediate and queued) once the hop has written
         self._deferring = False
         self._deferred: list[Event] = []
 
