@@ -136,6 +136,12 @@ def http_json(method: str, url: str, body: Any = None, timeout: float = 30.0, to
 
     ``token`` is sent as ``Authorization: Bearer`` (a broker with authentication enabled).
     """
+    text = http_text(method, url, body, timeout, token)
+    return json.loads(text) if text.strip() else None
+
+
+def http_text(method: str, url: str, body: Any = None, timeout: float = 30.0, token: str | None = None) -> str:
+    """:func:`http_json`'s call, the answer as text (the health check answers ``ok``, not JSON)."""
     data = None if body is None else json.dumps(body).encode()
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
     if token is not None:
@@ -146,7 +152,7 @@ def http_json(method: str, url: str, body: Any = None, timeout: float = 30.0, to
             text = answer.read().decode()
     except urllib.error.HTTPError as exc:
         raise PeerFailed(f"{method} {url}: HTTP {exc.code}: {exc.read().decode(errors='replace')[:300]}") from exc
-    return json.loads(text) if text.strip() else None
+    return text
 
 
 def _tail(path: Path, lines: int = 30) -> str:
@@ -267,6 +273,12 @@ class Standalone(JavaProcess):
         return self.cluster in (self.admin("GET", "/admin/v2/clusters") or []) and \
             "public/default" in (self.admin("GET", "/admin/v2/namespaces/public") or [])
 
+    def stores(self) -> bool:
+        """The broker's own health check: a message written to and read back from its heartbeat topic, so a
+        ledger could be created (after a crash the bookie may serve the admin API before it takes writes:
+        "Not enough non-faulty bookies available")."""
+        return http_text("GET", self.admin_url + "/admin/v2/brokers/health", token=self.admin_token).strip() == "ok"
+
     def restart(self, timeout: float = 120.0, *, crash: bool = False) -> float:
         """Stop the broker as an operator does (SIGTERM: it unloads its topics and closes its connections), or
         as a crash does (``crash``: SIGKILL, its connections reset by the kernel), and start it again on the same
@@ -283,7 +295,9 @@ class Standalone(JavaProcess):
         self.started_at = stopped
         self.process = spawn(self.command, self.log_file, self.workdir)
         self.wait_until(self.ready, timeout)
-        return time.monotonic() - stopped
+        down = time.monotonic() - stopped
+        self.wait_until(self.stores, timeout)
+        return down
 
 
 def standalone_config(workdir: Path, *, broker_port: int, web_port: int, tls_port: int | None,
