@@ -158,14 +158,20 @@ def service_url(stack: ProxyStack) -> str:
 
 # --- who dials whom ------------------------------------------------------------------------------
 
-def _socket_inodes(pid: int) -> set[int]:
+def _socket_inodes(pid: int, files: set[tuple[int, str]] | None = None) -> set[int]:
+    """The inodes of the sockets ``pid`` holds; with ``files``, the (pid, descriptor) of links to files found
+    are added to it, and those already in it are not read again."""
     inodes = set()
     with contextlib.suppress(OSError):
         for fd in os.listdir(f"/proc/{pid}/fd"):
+            if files is not None and (pid, fd) in files:
+                continue
             with contextlib.suppress(OSError):
                 link = os.readlink(f"/proc/{pid}/fd/{fd}")
                 if link.startswith("socket:["):
                     inodes.add(int(link[8:-1]))
+                elif files is not None and link.startswith("/"):
+                    files.add((pid, fd))
     return inodes
 
 
@@ -238,23 +244,38 @@ class DialWatcher:
         self.broker_ports = set(broker_ports)
         self.broker_pid = broker_pid
         self.period = period
-        self.client_pid: int | None = None
+        self._client_pid: int | None = None
         self.dials = Dials()
+        #: (pid, descriptor) of files a process holds open (a JVM: hundreds of jars), not read again: each
+        #: readlink lets the GIL go to the proxy's thread in this process, and reading them all at every sample
+        #: made a sample take most of a second on a loaded machine (two samples in a client's whole run)
+        self._files: set[tuple[int, str]] = set()
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dial-watcher", daemon=True)
+
+    @property
+    def client_pid(self) -> int | None:
+        return self._client_pid
+
+    @client_pid.setter
+    def client_pid(self, pid: int | None) -> None:
+        """Set by the thread that started the client: the next sample is taken at once."""
+        self._client_pid = pid
+        self._wake.set()
 
     def __enter__(self) -> DialWatcher:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
+    def _inodes(self, pid: int, fresh: bool = False) -> set[int]:
+        """:func:`_socket_inodes` of ``pid``, the links to files read once (all of them again when ``fresh``)."""
+        return _socket_inodes(pid, None if fresh else self._files)
 
-    def _owners(self) -> dict[str, set[int]]:
+    def _owners(self, fresh: bool = False) -> dict[str, set[int]]:
         client_pid = self.client_pid  # set by another thread once the client started
-        return {"proxy": _socket_inodes(os.getpid()), "broker": _socket_inodes(self.broker_pid),
-                "client": _socket_inodes(client_pid) if client_pid is not None else set()}
+        return {"proxy": self._inodes(os.getpid(), fresh), "broker": self._inodes(self.broker_pid, fresh),
+                "client": self._inodes(client_pid, fresh) if client_pid is not None else set()}
 
     def sample(self) -> None:
         connections = list(_established_tcp())
@@ -262,10 +283,11 @@ class DialWatcher:
         unknown = {inode for _, remote, inode in connections if remote in self.broker_ports} - set().union(
             *owners.values())
         if unknown:
-            # opened or closed between the two reads: a connection still there gets a second look
+            # opened or closed between the two reads (or at a descriptor that held a file when it was last
+            # read): a connection still there gets a second look, every descriptor read again
             still_open = {inode for _, _, inode in _established_tcp()}
             connections = [c for c in connections if c[2] not in unknown or c[2] in still_open]
-            owners = self._owners()
+            owners = self._owners(fresh=True)
         for local, remote, inode in connections:
             if inode in owners["client"]:
                 self.dials.client_remote_ports.add(remote)
@@ -284,7 +306,13 @@ class DialWatcher:
     def _run(self) -> None:
         while not self._stop.is_set():
             self.sample()
-            self._stop.wait(self.period)
+            self._wake.wait(self.period)
+            self._wake.clear()
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(5)
 
 
 # --- checks ------------------------------------------------------------------------------------------
