@@ -184,6 +184,10 @@ class Relay:
                 await self._pump(TO_BROKER)
         finally:
             wheel.discard(self)  # (before any checkpoint: the wheel never ticks a relay whose nursery closed)
+            # The client's pump refers to this relay: the one cycle of a connection's objects.  Broken here,
+            # they all go when the connection does; left, they waited for the collector's oldest generation
+            # (dozens of objects a connection, a full collection every few hundred connections in a storm).
+            self._client_pump = None
             ending = self._ending or self._lingered() or _Ending("cancelled (proxy shutting down)")
             client, upstream = self.client, self.upstream
             if type(client) is SocketTransport and (upstream is None or type(upstream) is SocketTransport) \
