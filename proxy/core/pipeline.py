@@ -53,7 +53,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Final, cast
 
 from proxy.config.proxy_config import ServiceUrl
@@ -555,9 +555,11 @@ class ConnectionPipeline:
             cmd.connect.proxy_to_broker_url = target
             changed = True
         self.broker = broker
-        self.info = replace(self.info, broker_url=str(broker))
+        # (built anew, the held event changed in place: dataclasses.replace cost ~2 us each, at every CONNECT)
+        info = self.info
+        self.info = ConnectionInfo(info.conn_id, info.client, info.listener, str(broker))
         if self._held_event is not None:  # the CONNECT itself is the routed connection's first frame
-            self._held_event = replace(self._held_event, connection=self.info)
+            self._held_event.connection = self.info  # (held: no observer has it yet)
         self._flush(TO_BROKER, run, actions)
         actions.append(OpenUpstream(dial))
         self.upstream_connect = encode_command(cmd) if changed else frame.raw

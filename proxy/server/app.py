@@ -39,6 +39,7 @@ from proxy.server.reactor import Reactor
 from proxy.server.relay import Relay, TrioEpochClock, next_conn_id
 from proxy.server.transport import SocketTransport, StreamTransport, Transport, peer_name
 from proxy.server.upstream import client_side_context, open_upstream, upstream_context
+from proxy.telemetry.logs import writes
 
 log = structlog.get_logger("pulsar_tap.proxy")
 
@@ -281,7 +282,8 @@ class ProxyServer:
             transport = SocketTransport(conn, peer)
         relay = self.new_relay(transport, peer, broker, label)
         self.relays.add(relay)
-        log.debug("connection accepted", conn=relay.info.conn_id, client=peer, listener=label)
+        if writes("debug"):
+            log.debug("connection accepted", conn=relay.info.conn_id, client=peer, listener=label)
         try:
             await relay.run()
         finally:

@@ -3,6 +3,7 @@
 :func:`configure_logging` sets structlog up once for the process: ``fmt`` is
 ``json`` (one object per line, for log shippers) or ``console`` (aligned, for
 people); ``level`` filters by name (debug, info, warning, error, critical).
+:func:`writes` tells whether a line at a level would be written, before its fields are gathered.
 :func:`connection_context` binds a connection id (and topic, client, broker) to
 every log line emitted inside it, through contextvars, so each task of a
 connection logs with its identity.
@@ -106,12 +107,32 @@ def configure_logging(fmt: str = "console", level: str = "info", stream: TextIO 
         redact_secrets,
         renderer,
     ]
+    wrapper = structlog.make_filtering_bound_logger(LEVELS[level.lower()])
     structlog.configure(
         processors=processors,
-        wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level.lower()]),
+        wrapper_class=wrapper,
         logger_factory=structlog.PrintLoggerFactory(stream if stream is not None else sys.stderr),
         cache_logger_on_first_use=False,
     )
+    global _configured
+    _configured = (wrapper, LEVELS[level.lower()])
+
+
+#: the wrapper class :func:`configure_logging` installed last, and its level (None: never called)
+_configured: tuple[type, int] | None = None
+
+
+def writes(level: str) -> bool:
+    """Whether a line at ``level`` (debug, info, ...) is written under the setup :func:`configure_logging` made.
+
+    A module's logger binds a logger anew at each call, filtered out or not (~4 us): a line that a connection
+    logs every time, at a level usually filtered out, asks this first.  True whenever structlog was set up
+    otherwise since (a test's own setup filters what it filters).
+    """
+    if _configured is None:
+        return True
+    wrapper, least = _configured
+    return LEVELS[level] >= least or structlog.get_config()["wrapper_class"] is not wrapper
 
 
 @contextmanager

@@ -10,7 +10,15 @@ import pytest
 import structlog
 
 from proxy.errors import ConfigError
-from proxy.telemetry.logs import REDACTED, configure_logging, connection_context, is_secret_key, redact_text
+from proxy.telemetry.logs import (
+    LEVELS,
+    REDACTED,
+    configure_logging,
+    connection_context,
+    is_secret_key,
+    redact_text,
+    writes,
+)
 
 TOKEN = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhZG1pbiJ9.c2VjcmV0LXNpZ25hdHVyZQ"
 PASSWORD = "hunter2-very-secret"
@@ -87,3 +95,17 @@ def test_secret_key_and_text_detection() -> None:
     masked = redact_text("Authorization: Basic dXNlcjpwYXNz")
     assert masked.startswith(f"Authorization: {REDACTED}") and "dXNlcjpwYXNz" not in masked
     assert redact_text("password='a b c' next") == f"password={REDACTED} next"
+
+
+@pytest.mark.parametrize("configured", list(LEVELS))
+def test_writes_says_whether_a_line_at_each_level_is_written(configured: str) -> None:
+    """The relay asks before gathering a per-connection line's fields: the answer is what the setup writes."""
+    out = io.StringIO()
+    configure_logging("json", configured, stream=out)
+    log = structlog.get_logger("test")
+    for level in LEVELS:
+        before = len(out.getvalue())
+        getattr(log, level)("a line", conn=7)
+        assert writes(level) == (len(out.getvalue()) > before), level
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(0))  # set up otherwise since
+    assert all(writes(level) for level in LEVELS)
