@@ -205,14 +205,11 @@ class Relay:
                         await self._lookup_links.aclose()
             level = "warning" if ending.hostile else ending.level
             if writes(level):
-                fields = {"conn": self.info.conn_id, "client": self.info.client, "broker": self.info.broker_url,
-                          "reason": ending.reason, "bytes_from_client": self.pipeline.bytes_in[TO_BROKER],
-                          "bytes_from_broker": self.pipeline.bytes_in[TO_CLIENT],
-                          "protocol_violations": self.pipeline.session.violations}
-                if ending.hostile:
-                    log.warning("dropped hostile client", **fields)
-                else:
-                    getattr(log, ending.level)("connection closed", **fields)
+                getattr(log, level)("dropped hostile client" if ending.hostile else "connection closed",
+                                    conn=self.info.conn_id, client=self.info.client, broker=self.info.broker_url,
+                                    reason=ending.reason, bytes_from_client=self.pipeline.bytes_in[TO_BROKER],
+                                    bytes_from_broker=self.pipeline.bytes_in[TO_CLIENT],
+                                    protocol_violations=self.pipeline.session.violations)
             self.pipeline.held.clear()
             closed = getattr(self.pipeline.hook, "connection_closed", None)
             if closed is not None:
