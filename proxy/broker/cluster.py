@@ -25,7 +25,7 @@ from typing import Final
 from proxy.broker.naming import TopicName, stable_topic_hash
 from proxy.broker.replication import GeoSettings, TopicGeo
 from proxy.broker.timers import Timers
-from proxy.broker.topic import Topic
+from proxy.broker.topic import SchemaVersion, Topic
 from proxy.errors import BrokerError
 from proxy.protocol.frame import DEFAULT_MAX_MESSAGE_SIZE
 
@@ -82,6 +82,8 @@ class Cluster:
         self.config = config
         self.brokers: list[BrokerInfo] = []
         self.topics: dict[str, Topic] = {}
+        #: each schema name's history (TopicName.schema_name): a partitioned topic's partitions share one
+        self.schemas: dict[str, list[SchemaVersion]] = {}
         #: delayed deliveries of every topic (run by whoever runs the cluster: ClusterRunner)
         self.timers = Timers()
         #: partitioned topic name -> number of partitions
@@ -204,7 +206,8 @@ class Cluster:
             self._check_partition(topic_name)
             topic = Topic(full, topic_name.partition_index, next(self._ledger_ids),
                           self.config.retention_mb * 1024 * 1024, dedup=self.config.deduplication,
-                          timers=self.timers, failover_delay_ms=self.config.failover_delay_ms)
+                          timers=self.timers, failover_delay_ms=self.config.failover_delay_ms,
+                          schemas=self.schemas.setdefault(topic_name.schema_name, []))
             self.topics[full] = topic
             self._topic_created(topic)
         return topic

@@ -28,7 +28,7 @@ from proxy.broker.cluster import Cluster
 from proxy.broker.ledger import Entry
 from proxy.broker.naming import TopicName
 from proxy.broker.subscription import Consumer, Subscription
-from proxy.broker.topic import Producer, Topic, signed64
+from proxy.broker.topic import Producer, Topic, schema_version, signed64
 from proxy.errors import BrokerError, ChecksumMismatch, ProtocolError
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.protocol.commands import T, wrap
@@ -550,20 +550,31 @@ class BrokerConnection:
     # schemas ----------------------------------------------------------------------
 
     def _on_get_schema(self, frame: Frame) -> None:
+        """The schema of a topic's schema name (its partitions share it; the topic need not exist), as the real
+        broker answers: an empty version asked is IncompatibleSchema, a name it cannot read InvalidTopicName, no
+        such schema (or version) TopicNotFound naming the topic as asked; a found one is named by its schema name."""
         cmd: api.CommandGetSchema = frame.command.getSchema
         response = api.CommandGetSchemaResponse
+        if cmd.HasField("schema_version") and not cmd.schema_version:
+            self._reply(response(request_id=cmd.request_id, error_code=api.ServerError.IncompatibleSchema,
+                                 error_message="Empty schema version"))
+            return
         try:
-            topic = self.cluster.get_topic(cmd.topic, create=False)
-        except BrokerError:
-            topic = None
+            schema_name = TopicName.parse(cmd.topic).schema_name
+        except BrokerError as exc:
+            self._reply(response(request_id=cmd.request_id, error_code=server_error(exc.server_error),
+                                 error_message=exc.message))
+            return
         version = int.from_bytes(cmd.schema_version, "big") if cmd.HasField("schema_version") else None
-        stored = topic.schema(version) if topic is not None else None
+        stored = schema_version(self.cluster.schemas.get(schema_name, []), version)
         if stored is None:
             self._reply(response(request_id=cmd.request_id, error_code=api.ServerError.TopicNotFound,
-                                 error_message="Schema not found"))
+                                 error_message=f"Topic not found or no-schema {cmd.topic}"))
             return
-        self._reply(response(request_id=cmd.request_id, schema=stored.schema,
-                             schema_version=_version_bytes(stored.version)))
+        named = api.Schema()
+        named.CopyFrom(stored.schema)
+        named.name = schema_name
+        self._reply(response(request_id=cmd.request_id, schema=named, schema_version=_version_bytes(stored.version)))
 
     def _on_get_or_create_schema(self, frame: Frame) -> None:
         cmd: api.CommandGetOrCreateSchema = frame.command.getOrCreateSchema

@@ -75,6 +75,12 @@ class TopicName:
             return self
         return TopicName(self.domain, self.tenant, self.namespace, match["base"])
 
+    @property
+    def schema_name(self) -> str:
+        """Where the topic's schemas are kept (Pulsar's ``getSchemaName``): ``tenant/namespace/local`` of the
+        partitioned topic, in either domain -- a topic's partitions, persistent or not, share one schema history."""
+        return f"{self.tenant}/{self.namespace}/{self.base.local}"
+
     def partition(self, index: int) -> TopicName:
         return TopicName(self.domain, self.tenant, self.namespace, f"{self.local}{PARTITION_SUFFIX}{index}")
 

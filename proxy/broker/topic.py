@@ -94,7 +94,8 @@ class Topic:
     """One topic or partition: ledger, producers, subscriptions, schemas."""
 
     def __init__(self, name: str, partition_index: int, ledger_id: int, retention_bytes: int,
-                 dedup: bool = False, timers: Timers | None = None, failover_delay_ms: int = 0) -> None:
+                 dedup: bool = False, timers: Timers | None = None, failover_delay_ms: int = 0,
+                 schemas: list[SchemaVersion] | None = None) -> None:
         self.name = name
         #: a non-persistent topic stores nothing: a message goes to the consumers connected with permits
         #: when it is published, or nowhere (see :meth:`publish`)
@@ -104,7 +105,8 @@ class Topic:
         self.producers: list[Producer] = []
         self.waiting_exclusive: list[Producer] = []
         self.subscriptions: dict[str, Subscription] = {}
-        self.schemas: list[SchemaVersion] = []
+        #: the schema history, shared with the other partitions of the topic (the cluster's, by schema name)
+        self.schemas: list[SchemaVersion] = [] if schemas is None else schemas
         self.dedup_enabled = dedup
         self.last_sequence: dict[str, int] = {}
         self.terminated = False
@@ -318,16 +320,6 @@ class Topic:
 
     # -- schemas ----------------------------------------------------------------------
 
-    def schema(self, version: int | None) -> SchemaVersion | None:
-        if not self.schemas:
-            return None
-        if version is None:
-            return self.schemas[-1]
-        for stored in self.schemas:
-            if stored.version == version:
-                return stored
-        return None
-
     def take_consumer_schema(self, schema: api.Schema) -> None:
         """A subscribing consumer's schema, as Pulsar's broker takes it: stored when the topic is idle (no
         schema, no message, nobody on it), checked against the latest otherwise (BACKWARD: the same type, and
@@ -369,6 +361,13 @@ class Topic:
         copy.CopyFrom(schema)
         self.schemas.append(SchemaVersion(version, copy))
         return version
+
+
+def schema_version(schemas: list[SchemaVersion], version: int | None) -> SchemaVersion | None:
+    """``version`` of a schema history (None: the latest), or None when it has no such version."""
+    if version is None:
+        return schemas[-1] if schemas else None
+    return next((stored for stored in schemas if stored.version == version), None)
 
 
 #: the types whose definitions Pulsar checks with Avro's resolution rules (a JSON schema carries an Avro definition)

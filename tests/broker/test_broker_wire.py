@@ -260,6 +260,55 @@ async def test_unload_sends_close_producer_and_close_consumer() -> None:
         assert kinds == {"CLOSE_PRODUCER", "CLOSE_CONSUMER"}
 
 
+async def test_a_partitioned_topics_partitions_share_one_schema_history_and_get_schema_answers_as_pulsar() -> None:
+    """Pulsar keeps schemas by schema name (tenant/namespace/local of the partitioned topic, either domain): a
+    schema added on one partition versions and refuses on the others, and GET_SCHEMA answers for the topic's
+    name, a partition's, the other domain's, with the real broker's errors (FIDELITY.md)."""
+    async with running(ClusterConfig()) as runner, wire(runner) as client:
+        base = runner.cluster.create_topic("persistent://public/default/shared-schema", 3)
+        await client.connect()
+
+        def json_schema(fields: bytes) -> api.Schema:
+            return api.Schema(name="client-name", type=api.Schema.Json,
+                              schema_data=b'{"type": "record", "name": "s", "fields": [' + fields + b"]}")
+
+        def version(answer: api.CommandGetOrCreateSchemaResponse | api.CommandGetSchemaResponse) -> int:
+            return int.from_bytes(answer.schema_version, "big")
+
+        async def get_or_create(request_id: int, topic: str, schema: api.Schema
+                                ) -> api.CommandGetOrCreateSchemaResponse:
+            await client.send(api.CommandGetOrCreateSchema(request_id=request_id, topic=topic, schema=schema))
+            return (await client.expect("GET_OR_CREATE_SCHEMA_RESPONSE")).command.getOrCreateSchemaResponse
+
+        async def get(request_id: int, topic: str, schema_version: bytes | None = None) -> api.CommandGetSchemaResponse:
+            await client.send(api.CommandGetSchema(request_id=request_id, topic=topic, schema_version=schema_version))
+            return (await client.expect("GET_SCHEMA_RESPONSE")).command.getSchemaResponse
+
+        assert version(await get_or_create(1, f"{base}-partition-0", json_schema(b""))) == 0
+        # partition 2 adds a field with a default: the topic's second version, not its own first
+        evolved = await get_or_create(2, f"{base}-partition-2", json_schema(b'{"name": "a", "type": "int", '
+                                                                            b'"default": 0}'))
+        assert (evolved.error_code, version(evolved)) == (0, 1)
+        # partition 1 cannot read what the latest wrote (no default): refused against its siblings' history
+        refused = await get_or_create(3, f"{base}-partition-1", json_schema(b'{"name": "b", "type": "int"}'))
+        assert refused.error_code == api.ServerError.IncompatibleSchema
+        for request_id, topic in enumerate((base, f"{base}-partition-1", "non-persistent://public/default/"
+                                            "shared-schema", "public/default/shared-schema"), start=10):
+            latest = await get(request_id, topic)
+            assert (latest.error_code, version(latest)) == (0, 1), topic
+            assert latest.schema.name == "public/default/shared-schema"
+            assert b'"name": "a"' in latest.schema.schema_data
+        first = await get(20, base, (0).to_bytes(8, "big"))
+        assert (version(first), first.schema.schema_data) == (0, json_schema(b"").schema_data)
+        errors = [await get(21, base, (7).to_bytes(8, "big")), await get(22, "persistent://public/default/none"),
+                  await get(23, base, b""), await get(24, "persistent://no-namespace")]
+        assert [(answer.error_code, answer.error_message) for answer in errors[:3]] == [
+            (api.ServerError.TopicNotFound, f"Topic not found or no-schema {base}"),
+            (api.ServerError.TopicNotFound, "Topic not found or no-schema persistent://public/default/none"),
+            (api.ServerError.IncompatibleSchema, "Empty schema version")]
+        assert errors[3].error_code == api.ServerError.InvalidTopicName
+
+
 async def test_schemas_are_stored_and_versioned_and_stats_and_ack_responses_answer() -> None:
     async with running(ClusterConfig()) as runner, wire(runner) as client:
         topic = "persistent://public/default/schemas"

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pulsar
-from pulsar.schema import JsonSchema, Record, String, StringSchema
+from pulsar.schema import Integer, JsonSchema, Record, String, StringSchema
 
 OPERATION_TIMEOUT_S = 10
 
@@ -303,6 +303,31 @@ def run(client: pulsar.Client, prefix: str) -> dict[str, str]:
         lambda: len(client.get_topic_partitions(f"persistent://public/default/{prefix}-p3")))
     steps["producer on a partition past the last"] = outcome(
         lambda: client.create_producer(f"persistent://public/default/{prefix}-p3-partition-7").close())
+
+    def sibling_partition_schema_version() -> str:
+        """A partitioned topic's partitions share one schema history: partition 0's producer adds Order{item}, then
+        on partition 2 one adding a field with a default: which version its message carries."""
+        partitioned = f"persistent://public/default/{prefix}-p3"
+
+        class Order(Record):  # (named as the first: a record's name is part of its definition)
+            item = String()
+            qty = Integer(required_default=True)
+
+        client.create_producer(f"{partitioned}-partition-0", schema=JsonSchema(globals()["Order"])).close()
+        consumer = client.subscribe(f"{partitioned}-partition-2", "versions")  # no schema: not checked
+        producer = client.create_producer(f"{partitioned}-partition-2", schema=JsonSchema(Order))
+        producer.send(Order(item="book"))
+        message = consumer.receive(timeout_millis=5000)
+        producer.close()
+        consumer.close()
+        return f"schema_version={message.schema_version()!r}"
+
+    steps["a partition's schema after its sibling's: its message's schema version"] = outcome(
+        sibling_partition_schema_version)
+    item_as_int = defined_json_schema({"type": "record", "name": "Order", "fields": [{"name": "item", "type": "int"}]})
+    steps["a partition's producer of a schema that cannot read its sibling's latest"] = outcome(
+        lambda: client.create_producer(f"persistent://public/default/{prefix}-p3-partition-1",
+                                       schema=item_as_int).close())
 
     def batched_zstd() -> str:
         batched = f"{topic}-zstd"
