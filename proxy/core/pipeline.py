@@ -32,8 +32,7 @@ What the pipeline does itself (Pulsar binary protocol, "Connection establishment
 - with ``verify_checksums`` a SEND with a bad CRC32C is answered SEND_ERROR
   ChecksumError instead of being forwarded;
 - the last ERROR the broker sent is kept (``broker_error``) for the line that logs the
-  connection's end — of those it decodes anyway: a refused CONNECT's always, later ones
-  when a hook or observers have the tracker observe control frames.
+  connection's end (the scanners always hand ERRORs from the broker over: they are rare).
 
 Every other frame is passed through as bytes by the :class:`FrameScanner` unless a
 hook (rules) or observers want it; observers that all take runs (``runs``) get the
@@ -732,7 +731,8 @@ class ConnectionPipeline:
                 if self.settings.verify_checksums:
                     wanted.add(T.SEND)
             else:
-                wanted |= BROKER_NAMING_TYPES
+                # (a broker's ERROR is rare and says why the connection may end: the closing line names it)
+                wanted |= BROKER_NAMING_TYPES | {T.ERROR}
             # (with nobody observing, a pick the hook's sampler settles alone need not be handed out)
             scanner.set_wanted(wanted, want_all=want_all, sampler=interest.sampler, barrier=interest.barrier,
                                settle=self.publish is None)

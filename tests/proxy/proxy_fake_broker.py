@@ -33,6 +33,8 @@ class FakeBroker:
     refuse_connect: api.CommandError | None = None
     #: after ``refuse_connect``'s ERROR, wait this long and reset the connection instead of closing it
     reset_after_refusal: float | None = None
+    #: an ERROR sent right after CONNECTED (with ``close_after_handshake``: then the connection is closed)
+    error_after_handshake: api.CommandError | None = None
     receipt_delay: float = 0.0
     lookup_answer: Callable[[Frame], bytes] | None = None
     received: bytearray = field(default_factory=bytearray)
@@ -89,6 +91,8 @@ class FakeBroker:
             if self.max_message_size is not None:
                 connected.max_message_size = self.max_message_size
             await stream.send_all(encode_command(connected))
+            if self.error_after_handshake is not None:
+                await stream.send_all(encode_command(self.error_after_handshake))
         elif kind == T.PING and self.answer_pings:
             await stream.send_all(encode_command(api.CommandPong()))
         elif kind == T.SEND:

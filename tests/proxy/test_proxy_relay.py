@@ -303,6 +303,25 @@ async def test_a_broker_that_closes_is_logged_as_the_broker_closing(nursery: tri
 
 
 @pytest.mark.parametrize("reactor", [True, False], ids=["reactor", "task-per-direction"])
+async def test_a_broker_that_closes_after_an_error_is_logged_with_it_with_nobody_watching(
+        nursery: trio.Nursery, reactor: bool) -> None:
+    """An ERROR after the handshake is named too, on a plain proxy (no rules, no observers: it decodes no
+    other frame), and the client gets it as the broker sent it."""
+    error = api.CommandError(request_id=7, error=api.ServerError.ServiceNotReady, message="Namespace is being unloaded")
+    broker = FakeBroker(close_after_handshake=True, error_after_handshake=error)
+    server = await start(nursery, broker, reactor)
+    with structlog.testing.capture_logs() as logs, trio.fail_after(10):
+        stream = await trio.open_tcp_stream("127.0.0.1", server.main_address.port)
+        await stream.send_all(CONNECT)
+        [_, got] = await receive_frames(stream, FrameDecoder(), 2)
+        assert got.raw == encode_command(error)
+        assert await stream.receive_some(1024) == b""
+        await stream.aclose()
+        assert await _logged_closing_reasons(logs) == [
+            "broker closed the connection after ERROR ServiceNotReady: Namespace is being unloaded"]
+
+
+@pytest.mark.parametrize("reactor", [True, False], ids=["reactor", "task-per-direction"])
 async def test_a_broker_that_refuses_the_connect_is_logged_with_its_error(nursery: trio.Nursery,
                                                                          reactor: bool) -> None:
     """The closing line names the broker's last ERROR, on one line, its message cut short."""
