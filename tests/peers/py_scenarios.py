@@ -67,6 +67,24 @@ def receive_all(consumer: pulsar.Consumer, count: int, timeout_ms: int = 5000, a
     return received
 
 
+def receive_between(consumers: tuple[pulsar.Consumer, ...], count: int, quiet_s: float = 3.0) -> list[bytes]:
+    """What the consumers of one subscription receive between them (acknowledged), read by turns until ``count``
+    or ``quiet_s`` without a message.  Read one after the other, each until a pause, a consumer left behind on a
+    loaded machine missed what the broker dispatched to it once its turn was over."""
+    received: list[bytes] = []
+    last = time.monotonic()
+    while len(received) < count and time.monotonic() - last < quiet_s:
+        for consumer in consumers:
+            try:
+                message = consumer.receive(timeout_millis=10)
+            except pulsar.Timeout:
+                continue
+            received.append(message.data())
+            consumer.acknowledge(message)
+            last = time.monotonic()
+    return received
+
+
 def run(client: pulsar.Client, prefix: str) -> dict[str, str]:
     topic = f"persistent://public/default/{prefix}-tour"
     steps: dict[str, str] = {}
@@ -113,8 +131,7 @@ def run(client: pulsar.Client, prefix: str) -> dict[str, str]:
         producer = client.create_producer(shared, batching_enabled=False)
         for i in range(20):
             producer.send(f"{label}{i}".encode(), partition_key=f"key-{i % 4}" if keyed else None)
-        got = receive_all(a, 20, timeout_ms=500) + receive_all(b, 20, timeout_ms=500)
-        got += receive_all(a, 20 - len(got), timeout_ms=1000)
+        got = receive_between((a, b), 20)
         for closing in (producer, a, b):
             closing.close()
         return f"{len(set(got))} distinct of 20"
@@ -225,21 +242,26 @@ def run(client: pulsar.Client, prefix: str) -> dict[str, str]:
         failover = f"{topic}-failover"
         producer = client.create_producer(failover, batching_enabled=False)
 
-        def first_to_receive(consumers: dict[str, pulsar.Consumer]) -> tuple[str, str]:
+        def first_to_receive(consumers: dict[str, pulsar.Consumer], changed: float | None = None) -> tuple[str, str]:
+            """The consumer the message goes to, and how long after ``changed`` (when the client asked for the
+            change of consumers: the broker's delay runs from its handling of that request, so it cannot end
+            sooner; from the send, a slow answer to the request would eat into it) or after the send."""
             start = time.monotonic()
             producer.send(b"fo")
+            since = start if changed is None else changed
             while time.monotonic() - start < 5:
                 for name, consumer in consumers.items():
                     try:
                         consumer.acknowledge(consumer.receive(timeout_millis=10))
                     except pulsar.Timeout:
                         continue
-                    return name, "after ~1 s" if time.monotonic() - start > 0.8 else "at once"
+                    return name, "after ~1 s" if time.monotonic() - since > 0.8 else "at once"
             return "", "never"
 
+        subscribing = time.monotonic()
         consumers = {"a": client.subscribe(failover, "fo", consumer_type=pulsar.ConsumerType.Failover,
                                            consumer_name="a")}
-        _, first = first_to_receive(consumers)
+        _, first = first_to_receive(consumers, subscribing)
         consumers["b"] = client.subscribe(failover, "fo", consumer_type=pulsar.ConsumerType.Failover,
                                           consumer_name="b")
         time.sleep(1.5)
@@ -248,8 +270,9 @@ def run(client: pulsar.Client, prefix: str) -> dict[str, str]:
         # before that read is waiting, the real broker's read goes to the consumer taking over at once, without its
         # delay (a race of a loaded machine); closed once it waits, the delay applies -- the case asked here
         time.sleep(0.5)
+        closing_active = time.monotonic()
         consumers.pop(active).close()
-        _, taking_over = first_to_receive(consumers)
+        _, taking_over = first_to_receive(consumers, closing_active)
         for closing in (producer, *consumers.values()):
             closing.close()
         return f"first consumer {first}, the one taking over {taking_over}"

@@ -26,6 +26,7 @@ import hmac
 import io
 import json
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -57,10 +58,11 @@ def _b64(data: bytes) -> str:
 
 
 def make_token(subject: str, *, expires_in: float | None = None, key: bytes = SECRET) -> str:
-    """An HS256 JWT with ``sub`` (and ``exp`` seconds from now), as ``pulsar tokens create`` makes it."""
+    """An HS256 JWT with ``sub`` (and ``exp`` no sooner than ``expires_in`` seconds from now: a JWT's times are
+    whole seconds, here rounded up), as ``pulsar tokens create`` makes it."""
     claims: dict[str, Any] = {"sub": subject}
     if expires_in is not None:
-        claims["exp"] = int(time.time() + expires_in)
+        claims["exp"] = math.ceil(time.time() + expires_in)
     signing = _b64(json.dumps({"alg": "HS256"}).encode()) + "." + _b64(json.dumps(claims).encode())
     return signing + "." + _b64(hmac.new(key, signing.encode(), hashlib.sha256).digest())
 
@@ -271,17 +273,18 @@ def test_an_expiring_token_is_refreshed_through_the_proxy_mid_stream(
     issued: list[str] = []
 
     def supplier() -> str:
-        issued.append(make_token("refresher", expires_in=3))
+        issued.append(make_token("refresher", expires_in=2))  # 2-3 s, as before exp was rounded up
         return issued[-1]
 
     record_dir = tmp_path / "recordings"
     topic = f"persistent://public/default/auth-refresh-{uuid.uuid4().hex[:6]}"
-    stale = make_token("stale", expires_in=2)
     stuck: dict[str, tuple[int, int]] = {}
     with proxy_running(auth_broker.service_url, lookup="rewrite", record_dir=record_dir) as proxy:
         url = service_url(proxy)
+        # (the stale token made as its client starts: made before the proxy, its 1-2 s left little for a loaded
+        # machine to connect and produce before it expired)
         other = threading.Thread(target=lambda: stuck.update(
-            run=produce_until_refused(url, stale, topic + "-stale", 6)))
+            run=produce_until_refused(url, make_token("stale", expires_in=2), topic + "-stale", 6)))
         other.start()
         acked, received, errors = stream(url, pulsar.AuthenticationToken(supplier), topic,
                                          MESSAGES, pace=0.025)  # ~8 s: the token expires twice mid-stream
