@@ -7,7 +7,7 @@ acknowledged and which arrived, per partition and in order::
 
     python tests/peers/py_client.py --url pulsar://127.0.0.1:6650 --topic T --messages 10000 \\
         [--batching | --no-batching] [--compression LZ4] [--subscription S] [--tls-ca CA.pem] \\
-        [--rate R] [--timeout S] [--latencies] [--mode roundtrip|consume]
+        [--rate R] [--timeout S] [--send-timeout S] [--latencies] [--mode roundtrip|consume]
 """
 
 from __future__ import annotations
@@ -83,7 +83,8 @@ def produce(client: pulsar.Client, args: argparse.Namespace, tally: Tally) -> No
     producer = client.create_producer(
         args.topic, batching_enabled=args.batching,
         compression_type=getattr(pulsar.CompressionType, args.compression),
-        block_if_queue_full=True, max_pending_messages=1000, send_timeout_millis=30_000)
+        block_if_queue_full=True, max_pending_messages=1000,
+        send_timeout_millis=int(args.send_timeout * 1000))
     start = time.monotonic()
     for index in range(args.messages):
         if args.rate > 0:
@@ -178,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tls-ca")
     parser.add_argument("--rate", type=float, default=0.0)
     parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--send-timeout", type=float, default=30.0,
+                        help="a send not acknowledged in this many seconds fails")
     parser.add_argument("--idle", type=float, default=10.0)
     parser.add_argument("--latencies", action="store_true")
     parser.add_argument("--mode", choices=["roundtrip", "consume"], default="roundtrip")

@@ -425,12 +425,13 @@ def start_pulsar_proxy(broker_service_url: str, *, log_level: int, workdir: Path
 
 def client_command(client: str, url: str, topic: str, *, messages: int, batching: bool = True,
                    compression: str = "NONE", subscription: str = "peers", tls_ca: str | None = None,
-                   rate: float = 0.0, timeout: float = 120.0, idle: float = 5.0, latencies: bool = False,
-                   mode: str = "roundtrip", extra_args: Sequence[str] = ()) -> list[str]:
+                   rate: float = 0.0, timeout: float = 120.0, send_timeout: float = 30.0, idle: float = 5.0,
+                   latencies: bool = False, mode: str = "roundtrip", extra_args: Sequence[str] = ()) -> list[str]:
     """The command line of one client program; all three take the same options (``extra_args``: one's own)."""
     options = ["--url", url, "--topic", topic, "--messages", str(messages),
                "--batching" if batching else "--no-batching", "--compression", compression,
                "--subscription", subscription, "--rate", str(rate), "--timeout", str(timeout),
+               "--send-timeout", str(send_timeout),
                "--idle", str(idle), "--mode", mode]
     if tls_ca:
         options += ["--tls-ca", tls_ca]

@@ -54,8 +54,10 @@ def test_a_broker_restart_under_a_stream_loses_nothing_through_pulsar_tap(
     # (a client's first subscription fails at once if it cannot create a ledger)
     restarting_broker.wait_until(restarting_broker.stores, 60)
     with proxy_running(upstream.service_url, lookup="rewrite") as proxy:
+        # (a send waits for the broker's return: a loaded machine's JVM restart took 30 s, past the clients' 30 s
+        # send timeout, and the Java client's reconnection backs off to ~12 s between tries)
         run = start_client(client, service_url(proxy), topic, messages=MESSAGES, rate=RATE, batching=False,
-                           timeout=150, idle=30)
+                           timeout=150, send_timeout=120, idle=30)
 
         time.sleep(6)  # ~900 messages in (here, not on a thread: the broker dies with the thread that started it)
         down.append(restarting_broker.restart(crash=crash))

@@ -5,7 +5,7 @@
 // acknowledged and which arrived, per partition and in order.  scripts/setup.sh builds it.
 //
 //	go-client --url pulsar://127.0.0.1:6650 --topic T --messages 10000 [--batching | --no-batching]
-//	          [--compression LZ4] [--subscription S] [--tls-ca CA.pem] [--rate R] [--timeout S]
+//	          [--compression LZ4] [--subscription S] [--tls-ca CA.pem] [--rate R] [--timeout S] [--send-timeout S]
 //	          [--latencies] [--mode roundtrip|consume]
 package main
 
@@ -36,6 +36,7 @@ type options struct {
 	tlsCA        string
 	rate         float64
 	timeout      time.Duration
+	sendTimeout  time.Duration
 	idle         time.Duration
 	latencies    bool
 	mode         string
@@ -129,7 +130,7 @@ func produce(ctx context.Context, client pulsar.Client, o *options, t *tally, se
 		DisableBatching:    !o.batching,
 		CompressionType:    compression,
 		MaxPendingMessages: 1000,
-		SendTimeout:        30 * time.Second,
+		SendTimeout:        o.sendTimeout,
 	})
 	if err != nil {
 		return err
@@ -310,6 +311,7 @@ func main() {
 	flags.StringVar(&o.tlsCA, "tls-ca", "", "CA file to trust (pulsar+ssl:// URLs)")
 	flags.Float64Var(&o.rate, "rate", 0, "messages per second (0: as fast as possible)")
 	timeout := flags.Float64("timeout", 120, "give up after this many seconds")
+	sendTimeout := flags.Float64("send-timeout", 30, "a send not acknowledged in this many seconds fails")
 	idle := flags.Float64("idle", 10, "stop consuming after this many idle seconds once produced")
 	flags.BoolVar(&o.latencies, "latencies", false, "report each message's send-to-receipt latency")
 	flags.StringVar(&o.mode, "mode", "roundtrip", "roundtrip | consume")
@@ -320,6 +322,7 @@ func main() {
 	}
 	o.batching = *batching && !*noBatching
 	o.timeout = time.Duration(*timeout * float64(time.Second))
+	o.sendTimeout = time.Duration(*sendTimeout * float64(time.Second))
 	o.idle = time.Duration(*idle * float64(time.Second))
 	line, err := json.Marshal(run(o))
 	if err != nil {

@@ -11,7 +11,7 @@
  *
  *   java -cp CLASSES:LIB/* PeerClient --url pulsar://127.0.0.1:6650 --topic T --messages 10000 \
  *        [--batching | --no-batching] [--compression LZ4] [--subscription S] [--tls-ca CA.pem]
- *        [--rate MSGS_PER_S] [--timeout S] [--latencies] [--mode roundtrip|consume|txn]
+ *        [--rate MSGS_PER_S] [--timeout S] [--send-timeout S] [--latencies] [--mode roundtrip|consume|txn]
  *        [--txn-size K] [--abort-every A] [--txn-timeout S] [--operation-timeout S]
  *
  * --mode txn (Java only) sends the messages in transactions of K messages, transaction J
@@ -60,6 +60,7 @@ public final class PeerClient {
         int abortEvery = 2;
         double txnTimeout = 60;
         double operationTimeout = 30;
+        double sendTimeout = 30;
 
         static Options parse(String[] args) {
             Options o = new Options();
@@ -76,6 +77,7 @@ public final class PeerClient {
                     case "--tls-ca": o.tlsCa = args[++i]; break;
                     case "--rate": o.rate = Double.parseDouble(args[++i]); break;
                     case "--timeout": o.timeout = Double.parseDouble(args[++i]); break;
+                    case "--send-timeout": o.sendTimeout = Double.parseDouble(args[++i]); break;
                     case "--idle": o.idle = Double.parseDouble(args[++i]); break;
                     case "--latencies": o.latencies = true; break;
                     case "--mode": o.mode = args[++i]; break;
@@ -175,7 +177,7 @@ public final class PeerClient {
                 .compressionType(CompressionType.valueOf(options.compression))
                 .blockIfQueueFull(true)
                 .maxPendingMessages(1000)
-                .sendTimeout(30, TimeUnit.SECONDS)
+                .sendTimeout((int) (options.sendTimeout * 1000), TimeUnit.MILLISECONDS)
                 .create();
         long start = System.nanoTime();
         List<CompletableFuture<MessageId>> pending = new ArrayList<>();
