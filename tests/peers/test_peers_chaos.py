@@ -204,8 +204,9 @@ def test_a_shared_flow_throttle_splits_its_rate_between_two_go_consumers(real_up
     for run in (first_run, second):
         assert sorted(set(run.received_indices())) == list(range(messages)), run.report
     # 200 messages at 50/s take 4 s: the second consumer shares the rate from its start (behind the first
-    # one's 1000 permits it took 21 s); and both together are never faster than the bucket
-    assert second.report["elapsed_seconds"] < 6.0, second.report["elapsed_seconds"]
+    # one's 1000 permits it took 21 s; the bound leaves a loaded machine's client start room, ~3-4 s measured);
+    # and both together are never faster than the bucket
+    assert second.report["elapsed_seconds"] < 10.0, second.report["elapsed_seconds"]
     last = max(first_run.report["elapsed_seconds"], 1.0 + second.report["elapsed_seconds"])
     assert last >= (2 * messages - 1) / limit * 0.9, last
 
