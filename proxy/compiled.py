@@ -13,6 +13,10 @@ on ``sys.meta_path`` that answers for such modules with their source instead.  W
 any build (a source tree nobody ran ``scripts/setup.sh`` in) the sources run: slower,
 otherwise the same, and without a word — a missing build is not an error.  What each
 module runs as is in :data:`STATES`; a test holds the installed tree to ``compiled``.
+
+The modules of the relay's lane (:data:`RELAY_LANE`) are compiled together into one
+extension, so their calls to one another are C calls: they run compiled together or
+from source together (:class:`Group`).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Final
+from typing import Final, NamedTuple
 
 STAMP_NAME: Final = "mypyc.stamp"
 COMPILED: Final = "compiled"
@@ -62,21 +66,68 @@ def _stamped(directory: Path) -> dict[str, str]:
     return {name.strip().lstrip("*"): digest for digest, _, name in (line.partition(" ") for line in lines)}
 
 
-def guard(package: str, directory: Path, modules: Sequence[str]) -> None:
+class Group(NamedTuple):
+    """Modules compiled into one extension (``scripts/setup.sh``'s ``mypyc_group``).
+
+    A call from one of them to another is a C call (no arguments parsed, no Python frame);
+    the price is that they run compiled together or not at all: a member compiled from
+    other sources than the one beside it would call the group's old copy of the others, so
+    one stale or missing member runs every member from its source.
+    """
+
+    #: the dotted name of its shared library, less ``__mypyc`` (beside the package it names)
+    name: str
+    #: every member's full module name
+    modules: tuple[str, ...]
+
+
+#: What runs per relayed read: the reactor's hop and its socket calls, the pipeline, the header
+#: scanner and its walk of the plain command forms (one extension: see :class:`Group`).
+RELAY_LANE: Final = Group("proxy.relay_lane", ("proxy.server.hop", "proxy.server.plain_socket", "proxy.core.pipeline",
+                                               "proxy.core.scanner", "proxy.protocol.plain_forms"))
+
+
+def _built(path: Path) -> bool:
+    """Whether an extension of the module whose source is ``path`` (less ``.py``) is beside it."""
+    return any(path.with_name(path.name + suffix).exists() for suffix in importlib.machinery.EXTENSION_SUFFIXES)
+
+
+def _state_of(source: Path) -> str:
+    """What the module whose source is ``source`` runs as, judged by itself."""
+    if not _built(source.with_suffix("")):
+        return NOT_BUILT
+    stamped = _stamped(source.parent).get(source.name)
+    return COMPILED if stamped == hashlib.sha256(source.read_bytes()).hexdigest() else STALE
+
+
+def _group_states(group: Group, package: str, directory: Path) -> dict[str, str]:
+    """Each member's state: COMPILED only when every member and the shared library are (see :class:`Group`)."""
+    depth = package.count(".")
+    top = directory if depth == 0 else directory.parents[depth - 1]
+    sources = {name: top.joinpath(*name.split(".")[1:]).with_suffix(".py") for name in group.modules}
+    own = {name: _state_of(source) for name, source in sources.items()}
+    whole = set(own.values()) == {COMPILED} and _built(top.joinpath(*f"{group.name}__mypyc".split(".")[1:]))
+    state = COMPILED if whole else STALE if STALE in own.values() else NOT_BUILT
+    if not whole:
+        for name, source in sources.items():
+            if own[name] != NOT_BUILT:  # (an extension is there: pass it over)
+                _FINDER.sources[name] = source
+    return dict.fromkeys(group.modules, state)
+
+
+def guard(package: str, directory: Path, modules: Sequence[str], group: Group | None = None) -> None:
     """Record what each of ``modules`` (short names in ``package``, whose files are in ``directory``) runs as.
 
-    Must run before any of them is imported: a stale build is passed over then.
+    Those in ``group`` run as the whole group does.  Must run before any of them is imported:
+    a stale build is passed over then.
     """
-    stamped = _stamped(directory)
+    group_states = _group_states(group, package, directory) if group is not None else {}
     for name in modules:
-        source = directory / f"{name}.py"
-        built = any((directory / f"{name}{suffix}").exists() for suffix in importlib.machinery.EXTENSION_SUFFIXES)
-        state = NOT_BUILT
-        if built:
-            state = COMPILED if stamped.get(source.name) == hashlib.sha256(source.read_bytes()).hexdigest() else STALE
-        STATES[f"{package}.{name}"] = state
-        if state == STALE:
-            _FINDER.sources[f"{package}.{name}"] = source
+        full = f"{package}.{name}"
+        state = group_states.get(full) or _state_of(directory / f"{name}.py")
+        STATES[full] = state
+        if state == STALE and full not in group_states:
+            _FINDER.sources[full] = directory / f"{name}.py"
     if _FINDER.sources and _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)
 
@@ -91,4 +142,5 @@ def is_compiled(module: ModuleType) -> bool:
     return isinstance(getattr(module, "__loader__", None), importlib.machinery.ExtensionFileLoader)
 
 
-__all__ = ["COMPILED", "NOT_BUILT", "STALE", "STAMP_NAME", "STATES", "guard", "is_compiled", "states_of"]
+__all__ = ["COMPILED", "NOT_BUILT", "RELAY_LANE", "STALE", "STAMP_NAME", "STATES", "Group", "guard", "is_compiled",
+           "states_of"]

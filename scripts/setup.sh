@@ -114,9 +114,44 @@ mypyc_build() {
     echo "$want" > "$dir/mypyc.stamp"
 }
 
+# group_stamp DIR PATH...: DIR's mypyc.stamp when its members of the group PATH... are current
+group_stamp() {
+    local dir=$1 path installed; shift
+    installed=$(cat "$stamp")
+    (cd "$dir" && sha256sum $(for path in "$@"; do [ "$(dirname "$path")" = "$dir" ] && basename "$path"; done) \
+        && echo "$installed  (installed packages)")
+}
+# mypyc_group NAME PATH...: compile the modules at PATHs into one extension, the shared library
+# NAME__mypyc beside the package NAME names (a shim per module beside its source): calls between
+# them are C calls, not Python calls.  Each package's stamp lists its members, and one stale
+# member runs the whole group from source (proxy/compiled.py).
+mypyc_group() {
+    local name=$1; shift
+    local library="${name//.//}__mypyc" dir dirs stale=0 log=build/mypyc.log
+    dirs=$(for path in "$@"; do dirname "$path"; done | sort -u)
+    for dir in $dirs; do
+        [ -f "$dir/mypyc.stamp" ] && [ "$(cat "$dir/mypyc.stamp")" = "$(group_stamp "$dir" "$@")" ] || stale=1
+    done
+    compgen -G "$library.*.so" >/dev/null || stale=1
+    [ "$stale" = 1 ] || return 0
+    echo "setup: compiling with mypyc into one extension, $library: $*" >&2
+    mkdir -p build
+    for path in "$@"; do
+        rm -f "$(dirname "$path")/mypyc.stamp" "${path%.py}".*.so "${path%.py}__mypyc".*.so
+    done
+    rm -f "$library".*.so
+    printf '%s\n' "import sys" "from setuptools import setup" "from mypyc.build import mypycify" \
+        "setup(name='$name', ext_modules=mypycify(sys.argv.pop(1).split(), group_name='$name'))" \
+        > build/mypyc_group.py
+    .venv/bin/python build/mypyc_group.py "$*" build_ext --inplace >"$log" 2>&1 \
+        || { cat "$log" >&2; echo "setup: mypyc failed on the group $name" >&2; exit 1; }
+    for dir in $dirs; do group_stamp "$dir" "$@" > "$dir/mypyc.stamp"; done
+}
+
 mypyc_build proxy/analytics decode.py
-mypyc_build proxy/core scanner.py
-mypyc_build proxy/protocol plain_forms.py
 mypyc_build proxy/rules sampling.py
-mypyc_build proxy/server hop.py plain_socket.py
 mypyc_build proxy/telemetry bulk_forms.py
+# the relay's lane: what runs per relayed read (the reactor's hop, its socket calls, the pipeline,
+# the header scanner and its walk of the plain command forms), one extension
+mypyc_group proxy.relay_lane proxy/server/hop.py proxy/server/plain_socket.py proxy/core/pipeline.py \
+    proxy/core/scanner.py proxy/protocol/plain_forms.py

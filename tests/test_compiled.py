@@ -1,14 +1,16 @@
 """Modules run compiled (mypyc) where scripts/setup.sh installed them, and their source otherwise.
 
 A broken build must not fall back to the (slower) source silently: the installed tree
-is held to its compiled modules here (the analytics decoder, the relay's header scanner and its walk of the plain
-command forms, the reactor's hop, the draws of sampled rules, telemetry's walk of the SENDs and receipts it
-accounts in bulk).
-The source runs instead of a build older than itself, and without any build.
+is held to its compiled modules here (the analytics decoder; the relay's lane, one extension: the reactor's hop, its
+socket calls, the pipeline, the header scanner and its walk of the plain command forms; the draws of sampled rules;
+telemetry's walk of the SENDs and receipts it accounts in bulk).
+The source runs instead of a build older than itself, and without any build; one stale member of the lane runs
+the whole lane from source.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.machinery
 import sys
@@ -74,3 +76,50 @@ def test_a_build_older_than_its_source_is_passed_over_and_a_missing_build_is_no_
         for package in ("stale_build", "no_build", "unstamped_build"):
             sys.modules.pop(f"{package}.kernel", None)
             sys.modules.pop(package, None)
+
+
+def test_a_group_runs_compiled_only_whole_and_one_stale_member_runs_every_member_from_source(tmp_path: Path) -> None:
+    """The relay's lane is one extension: a member built from other sources, or a missing shared library,
+    would have the others call the group's old copy of it, so every member then runs its source."""
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    top = tmp_path / "lane_top"
+    group = compiled.Group("lane_top.lane", ("lane_top.fresh.kernel", "lane_top.stale.kernel"))
+    (top / "fresh").mkdir(parents=True)
+    (top / "stale").mkdir()
+    (top / "__init__.py").write_text("")
+    for name in ("fresh", "stale"):
+        directory = top / name
+        (directory / "__init__.py").write_text(
+            "from pathlib import Path\nfrom proxy import compiled\n"
+            f"GROUP = compiled.Group({group.name!r}, {group.modules!r})\n"
+            "compiled.guard(__name__, Path(__file__).parent, ['kernel'], GROUP)\n")
+        (directory / "kernel.py").write_text(f"WHERE = 'source of {name}'\n")
+        # not loadable: importing either instead of its source would fail the test
+        (directory / f"kernel{suffix}").write_bytes(b"not an extension")
+    (top / f"lane__mypyc{suffix}").write_bytes(b"not a library")
+    fresh_digest = hashlib.sha256((top / "fresh" / "kernel.py").read_bytes()).hexdigest()
+    (top / "fresh" / compiled.STAMP_NAME).write_text(f"{fresh_digest}  kernel.py\n")
+    (top / "stale" / compiled.STAMP_NAME).write_text("0" * 64 + "  kernel.py\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        for name in ("fresh", "stale"):
+            kernel = importlib.import_module(f"lane_top.{name}.kernel")
+            assert f"source of {name}" == kernel.WHERE
+            assert compiled.STATES[f"lane_top.{name}.kernel"] == compiled.STALE
+            assert not compiled.is_compiled(kernel)
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in [name for name in sys.modules if name.startswith("lane_top")]:
+            del sys.modules[name]
+
+
+def test_the_relay_lane_is_one_group_and_its_members_are_listed_as_compiled() -> None:
+    """Every member of the lane is in its package's COMPILED_MODULES (held to compiled above), and the
+    shared library is where the shims look for it."""
+    listed = {f"{package.__name__}.{name}" for package in (proxy.core, proxy.protocol, proxy.server)
+              for name in package.COMPILED_MODULES}
+    assert set(compiled.RELAY_LANE.modules) <= listed
+    library = importlib.import_module(f"{compiled.RELAY_LANE.name}__mypyc")
+    assert compiled.is_compiled(library)
+    for name in compiled.RELAY_LANE.modules:
+        assert compiled.STATES[name] == compiled.COMPILED

@@ -19,6 +19,7 @@ from pathlib import Path as _Path
 
 from proxy import compiled as _compiled
 
-#: Modules scripts/setup.sh compiles with mypyc (proxy.compiled): the header scanner runs on every relayed read.
-COMPILED_MODULES = ("scanner",)
-_compiled.guard(__name__, _Path(__file__).parent, COMPILED_MODULES)
+#: Modules scripts/setup.sh compiles with mypyc (proxy.compiled), in the relay's lane: the pipeline and the header
+#: scanner run on every relayed read.
+COMPILED_MODULES = ("pipeline", "scanner")
+_compiled.guard(__name__, _Path(__file__).parent, COMPILED_MODULES, _compiled.RELAY_LANE)

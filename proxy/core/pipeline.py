@@ -46,6 +46,10 @@ producer / consumer maps and the request attribution exact), and the data-path f
 (SEND, MESSAGE, FLOW, ACK, receipts) only when the hook looks at them, and then only to
 attribute them (``SessionTracker.attribute``) — so a hook costs in proportion to what
 its rules can match.  FLOW permits are then not counted (``permits_exact`` is False).
+
+It runs once or more per relayed read, so ``scripts/setup.sh`` compiles it with mypyc, in the
+relay's lane (:data:`proxy.compiled.RELAY_LANE`: one extension with the reactor's hop and the
+scanner, whose calls to each other are C calls): what it declares is checked at run time there.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, cast
+from typing import Any, Final
 
 from proxy.config.proxy_config import ServiceUrl
 from proxy.core.holding import HoldQueue
@@ -287,9 +291,8 @@ class ConnectionPipeline:
                     counted = -1
                     if index == last:
                         counted = frames
-                    elif last >= 0:
-                        data = cast(bytes, piece)
-                        counted = count_frame_starts(data, min(lead, len(data)))
+                    elif last >= 0 and not isinstance(piece, Frame):  # (it is not: narrowed for the types)
+                        counted = count_frame_starts(piece, min(lead, len(piece)))
                         frames -= counted
                     lead = self._publish_run(direction, piece, lead, now_ns, counted)
                 continue
@@ -666,8 +669,10 @@ class ConnectionPipeline:
         a look to tell where the next run's first frame begins.
         """
         assert self.publish is not None
-        # (never a Frame here; typed bytes as the hub's queued observers get it, see RunEvent)
-        data = cast(bytes, piece) if self._run_views else bytes(piece)  # type: ignore[arg-type]
+        # (never a Frame here; typed bytes as the hub's queued observers get it, see RunEvent: a view is
+        # passed on as it is, untyped, which compiled code does not check)
+        run: Any = piece
+        data = run if self._run_views else bytes(run)
         size = len(data)
         position = self._stream_pos[direction]
         self._stream_pos[direction] = position + size

@@ -6,6 +6,7 @@ from pathlib import Path as _Path
 
 from proxy import compiled as _compiled
 
-#: Modules scripts/setup.sh compiles with mypyc (proxy.compiled): the plain forms' walk runs on each small read.
+#: Modules scripts/setup.sh compiles with mypyc (proxy.compiled), in the relay's lane: the plain forms' walk runs
+#: on each small read.
 COMPILED_MODULES = ("plain_forms",)
-_compiled.guard(__name__, _Path(__file__).parent, COMPILED_MODULES)
+_compiled.guard(__name__, _Path(__file__).parent, COMPILED_MODULES, _compiled.RELAY_LANE)

@@ -8,13 +8,15 @@ it: ``recorder`` (queue and writer task; encoding and files in
 :mod:`proxy.recording.writer`) and ``rule_watch`` (the polling task; reload decisions in
 :mod:`proxy.rules.reload`).  ``stack`` is the one place rules, recording, telemetry and
 the admin API are wired to the server.  ``hop`` (what the reactor does per relayed read) and
-``plain_socket`` (a plain socket's calls that never wait) run compiled.
+``plain_socket`` (a plain socket's calls that never wait) run compiled, in the relay's lane
+(:data:`proxy.compiled.RELAY_LANE`: one extension with the pipeline and the scanner).
 """
 
 from pathlib import Path as _Path
 
 from proxy import compiled as _compiled
 
-#: Modules scripts/setup.sh compiles with mypyc (proxy.compiled): the reactor's hop runs on every relayed read.
+#: Modules scripts/setup.sh compiles with mypyc (proxy.compiled), in the relay's lane: the reactor's hop runs on
+#: every relayed read.
 COMPILED_MODULES = ("hop", "plain_socket")
-_compiled.guard(__name__, _Path(__file__).parent, COMPILED_MODULES)
+_compiled.guard(__name__, _Path(__file__).parent, COMPILED_MODULES, _compiled.RELAY_LANE)

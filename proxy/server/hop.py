@@ -10,7 +10,9 @@ it hands the work to the direction's own task (``Relay._serve_with_reactor``) an
 aside until that task has finished it — so ordering and backpressure are exactly the async
 path's.  With observers, the events of a read reach them after its write (the hub defers them
 around it), off the request's latency.  This runs once per relayed read, so ``scripts/setup.sh``
-compiles this module with mypyc (see :mod:`proxy.compiled`); the task's side, which awaits, stays in ``relay``.
+compiles this module with mypyc, in the relay's lane (one extension with the socket calls, the pipeline
+and the scanner: its calls to them are C calls; see :mod:`proxy.compiled`); the task's side, which awaits,
+stays in ``relay``.
 """
 
 from __future__ import annotations
@@ -167,7 +169,7 @@ class ReactorPump:
         return None
 
 
-def serve_in_trios_place(reactor: Reactor, epoll: select.epoll, handlers: dict[int, Callable[[int], bool]],
+def serve_in_trios_place(reactor: Reactor, epoll: select.epoll, handlers: dict[int, ReactorPump],
                          again: list[int], timeout: float, loop: LoopWait) -> None:
     """``reactor`` (``epoll``, its sockets' ``handlers``, the sockets to call ``again``) waits in the place
     of Trio, which is about to sleep up to ``timeout`` s: serve the relay sockets until Trio has something to do.
@@ -193,7 +195,7 @@ def serve_in_trios_place(reactor: Reactor, epoll: select.epoll, handlers: dict[i
                 handler = handlers.get(fd)
                 if handler is None:  # Trio's epoll, or a socket unregistered meanwhile
                     loop_ready = loop_ready or fd == loop_fd
-                elif handler(flags):  # (handlers never raise)
+                elif handler.on_readable(flags):  # (handlers never raise)
                     again.append(fd)
             reactor.rounds += 1  # (counted after the hop's write, not before it)
         if loop_ready or timeout <= 0:

@@ -5,7 +5,7 @@ the receive buffer it holds between a large read and the next wait, the writes i
 (what the kernel did not take at once, written before anything else), and the reads and
 writes the reactor's hop (:mod:`proxy.server.hop`) makes without waiting.  The transport
 adds the waiting (Trio) around it.  The hop runs this once per relayed read and write, so
-``scripts/setup.sh`` compiles this module with mypyc (see :mod:`proxy.compiled`).
+``scripts/setup.sh`` compiles this module with mypyc, in the relay's lane (see :mod:`proxy.compiled`).
 OS errors become :class:`PeerLost` (a ``trio.BrokenResourceError``) here, at the edge.
 """
 

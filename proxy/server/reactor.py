@@ -43,12 +43,8 @@ from typing import Any, Final
 import structlog
 import trio
 
-from proxy.server.hop import serve_in_trios_place
+from proxy.server.hop import ReactorPump, serve_in_trios_place
 from proxy.server.plain_socket import ReceiveScratch
-
-#: a handler gets the epoll flags (0 when called again) and returns True when it stopped
-#: early and wants another call
-Handler = Callable[[int], bool]
 
 _EVENTS: Final = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLET
 
@@ -64,7 +60,10 @@ class Reactor:
 
     def __init__(self) -> None:
         self._epoll = select.epoll()
-        self._handlers: dict[int, Handler] = {}
+        #: each socket's handler: its pump's ``on_readable`` gets the epoll flags (0 when called
+        #: again) and returns True when it stopped early and wants another call (a pump, not a
+        #: bound method: the compiled loop calls it as a C call)
+        self._handlers: dict[int, ReactorPump] = {}
         self._again: list[int] = []
         self.rounds = 0
         #: what its handlers' transports read into (see PlainSocket.try_receive)
@@ -76,7 +75,7 @@ class Reactor:
     def stop(self) -> None:
         self._scope.cancel()
 
-    def register(self, sock: socket.socket, handler: Handler) -> None:
+    def register(self, sock: socket.socket, handler: ReactorPump) -> None:
         fd = sock.fileno()
         if self._epoll.closed:
             raise trio.ClosedResourceError("the proxy is shutting down")
@@ -132,7 +131,7 @@ class Reactor:
         handlers = self._handlers
         for fd, flags in events:
             handler = handlers.get(fd)
-            if handler is not None and handler(flags):
+            if handler is not None and handler.on_readable(flags):
                 self._again.append(fd)
 
     def wait_in_trios_place(self, timeout: float, loop: LoopWait) -> None:

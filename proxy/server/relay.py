@@ -332,7 +332,7 @@ class Relay:
     async def _serve_with_reactor(self, pump: ReactorPump) -> None:
         """A direction's task while the reactor serves it (``hop``): carry out what the reactor hands over."""
         pump.task = trio.lowlevel.current_task()
-        pump.reactor.register(pump.source.sock, pump.on_readable)
+        pump.reactor.register(pump.source.sock, pump)
         try:
             while True:
                 work, pump.work = pump.work, None
