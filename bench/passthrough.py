@@ -39,7 +39,8 @@ Latency runs after the rounds, path by path.
         no Python proxy's round trip gets under on the machine
     .venv/bin/python bench/passthrough.py --interleaved --baseline /tmp/main \\
         --latency-observers 'metrics,traces 1%,recording'    # and what watching adds to a round trip
-        (--pin: the proxies on a core of their own, the client and the stand-in broker on the other)
+        (--pin: the proxies on a core of their own, the client and the stand-in broker on the other;
+        --one-cpu: every process on one CPU, what each proxy's code costs without wake-ups across CPUs)
     .venv/bin/python bench/passthrough.py --baseline /tmp/main      # also the pulsar-tap of another
         checkout (e.g. ``git archive main | tar -x -C /tmp/main``), measured in the same rounds:
         a before/after from the same run, as the ``tap/baseline`` column
@@ -509,6 +510,21 @@ def pin_proxies(proxies: list[int], broker: int | None) -> None:
     os.sched_setaffinity(0, others)
     print(f"pinned: the proxies on CPU {cpus[-1]}, the client and the stand-in broker on "
           f"{', '.join(map(str, sorted(others)))}", flush=True)
+
+
+def pin_to_one_cpu(proxies: list[int], broker: int | None) -> None:
+    """``--one-cpu``: every proxy (each thread, and child processes), the stand-in broker and this client on the
+    first CPU: the processes take turns on it, and no round trip waits for a wake-up on another CPU."""
+    cpu = {min(os.sched_getaffinity(0))}
+    for pid in [*proxies, *([broker] if broker is not None else [])]:
+        for process in (pid, *children_of(pid)):
+            for thread in threads_of(process):
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(thread, cpu)
+    for thread in threads_of(os.getpid()):
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(thread, cpu)
+    print(f"pinned: every process on CPU {min(cpu)}", flush=True)
 
 
 def print_observer_latency(results: dict[str, dict[str, float]]) -> None:
@@ -1353,6 +1369,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pin", action="store_true",
                         help="with --interleaved: the proxies (haproxy, the floor, every pulsar-tap) on the last CPU, "
                              "the client and the stand-in broker on the others (a proxy with a core of its own)")
+    parser.add_argument("--one-cpu", action="store_true",
+                        help="with --interleaved: every process (the client, the stand-in broker, every proxy) on "
+                             "the first CPU: what each proxy's own code costs a round trip, without the wake-ups "
+                             "across CPUs that decide most of a round trip's time on a 2-core VM (there, unpinned, "
+                             "one proxy process of several identical ones could read 25-35 us faster than the "
+                             "others for its whole life)")
     parser.add_argument("--interleaved", action="store_true",
                         help="only latency, of direct, haproxy, a Python floor relay (floor_relay_main: the least "
                              "a relay in Python does), --baseline and pulsar-tap together: their round trips taken "
@@ -1404,6 +1426,8 @@ def main(argv: list[str] | None = None) -> int:
                     arms |= start_latency_observers(running, target, workdir, otlp_listen.getsockname()[1], args)
                     if args.pin:
                         pin_proxies([pid for _, pid in arms.values() if pid is not None], broker.pid)
+                    elif args.one_cpu:
+                        pin_to_one_cpu([pid for _, pid in arms.values() if pid is not None], broker.pid)
                     results = interleaved_latency(arms, args.rounds)
                     print_interleaved(results)
                     print_observer_latency(results)
