@@ -93,27 +93,7 @@ build_part go-client "$peers/go-client/go.mod" "$peers/go-client/go.sum" "$peers
 # headers are needed) into C extensions next to their sources, git-ignored.  Each package's
 # mypyc.stamp lists the sha256 of the sources its extensions were built from: Python runs the
 # source instead of a stale build (proxy/compiled.py), and this step rebuilds only when a
-# source, or the installed packages, changed.
-# mypyc_build DIR MODULE.py...: compile DIR's MODULEs (one extension each, beside its source)
-mypyc_build() {
-    local dir=$1; shift
-    local want installed
-    installed=$(cat "$stamp")  # the installed packages' hash too: another mypy compiles differently
-    want=$(cd "$dir" && sha256sum "$@" && echo "$installed  (installed packages)")
-    if [ -f "$dir/mypyc.stamp" ] && [ "$(cat "$dir/mypyc.stamp")" = "$want" ]; then return 0; fi
-    echo "setup: compiling with mypyc: $dir/{$(IFS=,; echo "$*")}" >&2
-    rm -f "$dir/mypyc.stamp"
-    local module log=build/mypyc.log
-    mkdir -p build
-    for module in "$@"; do
-        # (unlinked first, not overwritten: a process still running the old build keeps its copy)
-        rm -f "$dir/${module%.py}".*.so "$dir/${module%.py}__mypyc".*.so
-        # (one module at a time: mypyc puts a group's shared library beside the first common package)
-        .venv/bin/mypyc "$dir/$module" >"$log" 2>&1 || { cat "$log" >&2; echo "setup: mypyc failed on $dir/$module" >&2; exit 1; }
-    done
-    echo "$want" > "$dir/mypyc.stamp"
-}
-
+# source, or the installed packages, changed (another mypy compiles differently).
 # group_stamp DIR PATH...: DIR's mypyc.stamp when its members of the group PATH... are current
 group_stamp() {
     local dir=$1 path installed; shift
@@ -124,7 +104,8 @@ group_stamp() {
 # mypyc_group NAME PATH...: compile the modules at PATHs into one extension, the shared library
 # NAME__mypyc beside the package NAME names (a shim per module beside its source): calls between
 # them are C calls, not Python calls.  Each package's stamp lists its members, and one stale
-# member runs the whole group from source (proxy/compiled.py).
+# member runs the whole group from source (proxy/compiled.py).  A module compiled alone is a
+# group of one named after it.
 mypyc_group() {
     local name=$1; shift
     local library="${name//.//}__mypyc" dir dirs stale=0 log=build/mypyc.log
@@ -136,6 +117,7 @@ mypyc_group() {
     [ "$stale" = 1 ] || return 0
     echo "setup: compiling with mypyc into one extension, $library: $*" >&2
     mkdir -p build
+    # (unlinked first, not overwritten: a process still running the old build keeps its copy)
     for path in "$@"; do
         rm -f "$(dirname "$path")/mypyc.stamp" "${path%.py}".*.so "${path%.py}__mypyc".*.so
     done
@@ -148,9 +130,9 @@ mypyc_group() {
     for dir in $dirs; do group_stamp "$dir" "$@" > "$dir/mypyc.stamp"; done
 }
 
-mypyc_build proxy/analytics decode.py
-mypyc_build proxy/rules sampling.py
-mypyc_build proxy/telemetry bulk_forms.py
+mypyc_group proxy.analytics.decode proxy/analytics/decode.py
+mypyc_group proxy.rules.sampling proxy/rules/sampling.py
+mypyc_group proxy.telemetry.bulk_forms proxy/telemetry/bulk_forms.py
 # the relay's lane: what runs per relayed read (the reactor's hop, its socket calls, the pipeline,
 # the header scanner and its walk of the plain command forms), one extension
 mypyc_group proxy.relay_lane proxy/server/hop.py proxy/server/plain_socket.py proxy/core/pipeline.py \
