@@ -374,7 +374,7 @@ def bench_metrics_split(messages: int, size: int, repeat: int) -> None:
     positions = {Direction.TO_BROKER: 0, Direction.TO_CLIENT: 0}
     for direction, frame in frames[4:]:
         # (a view, as the hub's run ring hands runs over)
-        events.append(RunEvent(info, direction, ts, memoryview(frame.raw), 0, positions[direction], ts))  # type: ignore[arg-type]
+        events.append(RunEvent(info, direction, ts, memoryview(frame.raw), 0, positions[direction], ts))
         positions[direction] += len(frame.raw)
         ts += 50_000
     least = dict.fromkeys(SPLIT_VARIANTS, float("inf"))

@@ -135,7 +135,7 @@ class RunEvent:
     connection: ConnectionInfo
     direction: Direction
     ts_ns: int
-    data: bytes
+    data: bytes | memoryview
     lead: int
     stream_pos: int
     #: when the bytes left the proxy: ``ts_ns``, or later behind what a rule's delay holds

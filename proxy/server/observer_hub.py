@@ -66,7 +66,7 @@ import struct
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Final, cast
+from typing import Final
 
 import structlog
 import trio
@@ -107,7 +107,7 @@ _ROW_FROM: Final = 16
 log = structlog.get_logger("pulsar_tap.observers")
 
 
-def piece_starts(data: bytes, pos: int, limit: int) -> list[int]:
+def piece_starts(data: bytes | memoryview, pos: int, limit: int) -> list[int]:
     """Where a run whose frames begin at ``pos`` is cut into pieces of about ``limit`` bytes: the start of each
     piece but the first.  A piece ends before the frame that would take it past ``limit`` and holds one frame
     at least (the first piece also the run's lead); the last may end inside a frame.
@@ -316,8 +316,7 @@ class ObserverHub:
                 if offset is None:
                     self.dropped += 1
                     return
-                # (a view, typed as the bytes it stands for: see run_views)
-                data = cast(bytes, ring.view[offset:offset + run_bytes])
+                data: bytes | memoryview = ring.view[offset:offset + run_bytes]  # (a view: see run_views)
             else:
                 data = event.data if type(event.data) is bytes else bytes(event.data)
             if data is not event.data:  # (built anew: dataclasses.replace costs ~2 us, a run per message)
