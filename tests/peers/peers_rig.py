@@ -412,10 +412,11 @@ def leaked_addresses(frames: Sequence[dict[str, Any]], addresses: Iterable[str])
     return leaks
 
 
-def run_with_watcher(upstream: Upstream, start: Any, during: Any = None) -> tuple[ClientRun, Dials]:
-    """Start a client (``start()`` returns a ClientProcess) under a :class:`DialWatcher`, call ``during(client)``
-    if given while it runs; the client's report and the dials."""
-    with DialWatcher(upstream.broker_ports, upstream.pid) as watcher:
+def run_with_watcher(upstream: Upstream, start: Any, during: Any = None, period: float = 0.05
+                     ) -> tuple[ClientRun, Dials]:
+    """Start a client (``start()`` returns a ClientProcess) under a :class:`DialWatcher` sampling every ``period``
+    seconds, call ``during(client)`` if given while it runs; the client's report and the dials."""
+    with DialWatcher(upstream.broker_ports, upstream.pid, period) as watcher:
         client = start()
         watcher.client_pid = client.pid
         try:
