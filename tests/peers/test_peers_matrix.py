@@ -80,8 +80,8 @@ def test_every_acknowledged_message_arrives_once_in_order(client: str, upstream:
     topic = _topic(upstream, f"{client}-{mode}")
     options = {"messages": MESSAGES, "batching": True, "compression": "LZ4", "timeout": 240}
     if mode == "direct":
-        # (sampled every 10 ms, not 50: no proxy thread shares this process's GIL here, and the Go client sent its
-        # 10 000 batched messages between two samples 50 ms apart: the watcher saw no connection at all)
+        # (sampled every 10 ms, not 50: no proxy thread shares this process's GIL here; at 50 ms the watcher once
+        # saw no connection at all in three samples, the Go client's batched run having fallen between two, it seems)
         run, dials = run_with_watcher(upstream, lambda: start_client(client, upstream.service_url, topic, **options),
                                       period=0.01)
         assert delivery_problems(run, MESSAGES, PARTITIONS) == []
