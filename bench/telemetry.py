@@ -30,11 +30,11 @@ Two measurements:
 - ``split`` (not part of ``both``): where the metrics observer's time per message goes while the relay reads
   frames as fast as they come (each SEND and each receipt a run of its own, the lanes
   ``passed_send`` / ``passed_receipt``): the same one-frame runs through ``on_run`` with one part made a no-op
-  on the instance at a time (the histogram's record, ``request`` as a whole, the frame counters,
-  ``message_count``, all three metrics calls), and the lanes called without ``on_run``; the variants are
-  interleaved ``--repeat`` times and the least CPU time (``thread_time``) of each is printed per message,
-  with what leaving the part out saved.  What all three metrics calls save is the metrics' own share; the
-  rest is the lane and the tracker's book, which traces need as well.
+  on the instance at a time (the histogram's record, the metrics of a SEND (``send_passed``), of a receipt
+  (``receipt_passed``, the histogram's record in it), both), and the lanes called without ``on_run``; the
+  variants are interleaved ``--repeat`` times and the least CPU time (``thread_time``) of each is printed per
+  message, with what leaving the part out saved.  What both metrics calls save is the metrics' own share;
+  the rest is the lane and the tracker's book, which traces need as well.
 
 Spans go to a discarding exporter behind the real batch span processor, so the
 SDK's work is counted but no collector is needed.
@@ -330,10 +330,9 @@ SPLIT_VARIANTS: dict[str, tuple[str, ...]] = {
     "all of it": (),
     "lanes called directly": ("direct",),
     "histogram record": ("histogram.record",),
-    "request (label, key, record)": ("metrics.request",),
-    "frame counters": ("metrics.frame",),
-    "message_count": ("metrics.message_count",),
-    "all three metrics calls": ("metrics.request", "metrics.frame", "metrics.message_count"),
+    "a SEND's metrics (send_passed)": ("metrics.send_passed",),
+    "a receipt's (receipt_passed)": ("metrics.receipt_passed",),
+    "both metrics calls": ("metrics.send_passed", "metrics.receipt_passed"),
 }
 
 

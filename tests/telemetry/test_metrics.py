@@ -10,7 +10,7 @@ from prometheus_client.samples import Sample
 
 from proxy.pb import PulsarApi_pb2 as api
 from proxy.telemetry import TelemetryPipeline, build_telemetry
-from proxy.telemetry.metrics import TopicLabelPolicy
+from proxy.telemetry.metrics import LANE_TOPICS, ProxyMetrics, TopicLabelPolicy
 
 from .scripted import BASE_NS, MS, TO_BROKER, TO_CLIENT, TOPIC, connect, create_producer, frame, message, produce, send
 
@@ -131,3 +131,34 @@ def test_exposition_before_any_traffic_parses() -> None:
         assert list(text_string_to_metric_families(pipeline.prometheus_text())) is not None
     finally:
         pipeline.shutdown()
+
+
+@pytest.mark.parametrize("max_topics", [0, 3, 100])
+def test_the_lanes_count_a_send_and_its_receipt_as_the_general_calls_do(max_topics: int) -> None:
+    """send_passed / receipt_passed keep their own ways to the counters and the histogram's keys, a topic at a
+    time: the same exposition as frame / message_count / request, past the label policy's limit and past the
+    topics the lanes remember (their memory starts over), with and without a topic, a receipt without its SEND
+    and a negative wait (clocks of two threads) counted as 0."""
+    lanes = ProxyMetrics(topic_policy=TopicLabelPolicy(max_topics=max_topics))
+    general = ProxyMetrics(topic_policy=TopicLabelPolicy(max_topics=max_topics))
+    topics = [None, "", *(f"persistent://public/default/t-{i % 5000}" for i in range(LANE_TOPICS + 6000))]
+    for i, topic in enumerate(topics):
+        size, messages = 100 + i % 7, i % 3
+        lanes.send_passed(topic, size, messages)
+        general.frame("SEND", "to_broker", "client", size)
+        if messages:
+            general.message_count("SEND", topic, messages)
+        waited = None if i % 4 == 0 else (i * 7919) % 3_000_000 - 1000
+        lanes.receipt_passed(topic, 40 + i % 5, waited)
+        general.frame("SEND_RECEIPT", "to_client", "broker", 40 + i % 5)
+        if waited is not None:
+            general.request("SEND", topic, "ok", (waited if waited > 0 else 0) / 1e9)
+    text = lanes.prometheus_text()
+    assert text == general.prometheus_text()
+    found = samples(text)
+    assert value(found, "pulsar_tap_frames", "pulsar_tap_frames_total", command="SEND") == len(topics)
+    requests = value(found, "pulsar_tap_request_duration_seconds", "pulsar_tap_request_duration_seconds_count")
+    assert requests == sum(1 for i in range(len(topics)) if i % 4)
+    assert ('topic="other"' in text) == (0 < max_topics < 5000)
+    lanes.shutdown()
+    general.shutdown()
