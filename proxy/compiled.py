@@ -85,6 +85,10 @@ class Group(NamedTuple):
 #: scanner and its walk of the plain command forms (one extension: see :class:`Group`).
 RELAY_LANE: Final = Group("proxy.relay_lane", ("proxy.server.hop", "proxy.server.plain_socket", "proxy.core.pipeline",
                                                "proxy.core.scanner", "proxy.protocol.plain_forms"))
+#: What telemetry runs per message: the walk of the SENDs and receipts it accounts in bulk and the latency
+#: histogram's recording (one extension: one package's modules share its one ``mypyc.stamp``).
+TELEMETRY_LANE: Final = Group("proxy.telemetry.message_lane", ("proxy.telemetry.bulk_forms",
+                                                                 "proxy.telemetry.histogram_cells"))
 
 
 def _built(path: Path) -> bool:
@@ -142,5 +146,5 @@ def is_compiled(module: ModuleType) -> bool:
     return isinstance(getattr(module, "__loader__", None), importlib.machinery.ExtensionFileLoader)
 
 
-__all__ = ["COMPILED", "NOT_BUILT", "RELAY_LANE", "STALE", "STAMP_NAME", "STATES", "Group", "guard", "is_compiled",
-           "states_of"]
+__all__ = ["COMPILED", "NOT_BUILT", "RELAY_LANE", "STALE", "STAMP_NAME", "STATES", "TELEMETRY_LANE", "Group", "guard",
+           "is_compiled", "states_of"]

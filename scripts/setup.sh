@@ -132,7 +132,8 @@ mypyc_group() {
 
 mypyc_group proxy.analytics.decode proxy/analytics/decode.py
 mypyc_group proxy.rules.sampling proxy/rules/sampling.py
-mypyc_group proxy.telemetry.bulk_forms proxy/telemetry/bulk_forms.py
+# telemetry's per message: the walk of the SENDs and receipts it takes in bulk, the latency histogram's record
+mypyc_group proxy.telemetry.message_lane proxy/telemetry/bulk_forms.py proxy/telemetry/histogram_cells.py
 # the relay's lane: what runs per relayed read (the reactor's hop, its socket calls, the pipeline,
 # the header scanner and its walk of the plain command forms), one extension
 mypyc_group proxy.relay_lane proxy/server/hop.py proxy/server/plain_socket.py proxy/core/pipeline.py \

@@ -3,7 +3,8 @@
 A broken build must not fall back to the (slower) source silently: the installed tree
 is held to its compiled modules here (the analytics decoder; the relay's lane, one extension: the reactor's hop, its
 socket calls, the pipeline, the header scanner and its walk of the plain command forms; the draws of sampled rules;
-telemetry's walk of the SENDs and receipts it accounts in bulk).
+telemetry's lane, one extension: its walk of the SENDs and receipts it accounts in bulk and the latency histogram's
+record).
 The source runs instead of a build older than itself, and without any build; one stale member of the lane runs
 the whole lane from source.
 """
@@ -113,13 +114,14 @@ def test_a_group_runs_compiled_only_whole_and_one_stale_member_runs_every_member
             del sys.modules[name]
 
 
-def test_the_relay_lane_is_one_group_and_its_members_are_listed_as_compiled() -> None:
+@pytest.mark.parametrize("lane", [compiled.RELAY_LANE, compiled.TELEMETRY_LANE], ids=lambda lane: lane.name)
+def test_each_lane_is_one_group_and_its_members_are_listed_as_compiled(lane: compiled.Group) -> None:
     """Every member of the lane is in its package's COMPILED_MODULES (held to compiled above), and the
     shared library is where the shims look for it."""
-    listed = {f"{package.__name__}.{name}" for package in (proxy.core, proxy.protocol, proxy.server)
+    listed = {f"{package.__name__}.{name}" for package in (proxy.core, proxy.protocol, proxy.server, proxy.telemetry)
               for name in package.COMPILED_MODULES}
-    assert set(compiled.RELAY_LANE.modules) <= listed
-    library = importlib.import_module(f"{compiled.RELAY_LANE.name}__mypyc")
+    assert set(lane.modules) <= listed
+    library = importlib.import_module(f"{lane.name}__mypyc")
     assert compiled.is_compiled(library)
-    for name in compiled.RELAY_LANE.modules:
+    for name in lane.modules:
         assert compiled.STATES[name] == compiled.COMPILED

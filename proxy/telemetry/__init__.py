@@ -24,10 +24,10 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from proxy import compiled as _compiled
 
 #: Modules scripts/setup.sh compiles with mypyc (proxy.compiled): the bulk path's walk of each SEND's and receipt's
-#: command.
-COMPILED_MODULES = ("bulk_forms",)
+#: command, and the latency histogram's recording.
+COMPILED_MODULES = ("bulk_forms", "histogram_cells")
 # (before the package's modules are imported: the observer imports bulk_forms)
-_compiled.guard(__name__, _Path(__file__).parent, COMPILED_MODULES)
+_compiled.guard(__name__, _Path(__file__).parent, COMPILED_MODULES, _compiled.TELEMETRY_LANE)
 
 from proxy.telemetry.exporters import ExportSettings, metric_readers, tracer_provider  # noqa: E402
 from proxy.telemetry.metrics import ProxyMetrics, TopicLabelPolicy  # noqa: E402

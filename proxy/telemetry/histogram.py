@@ -21,18 +21,18 @@ to the reader's :class:`MetricsData`:
 
 Readers take part by mixing in :class:`FoldsHistograms` (``FoldingInMemoryReader``,
 ``exporters.FoldingPeriodicReader``).  Recording happens on the proxy's loop thread and
-collection on a reader's thread: one lock guards the state.
+collection on a reader's thread: one lock guards the state.  The state and its recording are
+in :mod:`proxy.telemetry.histogram_cells`, which runs compiled (a request's record costs a
+third of what it did interpreted); this module builds the SDK's classes from it.
 """
 
 from __future__ import annotations
 
 import math
-import threading
-from bisect import bisect_left
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from time import time_ns
-from typing import Any, Final
+from typing import Any
 
 from opentelemetry import metrics as metrics_api
 from opentelemetry.sdk.metrics import Histogram as HistogramInstrument
@@ -47,62 +47,8 @@ from opentelemetry.sdk.metrics.export import (
     ScopeMetrics,
 )
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.util.types import AttributeValue
 
-#: the SDK's default limit of attribute sets per instrument and reader
-DEFAULT_CARDINALITY_LIMIT: Final = 2000
-OVERFLOW_ATTRIBUTES: Final[dict[str, AttributeValue]] = {"otel.metric.overflow": True}
-_OVERFLOW_KEY: Final = object()
-
-Attributes = dict[str, AttributeValue]
-
-
-class _Cell:
-    """One attribute set of one reader: the SDK's ``_ExplicitBucketHistogramAggregation`` state."""
-
-    __slots__ = ("attributes", "counts", "max", "min", "previous_counts", "previous_max", "previous_min",
-                 "previous_sum", "start_ns", "sum")
-
-    def __init__(self, attributes: Attributes, start_ns: int) -> None:
-        self.attributes = attributes
-        self.start_ns = start_ns
-        #: since the last collection (None: nothing)
-        self.counts: list[int] | None = None
-        self.sum: float = 0
-        self.min = math.inf
-        self.max = -math.inf
-        #: cumulative totals up to the last collection
-        self.previous_counts: list[int] | None = None
-        self.previous_sum: float = 0
-        self.previous_min = math.inf
-        self.previous_max = -math.inf
-
-
-class _ReaderState:
-    """The cells of one reader and how it collects."""
-
-    __slots__ = ("cardinality_limit", "cells", "delta", "previous_collection_ns")
-
-    def __init__(self, delta: bool, cardinality_limit: int) -> None:
-        self.delta = delta
-        self.cardinality_limit = cardinality_limit
-        self.cells: dict[object, _Cell] = {}
-        #: set by delta collections: the start of the next period
-        self.previous_collection_ns: int | None = None
-
-    def cell(self, key: object, attributes: Callable[[], Attributes]) -> _Cell:
-        """The cell of ``key``, created on its first measurement (or the overflow cell)."""
-        cell = self.cells.get(key)
-        if cell is not None:
-            return cell
-        attrs = attributes()
-        if len(self.cells) >= self.cardinality_limit:
-            key, attrs = _OVERFLOW_KEY, dict(OVERFLOW_ATTRIBUTES)
-            cell = self.cells.get(key)
-            if cell is not None:
-                return cell
-        cell = self.cells[key] = _Cell(attrs, self.previous_collection_ns or time_ns())
-        return cell
+from proxy.telemetry.histogram_cells import DEFAULT_CARDINALITY_LIMIT, Cell, ReaderCells, Recorder
 
 
 class PreAggregatedHistogram:
@@ -118,60 +64,22 @@ class PreAggregatedHistogram:
         #: the SDK's class of the instrument: what readers key their settings by
         self._kind = type(instrument)
         self.boundaries = tuple(float(bound) for bound in boundaries)
-        self._readers: dict[int, _ReaderState] = {}
-        self._states: list[_ReaderState] = []
-        self._lock = threading.Lock()
+        self._readers: dict[int, ReaderCells] = {}
+        self._recorder = Recorder(self.boundaries)
+        #: :meth:`Recorder.record`: one measurement (finite, >= 0) of the attribute set a key names (compiled)
+        self.record = self._recorder.record
+        #: :meth:`Recorder.record_many`: several, in order
+        self.record_many = self._recorder.record_many
 
     def add_reader(self, reader: MetricReader) -> None:
         """Keep state for ``reader`` (before anything is recorded), with its temporality and limit."""
         # The reader's settings for histograms, as the SDK's storage reads them.
         temporality = reader._instrument_class_temporality[self._kind]
         limits: dict[type, int] = getattr(reader, "_instrument_class_cardinality_limit", None) or {}
-        state = _ReaderState(temporality is AggregationTemporality.DELTA,
-                             limits.get(self._kind, DEFAULT_CARDINALITY_LIMIT))
+        state = ReaderCells(temporality is AggregationTemporality.DELTA,
+                            limits.get(self._kind, DEFAULT_CARDINALITY_LIMIT), _now)
         self._readers[id(reader)] = state
-        self._states.append(state)
-
-    def record(self, key: object, attributes: Callable[[], Attributes], value: float) -> None:
-        """One measurement (finite, >= 0) of the attribute set ``key`` names (``attributes()`` spells it out)."""
-        index = bisect_left(self.boundaries, value)
-        with self._lock:
-            for state in self._states:
-                cell = state.cells.get(key) or state.cell(key, attributes)
-                counts = cell.counts
-                if counts is None:
-                    counts = cell.counts = [0] * (len(self.boundaries) + 1)
-                counts[index] += 1
-                cell.sum += value
-                if value < cell.min:
-                    cell.min = value
-                if value > cell.max:
-                    cell.max = value
-
-    def record_many(self, key: object, attributes: Callable[[], Attributes], values: list[float]) -> None:
-        """:meth:`record` of each of ``values`` (finite, >= 0), in order: the same sums, bit for bit."""
-        if len(values) == 1:  # (a run of one receipt, below saturation the common case: half the cost)
-            self.record(key, attributes, values[0])
-            return
-        boundaries = self.boundaries
-        indexes = [bisect_left(boundaries, value) for value in values]
-        low, high = min(values), max(values)
-        with self._lock:
-            for state in self._states:
-                cell = state.cells.get(key) or state.cell(key, attributes)
-                counts = cell.counts
-                if counts is None:
-                    counts = cell.counts = [0] * (len(boundaries) + 1)
-                for index in indexes:
-                    counts[index] += 1
-                total = cell.sum
-                for value in values:
-                    total += value
-                cell.sum = total
-                if low < cell.min:
-                    cell.min = low
-                if high > cell.max:
-                    cell.max = high
+        self._recorder.readers.append(state)
 
     # -- collection -----------------------------------------------------------------------
     def fold(self, reader: MetricReader, data: MetricsData) -> MetricsData:
@@ -180,7 +88,7 @@ class PreAggregatedHistogram:
         if state is None:
             return data
         collection_ns = _collection_time(data)
-        with self._lock:
+        with self._recorder.lock:
             points = self._collect(state, collection_ns)
         if not points:
             return data
@@ -200,7 +108,7 @@ class PreAggregatedHistogram:
         return replace(data, resource_metrics=[replace(first, scope_metrics=scopes),
                                                *data.resource_metrics[1:]])
 
-    def _collect(self, state: _ReaderState, collection_ns: int) -> list[HistogramDataPoint]:
+    def _collect(self, state: ReaderCells, collection_ns: int) -> list[HistogramDataPoint]:
         cells = state.cells
         if state.delta:
             state.cells = {}
@@ -212,9 +120,9 @@ class PreAggregatedHistogram:
                 points.append(point)
         return points
 
-    def _point(self, cell: _Cell, delta: bool, collection_ns: int) -> HistogramDataPoint | None:
+    def _point(self, cell: Cell, delta: bool, collection_ns: int) -> HistogramDataPoint | None:
         counts, sum_, min_, max_ = cell.counts, cell.sum, cell.min, cell.max
-        cell.counts, cell.sum, cell.min, cell.max = None, 0, math.inf, -math.inf
+        cell.counts, cell.sum, cell.min, cell.max = None, 0.0, math.inf, -math.inf
         if delta:
             if counts is None:
                 return None
@@ -234,6 +142,11 @@ class PreAggregatedHistogram:
                                   sum=cell.previous_sum, bucket_counts=tuple(cell.previous_counts),
                                   explicit_bounds=self.boundaries, min=cell.previous_min,
                                   max=cell.previous_max, exemplars=[])
+
+
+def _now() -> int:
+    """The time in ns a cell starts at: this module's ``time_ns`` (read when called: a test freezes it)."""
+    return time_ns()
 
 
 def _collection_time(data: MetricsData) -> int:
