@@ -164,8 +164,8 @@ def test_proxy_metrics_refuses_a_reader_that_would_leave_the_histogram_out() -> 
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_requests_in_groups_count_as_each_request_alone(clock: FrozenClock, seed: int) -> None:
-    """``ProxyMetrics.requests`` (a run's receipts of one topic at once: groups of one, below saturation, take a
-    shorter way) records what ``request`` of each value in turn records: the same text, sums bit for bit."""
+    """``ProxyMetrics.requests`` (a run's receipts of one topic at once, in one pass over them) records what
+    ``request`` of each value in turn records: the same text, sums bit for bit."""
     rng = random.Random(seed)
     one_by_one, grouped = ProxyMetrics(), ProxyMetrics()
     for _ in range(400):
