@@ -86,12 +86,7 @@ class Recorder:
         lock.acquire()
         try:
             for reader in self.readers:
-                cell = reader.cells.get(key)
-                if cell is None:
-                    cell = reader.cell(key, attributes)
-                counts = cell.counts
-                if counts is None:
-                    counts = cell.counts = [0] * (len(self.boundaries) + 1)
+                cell, counts = self._counting(reader, key, attributes)
                 counts[index] += 1
                 cell.sum += value
                 if value < cell.min:
@@ -100,6 +95,17 @@ class Recorder:
                     cell.max = value
         finally:
             lock.release()
+
+    def _counting(self, reader: ReaderCells, key: object, attributes: Callable[[], Attributes]
+                  ) -> tuple[Cell, list[int]]:
+        """``reader``'s cell of ``key`` and its bucket counts since the last collection (begun if need be)."""
+        cell = reader.cells.get(key)
+        if cell is None:
+            cell = reader.cell(key, attributes)
+        counts = cell.counts
+        if counts is None:
+            counts = cell.counts = [0] * (len(self.boundaries) + 1)
+        return cell, counts
 
     def bucket(self, value: float) -> int:
         """The index of ``value``'s bucket: of the first boundary not below it (``bisect_left``'s answer),
@@ -117,12 +123,7 @@ class Recorder:
         lock.acquire()
         try:
             for reader in self.readers:
-                cell = reader.cells.get(key)
-                if cell is None:
-                    cell = reader.cell(key, attributes)
-                counts = cell.counts
-                if counts is None:
-                    counts = cell.counts = [0] * (len(self.boundaries) + 1)
+                cell, counts = self._counting(reader, key, attributes)
                 # (one pass: a run's receipts, ~100 of them at the official client's pace)
                 total, low, high = cell.sum, cell.min, cell.max
                 for value in values:
