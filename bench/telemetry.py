@@ -96,6 +96,12 @@ class NoopFrameObserver:
 class NoopObserver(NoopFrameObserver):
     """Takes passed-through bytes in runs, as telemetry does, and does nothing: the relay's and the hub's cost."""
 
+    #: as telemetry's (``TelemetryObserver``): given the relay's views, and for the queue the hub's run ring's,
+    #: not a copy of each run (without it the hub copied every run for this arm alone)
+    run_views = True
+    #: as telemetry's: a long run comes in pieces
+    runs_in_pieces = True
+
     def on_run(self, event: RunEvent) -> None:
         del event
 
