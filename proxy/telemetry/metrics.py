@@ -48,8 +48,9 @@ LATENCY_BUCKETS_S: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
 OTHER_TOPIC: Final = "other"
 REQUEST_DURATION: Final = "pulsar_tap_request_duration_seconds"
 #: topics :meth:`ProxyMetrics.send_passed` / :meth:`ProxyMetrics.receipt_passed` remember their counters for
-#: (past it they start over: topics beyond the label policy's share a counter, not a cache entry)
+#: (past it they start over: a client of ever new topics cannot grow what they remember without bound)
 LANE_TOPICS: Final = 4096
+#: the directions' label values
 _TO_BROKER: Final = Direction.TO_BROKER.value
 _TO_CLIENT: Final = Direction.TO_CLIENT.value
 
