@@ -20,11 +20,15 @@ proxies' threads live as long as they do).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -145,6 +149,37 @@ class CpuParts:
                 in_process += used
         parts["client"] = max(spent - in_process, 0.0)
         return parts
+
+
+@contextlib.contextmanager
+def tap_process(*args: str, timeout_s: float = 30.0) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """``pulsar-tap ARGS`` (``broker``, ``run``) as a child process of this interpreter: (the process, the
+    first address its ready file names: where it listens) once it serves; terminated (killed if it must) at
+    the end.  Its log goes nowhere: ``--log-level error`` is added.  Run from the checkout this script is in, so
+    that it is the package measured."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ready = Path(tmp) / "ready.json"
+        child = subprocess.Popen([sys.executable, "-m", "proxy", *args, "--ready-file", str(ready), "--log-level",
+                                  "error"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                 cwd=Path(__file__).resolve().parents[1])  # (-m proxy: this checkout's)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                with contextlib.suppress(OSError, ValueError):
+                    listen = json.loads(ready.read_text(encoding="utf-8"))["listen"]
+                    if listen:
+                        break
+                if child.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"pulsar-tap {args[0]} did not start (exit {child.poll()})")
+                time.sleep(0.02)
+            yield child, str(listen[0])
+        finally:
+            child.terminate()
+            try:
+                child.wait(30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
 
 
 @dataclass

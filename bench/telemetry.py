@@ -3,15 +3,17 @@
 Two measurements:
 
 - ``proxy``: passthrough throughput through the real proxy.  An embedded broker
-  runs as a ``pulsar-tap broker`` subprocess; the proxy (``ProxyServer``) runs in
-  this process on its own Trio thread with the telemetry observer attached per
-  mode (``noop-observer``: an observer that takes runs, as telemetry does, and does
-  nothing, which separates the relay's and the observer hub's cost from telemetry's
-  own; ``noop-frames``: one that takes frames one by one, so the relay decodes every
-  frame for it); the
-  official client produces ``--messages`` messages of ``--size`` bytes with
-  batching off (one SEND and one SEND_RECEIPT per message, the worst case for
-  per-frame telemetry) through it.  Modes run in ``--repeat``
+  runs as a ``pulsar-tap broker`` subprocess; the proxy (``ProxyServer``, with the
+  telemetry observer attached per mode) runs as a process of its own too, as it is
+  deployed (this script with ``--serve-proxy``; ``--in-process``: on a Trio thread of
+  this process instead, as until stop 47, where it shared the interpreter lock with
+  the client's sends and the relay's time held them up) (``noop-observer``: an
+  observer that takes runs, as telemetry does, and does nothing, which separates the
+  relay's and the observer hub's cost from telemetry's own; ``noop-frames``: one that
+  takes frames one by one, so the relay decodes every frame for it); the official
+  client produces ``--messages`` messages of ``--size`` bytes with batching off (one
+  SEND and one SEND_RECEIPT per message, the worst case for per-frame telemetry)
+  through it.  Modes run in ``--repeat``
   rounds, their order rotated each round (:mod:`interleave`).  Printed per mode: the
   median messages/s, each round's ratio to ``off`` in that round, their median and
   minimum, and per round the events the observer queue dropped (telemetry falling
@@ -20,7 +22,7 @@ Two measurements:
   the proxy share the CPU, so what telemetry spends per message is taken from all of
   them; the CPU time per message (median over the rounds) of the proxy's relay
   thread, of its other threads (the span exporter's), of the broker process and of
-  the client (the rest of this process) is printed too, with the total as a ratio to
+  the client (this process) is printed too, with the total as a ratio to
   ``off``'s: less noisy on a busy machine than the rates.
 - ``observer``: the sans-IO core alone: a scripted session of SEND/SEND_RECEIPT
   frames fed straight into :class:`proxy.telemetry.Telemetry` one by one (the full
@@ -40,7 +42,7 @@ Spans go to a discarding exporter behind the real batch span processor, so the
 SDK's work is counted but no collector is needed.
 
 Usage: ``.venv/bin/python bench/telemetry.py [--messages 60000] [--size 100]
-[--repeat 5] [--run-frames 200] [--mode proxy|observer|both|split] [--arms off,metrics,...]``.
+[--repeat 5] [--run-frames 200] [--mode proxy|observer|both|split] [--arms off,metrics,...] [--in-process]``.
 """
 
 from __future__ import annotations
@@ -48,19 +50,22 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 # The checkout this script lives in is the one measured (as the other benches do): without it, ``proxy`` was
 # whatever the virtualenv's editable install points at, whichever worktree the script was run from.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import structlog
 import trio
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -74,7 +79,7 @@ from proxy.server.app import ProxyServer
 from proxy.telemetry import ExportSettings, TelemetryPipeline, build_telemetry
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from interleave import CpuParts, Round, report, rotated  # (a module of bench/)
+from interleave import CpuParts, Round, report, rotated, tap_process  # (a module of bench/)
 
 sys.path.pop(0)
 
@@ -155,88 +160,147 @@ class ProxyThread:
         self.thread.join(30)
 
 
-def start_broker(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    ready = workdir / "broker.json"
-    exe = Path(sys.executable).with_name("pulsar-tap")
-    broker = subprocess.Popen([str(exe), "broker", "--listen", "127.0.0.1:0", "--ready-file", str(ready),
-                               "--log-level", "error"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if ready.exists() and ready.read_text().strip():
-            listen = json.loads(ready.read_text())["listen"][0]
-            return broker, f"pulsar://{listen}"
-        time.sleep(0.05)
-    broker.kill()
-    raise RuntimeError("the embedded broker did not start")
+def observers_for(mode: str, pipeline: TelemetryPipeline | None) -> list[Observer]:
+    if mode == "noop-observer":
+        return [NoopObserver()]
+    if mode == "noop-frames":
+        return [NoopFrameObserver()]
+    return [pipeline.observer] if pipeline is not None else []
+
+
+def proxy_config(service_url: str) -> ProxyConfig:
+    return ProxyConfig(upstream=ServiceUrl.parse(service_url), listen=HostPort("127.0.0.1", 0),
+                       limits=LimitsConfig(drain_seconds=0.5))
+
+
+def spans_written(pipeline: TelemetryPipeline | None) -> int:
+    """Flushes and shuts ``pipeline`` down; the request spans it exported."""
+    if pipeline is None:
+        return 0
+    pipeline.force_flush()
+    pipeline.shutdown()
+    return pipeline.telemetry.spans.spans_written if pipeline.telemetry.spans else 0
+
+
+def serve_proxy(mode: str, service_url: str, ready_file: Path, stats_file: Path) -> int:
+    """The proxy of ``mode`` as a process of its own (the bench's ``--serve-proxy``): writes its address into
+    ``ready_file`` once it listens, serves until SIGTERM or SIGINT, then writes the events its hub dropped and
+    the spans exported into ``stats_file`` (JSON)."""
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    pipeline = pipeline_for(mode)
+    server = ProxyServer(proxy_config(service_url), observers=observers_for(mode, pipeline))
+
+    async def main() -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(server.run)
+                written = ready_file.with_name(ready_file.name + ".part")
+                written.write_text(str(server.main_address), encoding="utf-8")
+                written.replace(ready_file)
+                async for _ in signals:
+                    server.request_shutdown()
+                    break
+
+    trio.run(main)
+    dropped = server.observers.dropped
+    stats_file.write_text(json.dumps({"dropped": dropped, "spans": spans_written(pipeline)}), encoding="utf-8")
+    return 0
+
+
+@contextlib.contextmanager
+def proxy_process(service_url: str, mode: str) -> Iterator[tuple[subprocess.Popen[bytes], str, dict[str, int]]]:
+    """:func:`serve_proxy` in a child process: (the process, its service URL, its stats: filled in once it has
+    ended)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ready, stats = Path(tmp) / "ready", Path(tmp) / "stats.json"
+        child = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve-proxy", mode,
+                                  "--upstream", service_url, "--ready-file", str(ready), "--stats-file", str(stats)],
+                                 stdout=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 30
+            while not ready.exists():
+                if child.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the {mode} proxy did not start (exit {child.poll()})")
+                time.sleep(0.02)
+            ended: dict[str, int] = {}
+            yield child, f"pulsar://{ready.read_text(encoding='utf-8')}", ended
+            child.send_signal(signal.SIGTERM)
+            child.wait(30)
+            if stats.exists():
+                ended.update(json.loads(stats.read_text(encoding="utf-8")))
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+
+
+def drive_client(url: str, mode: str, messages: int, size: int, round_: int, parts: CpuParts) -> Round:
+    """The official client produces ``messages`` through ``url`` (after one to warm up): its :class:`Round`,
+    with the CPU seconds per part (``parts``) from the first send to the last receipt."""
+    import pulsar
+
+    payload = b"x" * size
+    client = pulsar.Client(url, operation_timeout_seconds=30, log_conf_file_path=None,
+                           logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        producer = client.create_producer(f"persistent://public/default/bench-{mode}-{round_}",
+                                          batching_enabled=False, max_pending_messages=2000,
+                                          block_if_queue_full=True, send_timeout_millis=20_000)
+        producer.send(payload)  # warm-up: lookup, connection, producer
+        parts.start()
+        started = time.perf_counter()
+        for _ in range(messages):
+            producer.send_async(payload, None)
+        producer.flush()
+        elapsed = time.perf_counter() - started
+        cpu = parts.stop()
+        producer.close()
+    finally:
+        client.close()
+    return Round(messages / elapsed, cpu, messages)
 
 
 def produce_through(service_url: str, mode: str, messages: int, size: int, round_: int,
-                    broker_pid: int | None = None) -> tuple[Round, int, int]:
+                    broker_pid: int | None = None, in_process: bool = False) -> tuple[Round, int, int]:
     """One mode's run: its :class:`Round` (messages/s, CPU seconds per part while the messages went
-    through), the observer events dropped and the spans exported."""
-    import pulsar
-
+    through), the observer events dropped and the spans exported.  The proxy runs as a process of its own,
+    as it is deployed, or (``in_process``) on a thread of this one, sharing its interpreter lock with the
+    client's sends."""
+    if not in_process:
+        with proxy_process(service_url, mode) as (child, url, stats):
+            # (the proxy's Trio loop runs in its main thread)
+            parts = CpuParts(child.pid, proxy_pid=child.pid, broker_pid=broker_pid)
+            round_run = drive_client(url, mode, messages, size, round_, parts)
+        return round_run, int(stats.get("dropped", -1)), int(stats.get("spans", -1))
     pipeline = pipeline_for(mode)
-    config = ProxyConfig(upstream=ServiceUrl.parse(service_url), listen=HostPort("127.0.0.1", 0),
-                         limits=LimitsConfig(drain_seconds=0.5))
-    observers: list[Observer] = [pipeline.observer] if pipeline is not None else []
-    if mode == "noop-observer":
-        observers = [NoopObserver()]
-    elif mode == "noop-frames":
-        observers = [NoopFrameObserver()]
-    server = ProxyServer(config, observers=observers)
-    payload = b"x" * size
+    server = ProxyServer(proxy_config(service_url), observers=observers_for(mode, pipeline))
     proxy = ProxyThread(server)
     with proxy as url:
         assert proxy.thread.native_id is not None
         parts = CpuParts(proxy.thread.native_id, broker_pid=broker_pid)
-        client = pulsar.Client(url, operation_timeout_seconds=30, log_conf_file_path=None,
-                               logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-        try:
-            producer = client.create_producer(f"persistent://public/default/bench-{mode}-{round_}",
-                                              batching_enabled=False, max_pending_messages=2000,
-                                              block_if_queue_full=True, send_timeout_millis=20_000)
-            producer.send(payload)  # warm-up: lookup, connection, producer
-            parts.start()
-            started = time.perf_counter()
-            for _ in range(messages):
-                producer.send_async(payload, None)
-            producer.flush()
-            elapsed = time.perf_counter() - started
-            cpu = parts.stop()
-            producer.close()
-        finally:
-            client.close()
-    dropped = server.observers.dropped
-    spans = 0
-    if pipeline is not None:
-        pipeline.force_flush()
-        pipeline.shutdown()
-        spans = pipeline.telemetry.spans.spans_written if pipeline.telemetry.spans else 0
-    return Round(messages / elapsed, cpu, messages), dropped, spans
+        round_run = drive_client(url, mode, messages, size, round_, parts)
+    return round_run, server.observers.dropped, spans_written(pipeline)
 
 
-def bench_proxy(messages: int, size: int, repeat: int, modes: Sequence[str] = MODES) -> None:
+def bench_proxy(messages: int, size: int, repeat: int, modes: Sequence[str] = MODES, in_process: bool = False) -> None:
     rounds: list[dict[str, Round]] = []
     notes: dict[str, list[tuple[int, int]]] = {}
     for round_ in range(repeat):
         runs: dict[str, Round] = {}
         for mode in rotated(modes, round_):
             # a fresh broker per run: no run inherits another's topics, memory or trouble
-            with tempfile.TemporaryDirectory() as tmp:
-                broker, service_url = start_broker(Path(tmp))
+            with tap_process("broker", "--listen", "127.0.0.1:0") as (broker, listen):
                 try:
-                    runs[mode], dropped, spans = produce_through(service_url, mode, messages, size, round_,
-                                                                 broker.pid)
+                    runs[mode], dropped, spans = produce_through(f"pulsar://{listen}", mode, messages, size, round_,
+                                                                 broker.pid, in_process)
                 except Exception as exc:  # e.g. the client's flush timing out: report, go on
                     print(f"{mode}: round {round_} failed: {exc!r}", file=sys.stderr)
                     continue
-                finally:
-                    broker.terminate()
-                    broker.wait(10)
             notes.setdefault(mode, []).append((dropped, spans))
         rounds.append(runs)
-    print(f"through the proxy: {messages} messages of {size} B, batching off (CPU count {os.cpu_count()}); "
+    layout = ("the proxy on a thread of the client's process" if in_process
+              else "the proxy, the broker and the client each a process")
+    print(f"through the proxy: {messages} messages of {size} B, batching off (CPU count {os.cpu_count()}; {layout}); "
           "dropped: observer events the queue dropped, spans: request spans exported (per round)")
     report(rounds, modes, baseline="off", parts=("proxy thread", "other proxy", "broker", "client"),
            extra={mode: f"  dropped {' '.join(str(d) for d, _ in runs)} spans {' '.join(str(s) for _, s in runs)}"
@@ -409,7 +473,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--arms", default=",".join(MODES),
                         help=f"the modes measured through the proxy, comma-separated, off among them (default: all: "
                              f"{','.join(MODES)})".replace("%", "%%"))  # (argparse expands % in help)
+    parser.add_argument("--in-process", action="store_true",
+                        help="run the proxy on a thread of this process, beside the client's sends (its interpreter "
+                             "lock shared with them), instead of as a process of its own as it is deployed")
+    # (the proxy's side of a run: see serve_proxy)
+    parser.add_argument("--serve-proxy", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--upstream", help=argparse.SUPPRESS)
+    parser.add_argument("--ready-file", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--stats-file", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.serve_proxy:
+        if not (args.upstream and args.ready_file and args.stats_file):
+            parser.error("--serve-proxy needs --upstream, --ready-file and --stats-file")
+        return serve_proxy(args.serve_proxy, args.upstream, args.ready_file, args.stats_file)
     arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
     if "off" not in arms or not set(arms) <= set(MODES):
         parser.error(f"--arms: some of {', '.join(MODES)}, off among them")
@@ -418,7 +494,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         bench_observer(args.messages, args.size, args.repeat)
         bench_observer_runs(args.messages, args.size, args.repeat, args.run_frames)
     if args.mode in ("proxy", "both"):
-        bench_proxy(args.messages, args.size, args.repeat, arms)
+        bench_proxy(args.messages, args.size, args.repeat, arms, args.in_process)
     if args.mode == "split":
         bench_metrics_split(args.messages, args.size, args.repeat)
     return 0

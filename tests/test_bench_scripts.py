@@ -49,6 +49,32 @@ def test_the_telemetry_split_accounts_each_part(tmp_path: Path, monkeypatch: pyt
     assert variants <= rows
 
 
+def test_the_telemetry_bench_runs_the_proxy_as_a_process_and_hears_back_from_it(tmp_path: Path) -> None:
+    """``telemetry.py --mode proxy``: the proxy of each arm runs as a process of its own (``--serve-proxy``), the
+    official client's messages go through it, and what only that process knows comes back once it has ended:
+    the events its hub dropped and the spans it exported (one a message at 100 %, a warm-up's among them)."""
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "telemetry.py"), "--mode", "proxy", "--arms",
+                             "off,traces-100%", "--messages", "200", "--repeat", "1"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=180, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "the proxy, the broker and the client each a process" in result.stdout
+    lines = {line.split()[0]: line for line in result.stdout.splitlines() if " dropped " in line}
+    assert lines["off"].endswith("dropped 0 spans 0"), lines
+    dropped, spans = lines["traces-100%"].split("dropped ")[1].split(" spans ")
+    assert dropped == "0" and int(spans) >= 200, lines
+
+
+def test_the_replay_bench_records_through_a_proxy_process_and_replays_the_recording(tmp_path: Path) -> None:
+    """``replay.py``: ``pulsar-tap run`` with and without ``--record`` beside a ``pulsar-tap broker``, each a
+    process; the recording the last round's proxy left is served and replayed without a difference."""
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "replay.py"), "--messages", "300", "--rounds", "1"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=180, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "the proxy (pulsar-tap run), the broker (pulsar-tap broker) and the client each a process" in result.stdout
+    assert "broker-side replay (served):" in result.stdout and "(300 messages in" in result.stdout
+    assert "; 0 diffs" in result.stdout
+
+
 def load_bench(script: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     """bench/SCRIPT.py as a module, with bench/ on sys.path for the test only (its scripts import their library,
     interleave.py, from there, as when run; for no longer, or bench's own proxy.py could shadow the package)."""
