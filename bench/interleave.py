@@ -28,7 +28,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -149,6 +149,52 @@ class CpuParts:
                 in_process += used
         parts["client"] = max(spent - in_process, 0.0)
         return parts
+
+
+@dataclass
+class Lane:
+    """One arm's side of a round measured in bursts (:func:`in_bursts`): ``burst`` sends one burst through the
+    arm and returns the units it took (messages), once they are through; the time and each part's CPU
+    (``parts``) of its bursts are added up."""
+
+    parts: CpuParts
+    burst: Callable[[], int]
+    seconds: float = 0.0
+    units: int = 0
+    cpu: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
+    failed: BaseException | None = None
+
+    def measure(self) -> None:
+        self.parts.start()
+        started = time.perf_counter()
+        units = self.burst()
+        self.seconds += time.perf_counter() - started
+        for part, seconds in self.parts.stop().items():
+            self.cpu[part] += seconds
+        self.units += units
+
+    def result(self) -> Round:
+        return Round(self.units / self.seconds, self.cpu, self.units)
+
+
+def in_bursts(lanes: dict[Arm, Lane], cycles: int, round_: int) -> dict[Arm, Round]:
+    """One round of arms whose processes all stay up for it: ``cycles`` times a burst through each arm in turn,
+    the order rotated each cycle; each arm's :class:`Round` from its bursts together.  The machine's speed drifts
+    (here two runs of one arm a minute apart differed by a third, every process's CPU a message alike): arms a
+    phase each saw different machines, bursts a second long in turn see the same one.  An arm whose burst fails
+    (a client's flush timing out) is reported and left out of the round."""
+    arms = list(lanes)
+    for cycle in range(cycles):
+        for arm in rotated(arms, round_ + cycle):
+            lane = lanes[arm]
+            if lane.failed is not None:
+                continue
+            try:
+                lane.measure()
+            except Exception as exc:
+                lane.failed = exc
+                print(f"{arm}: round {round_ + 1} failed: {exc!r}", file=sys.stderr, flush=True)
+    return {arm: lane.result() for arm, lane in lanes.items() if lane.failed is None and lane.units}
 
 
 @contextlib.contextmanager

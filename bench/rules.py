@@ -6,11 +6,14 @@ matches 1 % of the SENDs (``probability: 0.01``), the rest as above.
 Three tables, each with every arm's ratio to the arm without rules (0 rules, or no rules hook at all):
 
 1. **through the proxy**: ``pulsar-tap broker`` and ``pulsar-tap run --rules FILE``
-   in their own processes on loopback (a fresh proxy per run); the official client in
-   this process publishes ``--messages`` unbatched 100-byte messages with ``send_async``
-   (up to 1000 in flight) and flushes; messages/s from first send to last receipt.  The
-   arms run in ``--rounds`` rounds, their order rotated each round (:mod:`interleave`):
-   printed are each round's ratio to 0 rules, their median and minimum, and the CPU per
+   in their own processes on loopback (a fresh pair per arm and round); the official client in
+   this process publishes unbatched 100-byte messages with ``send_async`` (up to 1000 in
+   flight).  In each of ``--rounds`` rounds every arm's processes and producer are up together
+   and ``--messages`` go through each arm in bursts of ``--burst`` (each flushed), through each
+   arm in turn, the order rotated each time (:func:`interleave.in_bursts`: the machine's speed
+   drifts, so arms run a phase each were compared on different machines).  Printed are each
+   round's ratio to 0 rules (``0-again``: no rules once more, the measurement's own spread),
+   their median and minimum, and the CPU per
    message (median of the rounds) of the proxy's Trio thread, its other threads, the
    broker and the client, with the total's ratio to 0 rules', the steadier figure.  The
    rules name SEND and SEND_RECEIPT but topics the producer is not on, so the relay
@@ -40,7 +43,8 @@ The non-matching rules name commands these frames are, but topics they are not (
 expensive case: the topic has to be resolved and the glob tried), alternating
 delay/drop/error/mark actions.
 
-Usage: ``.venv/bin/python bench/rules.py [--seconds 1.0] [--messages 60000] [--rounds 5] [--engine-only]
+Usage: ``.venv/bin/python bench/rules.py [--seconds 1.0] [--messages 200000] [--burst 20000] [--rounds 5]
+[--engine-only]
 [--pipeline-rounds 15] [--pipeline-seed 1] [--read-kib 64]``.
 """
 
@@ -51,13 +55,10 @@ import contextlib
 import os
 import random
 import resource
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,7 +66,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # (interleave: a module of bench/, the script's directory)
-from interleave import CpuParts, Round, median_and_quartiles, paired_ratios, report, rotated
+from interleave import (
+    CpuParts,
+    Lane,
+    Round,
+    in_bursts,
+    median_and_quartiles,
+    paired_ratios,
+    report,
+    rotated,
+    tap_process,
+)
 
 from proxy.config.proxy_config import ServiceUrl
 from proxy.core.hooks import ConnectionInfo
@@ -79,6 +90,10 @@ from proxy.rules.hook import RulesHook
 from proxy.rules.loader import load_rules_text
 
 TOPIC = "persistent://public/default/orders"
+#: messages of one burst through an arm (about 1 s at ~20 k/s; see interleave.in_bursts)
+BURST_MESSAGES = 20_000
+#: the arm with no rules, once more: its ratio to the first is the measurement's own spread
+AGAIN = "0-again"
 ACTIONS = ["{delay: {ms: 10}}", "drop", "{error: {code: ServiceNotReady}}", "mark"]
 COMMANDS = ["[SEND]", "[SEND_RECEIPT]", "[MESSAGE]", "[FLOW, ACK]"]
 
@@ -236,96 +251,71 @@ def print_pipeline_table(costs: dict[int, dict[int | str, PipelineCost]], arms: 
         print(f"{arm:>6}" + "".join(cells))
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_listening(port: int, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on 127.0.0.1:{port}")
-
-
-@contextlib.contextmanager
-def process(*args: str) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen([sys.executable, "-m", "proxy", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def publish_rate(service_url: str, messages: int, parts: CpuParts) -> Round:
-    """Messages/s the official client publishes through ``service_url`` (unbatched, async), and the CPU
-    seconds of each part (``parts``) meanwhile."""
+def open_lane(stack: contextlib.ExitStack, arm: int | str, rules_dir: Path, burst: int) -> Lane:
+    """A fresh broker, ``pulsar-tap run --rules`` with ``arm``'s rules in front of it and an official client's
+    producer through it (unbatched, async, up to 1000 in flight), each to be closed by ``stack``: the arm's
+    :class:`Lane`, a burst ``burst`` messages sent, flushed and their callbacks run."""
     import pulsar
 
-    client = pulsar.Client(service_url, operation_timeout_seconds=15,
+    rule_file = rules_dir / f"rules-{arm}.yaml"
+    text = one_matching(10) if arm == "10+1%" else rules_text(0 if arm == AGAIN else int(arm))
+    rule_file.write_text(text.replace("[FLOW, ACK]", "[SEND_RECEIPT]"), encoding="utf-8")
+    broker, upstream = stack.enter_context(tap_process("broker", "--listen", "127.0.0.1:0"))
+    proxy, listen = stack.enter_context(tap_process("run", "--listen", "127.0.0.1:0", "--upstream",
+                                                    f"pulsar://{upstream}", "--rules", str(rule_file)))
+    # (the proxy's Trio loop runs in its main thread)
+    parts = CpuParts(proxy.pid, proxy_pid=proxy.pid, broker_pid=broker.pid)
+    client = pulsar.Client(f"pulsar://{listen}", operation_timeout_seconds=15,
                            logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-    try:
-        producer = client.create_producer(f"persistent://public/default/bench-{os.getpid()}-{time.time_ns()}",
-                                          batching_enabled=False, max_pending_messages=1000,
-                                          block_if_queue_full=True, send_timeout_millis=30_000)
-        producer.send(b"warm-up")
-        done = threading.Semaphore(0)
-        payload = b"x" * 100
-        parts.start()
-        start = time.perf_counter()
-        for _ in range(messages):
+    stack.callback(client.close)
+    producer = client.create_producer(f"persistent://public/default/bench-{os.getpid()}-{time.time_ns()}",
+                                      batching_enabled=False, max_pending_messages=1000,
+                                      block_if_queue_full=True, send_timeout_millis=30_000)
+    producer.send(b"warm-up")
+    done = threading.Semaphore(0)
+    payload = b"x" * 100
+
+    def send_burst() -> int:
+        for _ in range(burst):
             producer.send_async(payload, lambda result, _id: done.release())
         producer.flush()
-        for _ in range(messages):
+        for _ in range(burst):
             if not done.acquire(timeout=30):
                 raise RuntimeError("a send did not complete")
-        elapsed = time.perf_counter() - start
-        return Round(messages / elapsed, parts.stop(), messages)
-    finally:
-        client.close()
+        return burst
+
+    return Lane(parts, send_burst)
 
 
-def measure_through_proxy(arms: tuple[int | str, ...], messages: int, rounds: int) -> list[dict[int | str, Round]]:
-    """Per round, each arm's run: a number of non-matching rules, or ``"10+1%"`` (see :func:`one_matching`); a
-    fresh proxy process per run, one broker process for all, the arms' order rotated each round."""
-    broker_port, results = free_port(), []
-    with tempfile.TemporaryDirectory() as tmp, process("broker", "--listen", f"127.0.0.1:{broker_port}") as broker:
-        wait_listening(broker_port)
+def measure_through_proxy(arms: tuple[int | str, ...], messages: int, rounds: int,
+                          burst: int = BURST_MESSAGES) -> list[dict[int | str, Round]]:
+    """Per round, each arm's messages: a number of non-matching rules, or ``"10+1%"`` (see :func:`one_matching`);
+    a fresh broker and proxy process per arm and round, all up through the round, the messages in bursts of
+    ``burst`` through each arm in turn (:func:`interleave.in_bursts`)."""
+    burst = min(burst, messages)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(rounds):
-            runs: dict[int | str, Round] = {}
-            for arm in rotated(arms, round_):
-                rule_file = Path(tmp) / f"rules-{arm}.yaml"
-                text = one_matching(10) if arm == "10+1%" else rules_text(int(arm))
-                rule_file.write_text(text.replace("[FLOW, ACK]", "[SEND_RECEIPT]"), encoding="utf-8")
-                port = free_port()
-                with process("run", "--listen", f"127.0.0.1:{port}", "--upstream", f"pulsar://127.0.0.1:{broker_port}",
-                             "--rules", str(rule_file), "--log-level", "error") as proxy:
-                    wait_listening(port)
-                    # (the proxy's Trio loop runs in its main thread)
-                    parts = CpuParts(proxy.pid, proxy_pid=proxy.pid, broker_pid=broker.pid)
-                    runs[arm] = publish_rate(f"pulsar://127.0.0.1:{port}", messages, parts)
-            results.append(runs)
+            with contextlib.ExitStack() as stack:
+                # (opened in a rotated order too: no arm's processes are always the oldest of the round)
+                opened = {arm: open_lane(stack, arm, Path(tmp), burst) for arm in rotated(arms, round_)}
+                lanes = {arm: opened[arm] for arm in arms}
+                results.append(in_bursts(lanes, max(1, round(messages / burst)), round_))
     return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=1.0, help="time per engine measurement (default 1.0)")
-    parser.add_argument("--messages", type=int, default=60_000,
-                        help="messages per proxy measurement (default 60000: about 1.5 s at ~40 k/s; half-second "
-                             "phases swung by a third on two shared cores)")
+    parser.add_argument("--messages", type=int, default=200_000,
+                        help="messages through each arm a round (default 200000, in bursts of --burst through each "
+                             "arm in turn: arms a phase each of 60000 swung by a third against one another on two "
+                             "shared cores, the machine's speed drifting)")
+    parser.add_argument("--burst", type=int, default=BURST_MESSAGES,
+                        help=f"messages of a burst through one arm (default {BURST_MESSAGES})")
     parser.add_argument("--engine-only", action="store_true", help="skip the measurement through the proxy")
     parser.add_argument("--rounds", type=int, default=5,
-                        help="rounds of the arms through the proxy, their order rotated each round (default 5: the "
+                        help="rounds of the arms through the proxy (default 5: the "
                              "rounds' ratios swing by a third on two shared cores; the median of five steadies)")
     parser.add_argument("--read-kib", type=int, default=64,
                         help="KiB of SENDs per read in the pipeline table (default 64; the relay reads up to 256)")
@@ -340,8 +330,8 @@ def main() -> None:
         parser.error("--pipeline-rounds takes at least one round")
     if not args.engine_only:
         load = os.getloadavg()[0]
-        proxy_arms: tuple[int | str, ...] = (0, 10, 100, "10+1%")
-        rounds = measure_through_proxy(proxy_arms, args.messages, args.rounds)
+        proxy_arms: tuple[int | str, ...] = (0, AGAIN, 10, 100, "10+1%")
+        rounds = measure_through_proxy(proxy_arms, args.messages, args.rounds, args.burst)
         print(f"through the proxy (official client, unbatched 100 B sends), non-matching rules "
               f"(load average {load:.2f} at the start); 10+1%: one of 10 rules marks 1 % of the SENDs")
         report(rounds, proxy_arms, baseline=0, parts=("proxy thread", "other proxy", "broker", "client"))

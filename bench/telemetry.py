@@ -7,15 +7,20 @@ Two measurements:
   telemetry observer attached per mode) runs as a process of its own too, as it is
   deployed (this script with ``--serve-proxy``; ``--in-process``: on a Trio thread of
   this process instead, as until stop 47, where it shared the interpreter lock with
-  the client's sends and the relay's time held them up) (``noop-observer``: an
+  the client's sends and the relay's time held them up) (``off-again``: off once
+  more, its ratio to off the measurement's own spread; ``noop-observer``: an
   observer that takes runs, as telemetry does, and does nothing, which separates the
   relay's and the observer hub's cost from telemetry's own; ``noop-frames``: one that
   takes frames one by one, so the relay decodes every frame for it); the official
   client produces ``--messages`` messages of ``--size`` bytes with batching off (one
   SEND and one SEND_RECEIPT per message, the worst case for per-frame telemetry)
-  through it.  Modes run in ``--repeat``
-  rounds, their order rotated each round (:mod:`interleave`).  Printed per mode: the
-  median messages/s, each round's ratio to ``off`` in that round, their median and
+  through it.  Modes run in ``--repeat`` rounds; in a round every mode's broker,
+  proxy and producer are up together and the messages go through them in bursts of
+  ``--burst``, through each mode in turn, the order rotated each time
+  (:func:`interleave.in_bursts`: the machine's speed drifts by a third within a minute
+  here, every process's CPU a message alike, so modes run a phase each were compared
+  on different machines: off against off once more read 0.84 to 1.45 a round).  Printed
+  per mode: the median messages/s, each round's ratio to ``off`` in that round, their median and
   minimum, and per round the events the observer queue dropped (telemetry falling
   behind shows there, never as slower traffic) and the request spans exported.  On
   two cores the proxy is not saturated at these rates: the broker, the client and
@@ -41,7 +46,7 @@ Two measurements:
 Spans go to a discarding exporter behind the real batch span processor, so the
 SDK's work is counted but no collector is needed.
 
-Usage: ``.venv/bin/python bench/telemetry.py [--messages 60000] [--size 100]
+Usage: ``.venv/bin/python bench/telemetry.py [--messages 200000] [--size 100]
 [--repeat 5] [--run-frames 200] [--mode proxy|observer|both|split] [--arms off,metrics,...] [--in-process]``.
 """
 
@@ -58,8 +63,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Final
 
 # The checkout this script lives in is the one measured (as the other benches do): without it, ``proxy`` was
 # whatever the virtualenv's editable install points at, whichever worktree the script was run from.
@@ -79,11 +85,16 @@ from proxy.server.app import ProxyServer
 from proxy.telemetry import ExportSettings, TelemetryPipeline, build_telemetry
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from interleave import CpuParts, Round, report, rotated, tap_process  # (a module of bench/)
+from interleave import CpuParts, Lane, Round, in_bursts, report, rotated, tap_process  # (a module of bench/)
 
 sys.path.pop(0)
 
-MODES = ("off", "noop-observer", "noop-frames", "metrics", "traces-100%", "traces-1%")
+MODES = ("off", "off-again", "noop-observer", "noop-frames", "metrics", "traces-100%", "traces-1%")
+#: messages of a phase through the proxy, and of the scripted sessions, unless --messages says
+PROXY_MESSAGES: Final = 200_000
+SCRIPTED_MESSAGES: Final = 60_000
+#: messages of one burst through an arm (about 0.7 s at ~30 k/s; see interleave.in_bursts)
+BURST_MESSAGES: Final = 20_000
 
 
 class NoopFrameObserver:
@@ -123,7 +134,7 @@ class DiscardingExporter(SpanExporter):
 
 
 def pipeline_for(mode: str) -> TelemetryPipeline | None:
-    if mode in ("off", "noop-observer", "noop-frames"):
+    if mode in ("off", "off-again", "noop-observer", "noop-frames"):
         return None
     if mode == "metrics":
         return build_telemetry(ExportSettings(), metrics=True)
@@ -234,73 +245,74 @@ def proxy_process(service_url: str, mode: str) -> Iterator[tuple[subprocess.Pope
                 child.wait()
 
 
-def drive_client(url: str, mode: str, messages: int, size: int, round_: int, parts: CpuParts) -> Round:
-    """The official client produces ``messages`` through ``url`` (after one to warm up): its :class:`Round`,
-    with the CPU seconds per part (``parts``) from the first send to the last receipt."""
+def open_lane(stack: contextlib.ExitStack, mode: str, size: int, round_: int, burst: int,
+              in_process: bool) -> tuple[Lane, Callable[[], tuple[int, int]]]:
+    """A fresh broker, the proxy of ``mode`` in front of it and an official client's producer through it, each
+    to be closed by ``stack``: the arm's :class:`Lane` (a burst: ``burst`` messages sent and flushed) and what
+    tells, once the proxy has ended, the events its hub dropped and the spans it exported.  The proxy runs as a
+    process of its own, as it is deployed, or (``in_process``) on a thread of this one, sharing its interpreter
+    lock with the client's sends."""
     import pulsar
 
-    payload = b"x" * size
+    # a fresh broker per arm and round: no run inherits another's topics, memory or trouble
+    broker, listen = stack.enter_context(tap_process("broker", "--listen", "127.0.0.1:0"))
+    upstream = f"pulsar://{listen}"
+    stats: Callable[[], tuple[int, int]]
+    if in_process:
+        pipeline = pipeline_for(mode)
+        server = ProxyServer(proxy_config(upstream), observers=observers_for(mode, pipeline))
+        proxy = ProxyThread(server)
+        url = stack.enter_context(proxy)
+        assert proxy.thread.native_id is not None
+        parts = CpuParts(proxy.thread.native_id, broker_pid=broker.pid)
+
+        def stats() -> tuple[int, int]:
+            return server.observers.dropped, spans_written(pipeline)
+    else:
+        child, url, ended = stack.enter_context(proxy_process(upstream, mode))
+        # (the proxy's Trio loop runs in its main thread)
+        parts = CpuParts(child.pid, proxy_pid=child.pid, broker_pid=broker.pid)
+
+        def stats() -> tuple[int, int]:
+            return int(ended.get("dropped", -1)), int(ended.get("spans", -1))
     client = pulsar.Client(url, operation_timeout_seconds=30, log_conf_file_path=None,
                            logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-    try:
-        producer = client.create_producer(f"persistent://public/default/bench-{mode}-{round_}",
-                                          batching_enabled=False, max_pending_messages=2000,
-                                          block_if_queue_full=True, send_timeout_millis=20_000)
-        producer.send(payload)  # warm-up: lookup, connection, producer
-        parts.start()
-        started = time.perf_counter()
-        for _ in range(messages):
+    stack.callback(client.close)
+    producer = client.create_producer(f"persistent://public/default/bench-{mode}-{round_}",
+                                      batching_enabled=False, max_pending_messages=2000,
+                                      block_if_queue_full=True, send_timeout_millis=20_000)
+    payload = b"x" * size
+    producer.send(payload)  # warm-up: lookup, connection, producer
+
+    def send_burst() -> int:
+        for _ in range(burst):
             producer.send_async(payload, None)
         producer.flush()
-        elapsed = time.perf_counter() - started
-        cpu = parts.stop()
-        producer.close()
-    finally:
-        client.close()
-    return Round(messages / elapsed, cpu, messages)
+        return burst
+
+    return Lane(parts, send_burst), stats
 
 
-def produce_through(service_url: str, mode: str, messages: int, size: int, round_: int,
-                    broker_pid: int | None = None, in_process: bool = False) -> tuple[Round, int, int]:
-    """One mode's run: its :class:`Round` (messages/s, CPU seconds per part while the messages went
-    through), the observer events dropped and the spans exported.  The proxy runs as a process of its own,
-    as it is deployed, or (``in_process``) on a thread of this one, sharing its interpreter lock with the
-    client's sends."""
-    if not in_process:
-        with proxy_process(service_url, mode) as (child, url, stats):
-            # (the proxy's Trio loop runs in its main thread)
-            parts = CpuParts(child.pid, proxy_pid=child.pid, broker_pid=broker_pid)
-            round_run = drive_client(url, mode, messages, size, round_, parts)
-        return round_run, int(stats.get("dropped", -1)), int(stats.get("spans", -1))
-    pipeline = pipeline_for(mode)
-    server = ProxyServer(proxy_config(service_url), observers=observers_for(mode, pipeline))
-    proxy = ProxyThread(server)
-    with proxy as url:
-        assert proxy.thread.native_id is not None
-        parts = CpuParts(proxy.thread.native_id, broker_pid=broker_pid)
-        round_run = drive_client(url, mode, messages, size, round_, parts)
-    return round_run, server.observers.dropped, spans_written(pipeline)
-
-
-def bench_proxy(messages: int, size: int, repeat: int, modes: Sequence[str] = MODES, in_process: bool = False) -> None:
+def bench_proxy(messages: int, size: int, repeat: int, modes: Sequence[str] = MODES, in_process: bool = False,
+                burst: int = BURST_MESSAGES) -> None:
+    burst = min(burst, messages)
+    cycles = max(1, round(messages / burst))
     rounds: list[dict[str, Round]] = []
     notes: dict[str, list[tuple[int, int]]] = {}
     for round_ in range(repeat):
-        runs: dict[str, Round] = {}
-        for mode in rotated(modes, round_):
-            # a fresh broker per run: no run inherits another's topics, memory or trouble
-            with tap_process("broker", "--listen", "127.0.0.1:0") as (broker, listen):
-                try:
-                    runs[mode], dropped, spans = produce_through(f"pulsar://{listen}", mode, messages, size, round_,
-                                                                 broker.pid, in_process)
-                except Exception as exc:  # e.g. the client's flush timing out: report, go on
-                    print(f"{mode}: round {round_} failed: {exc!r}", file=sys.stderr)
-                    continue
-            notes.setdefault(mode, []).append((dropped, spans))
-        rounds.append(runs)
+        tellers: dict[str, Callable[[], tuple[int, int]]] = {}
+        with contextlib.ExitStack() as stack:
+            opened: dict[str, Lane] = {}
+            # (opened in a rotated order too: no mode's processes are always the oldest of the round)
+            for mode in rotated(modes, round_):
+                opened[mode], tellers[mode] = open_lane(stack, mode, size, round_, burst, in_process)
+            rounds.append(in_bursts({mode: opened[mode] for mode in modes}, cycles, round_))
+        for mode in rounds[-1]:
+            notes.setdefault(mode, []).append(tellers[mode]())
     layout = ("the proxy on a thread of the client's process" if in_process
               else "the proxy, the broker and the client each a process")
-    print(f"through the proxy: {messages} messages of {size} B, batching off (CPU count {os.cpu_count()}; {layout}); "
+    print(f"through the proxy: {cycles * burst} messages of {size} B an arm a round, in {cycles} bursts of {burst} "
+          f"through each arm in turn, batching off (CPU count {os.cpu_count()}; {layout}); "
           "dropped: observer events the queue dropped, spans: request spans exported (per round)")
     report(rounds, modes, baseline="off", parts=("proxy thread", "other proxy", "broker", "client"),
            extra={mode: f"  dropped {' '.join(str(d) for d, _ in runs)} spans {' '.join(str(s) for _, s in runs)}"
@@ -461,10 +473,14 @@ def bench_metrics_split(messages: int, size: int, repeat: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--messages", type=int, default=60_000,
-                        help="messages per phase through the proxy (default 60000: about 1.5 s at the arms' rates of "
-                             "~40 k/s; phases of 20000, half a second, swung by a third on two shared cores, "
-                             "0.67-1.30 of off with an observer that does nothing)")
+    parser.add_argument("--messages", type=int, default=None,
+                        help="messages through each arm a round (default 200000, in bursts: see --burst; arms a phase "
+                             "each of 60000 swung by up to a third against one another on two shared cores, two "
+                             "phases of off alike: the machine's speed drifts), and of the observer's and the "
+                             "split's scripted sessions (default 60000)")
+    parser.add_argument("--burst", type=int, default=BURST_MESSAGES,
+                        help=f"messages of a burst through one arm: a round sends --messages through each arm in "
+                             f"bursts, through each in turn (default {BURST_MESSAGES})")
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--run-frames", type=int, default=200,
@@ -490,13 +506,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "off" not in arms or not set(arms) <= set(MODES):
         parser.error(f"--arms: some of {', '.join(MODES)}, off among them")
     print(f"load average at the start: {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
+    scripted = args.messages or SCRIPTED_MESSAGES
     if args.mode in ("observer", "both"):
-        bench_observer(args.messages, args.size, args.repeat)
-        bench_observer_runs(args.messages, args.size, args.repeat, args.run_frames)
+        bench_observer(scripted, args.size, args.repeat)
+        bench_observer_runs(scripted, args.size, args.repeat, args.run_frames)
     if args.mode in ("proxy", "both"):
-        bench_proxy(args.messages, args.size, args.repeat, arms, args.in_process)
+        bench_proxy(args.messages or PROXY_MESSAGES, args.size, args.repeat, arms, args.in_process, args.burst)
     if args.mode == "split":
-        bench_metrics_split(args.messages, args.size, args.repeat)
+        bench_metrics_split(scripted, args.size, args.repeat)
     return 0
 
 

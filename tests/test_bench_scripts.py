@@ -128,6 +128,31 @@ def test_each_rounds_ratio_pairs_the_arm_with_the_baseline_of_the_same_round(mon
         interleave.paired_ratios([1.0, 2.0, 3.0], [1.0, 2.0])
 
 
+def test_arms_in_bursts_take_turns_and_a_failing_arm_leaves_the_round(monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """``interleave.in_bursts``: a burst through each arm in turn, the order rotated each cycle (and on from
+    round to round); an arm's bursts add up to its round; an arm whose burst raised is left out of the round
+    and said so, the others go on."""
+    interleave = load_bench("interleave", monkeypatch)
+    order: list[str] = []
+
+    def burst(arm: str, fail_at: int = 0) -> Any:
+        def send() -> int:
+            order.append(arm)
+            if fail_at and order.count(arm) == fail_at:
+                raise TimeoutError("flush timed out")
+            return 10
+        return send
+
+    parts = interleave.CpuParts(threading.get_native_id())
+    lanes = {arm: interleave.Lane(parts, burst(arm, 2 if arm == "c" else 0)) for arm in ("a", "b", "c")}
+    results = interleave.in_bursts(lanes, 3, 1)
+    assert order == ["b", "c", "a", "c", "a", "b", "a", "b"]  # (round 1 begins one on from round 0)
+    assert set(results) == {"a", "b"}
+    assert results["a"].units == 30 and results["a"].rate > 0
+    assert "c: round 2 failed: TimeoutError('flush timed out')" in capsys.readouterr().err
+
+
 def test_the_python_floor_relays_both_ways_and_ends_both_sides_together(monkeypatch: pytest.MonkeyPatch) -> None:
     """The latency bench's floor path (loopback): what a client writes reaches the server and back, whole, and a
     client that leaves takes the server's connection with it."""
