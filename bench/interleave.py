@@ -3,8 +3,12 @@
 On a shared two-core machine the rate of one arm swings from round to round with whatever else
 runs; comparing the best round of each arm compared luck.  :func:`rotated` gives each round's
 order of the arms (rotated by one a round, so no arm always runs first, right after a fresh
-start, or last); :func:`report` prints each round's ratio of every arm to the baseline arm of the
-same round, their median and minimum, and the CPU time per unit (message, frame) each part took
+start, or last).  The machine's speed itself drifts within a minute (two phases of one arm read
+25.9 and 39.4 k messages/s, every process's CPU a message alike), so the benchmarks with the official
+client keep every arm up through a round and send through them in bursts, each in turn
+(:func:`in_bursts`, :class:`Lane`): each arm then sees the same machine.  :func:`report` prints each
+round's ratio of every arm to the baseline arm of the same round, their median and minimum, and the CPU
+time per unit (message, frame) each part took
 (:class:`CpuParts`: the proxy's relay thread, the proxy's other threads, the recording's writer
 process, the broker, the client), with the arm's total as a ratio to the baseline's: the steadier
 figure, since what an observer spends is taken from the client and the broker too when they share
@@ -244,8 +248,8 @@ def report(rounds: Sequence[dict[Arm, Round]], arms: Iterable[Arm], *, baseline:
     ``extra``: text appended to an arm's line of the first table.  An arm missing from a round (it failed)
     is skipped there; a round without the baseline gives no ratios."""
     arms = list(arms)
-    print(f"{len(rounds)} rounds, arms interleaved (order rotated each round); ratio: the arm's rate over "
-          f"{baseline}'s in the same round")
+    print(f"{len(rounds)} rounds, the arms in bursts in turn; ratio: the arm's rate over {baseline}'s in the same "
+          "round")
     print(f"{'arm':<14}{'rate/s':>10}{'median':>8}{'min':>7}  per round")
     for arm in arms:
         runs = [round_[arm] for round_ in rounds if arm in round_]
