@@ -76,6 +76,7 @@ import trio
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from proxy.cli.heap import settle_heap
 from proxy.config.proxy_config import HostPort, LimitsConfig, ProxyConfig, ServiceUrl
 from proxy.core.hooks import ConnectionEvent, ConnectionInfo, FrameEvent, Observer, RunEvent
 from proxy.pb import PulsarApi_pb2 as api
@@ -208,6 +209,7 @@ def serve_proxy(mode: str, service_url: str, ready_file: Path, stats_file: Path)
                 written = ready_file.with_name(ready_file.name + ".part")
                 written.write_text(str(server.main_address), encoding="utf-8")
                 written.replace(ready_file)
+                settle_heap()  # (as pulsar-tap run does once it serves)
                 async for _ in signals:
                     server.request_shutdown()
                     break

@@ -236,6 +236,7 @@ def run(args: argparse.Namespace) -> int:
 
     from proxy.broker.cluster import ClusterConfig
     from proxy.broker.embedded import ClusterRunner
+    from proxy.cli.heap import settle_heap
     from proxy.cli.interrupt import on_signals
     from proxy.cli.ports import check_can_listen
     from proxy.errors import UsageError, find_error
@@ -260,6 +261,7 @@ def run(args: argparse.Namespace) -> int:
                     print(f"ready: listening on {address}", flush=True)
                 if runner.admin_address is not None:
                     print(f"admin: listening on http://{runner.admin_address}", flush=True)
+                settle_heap()  # (see proxy.cli.heap)
         print("stopped", file=sys.stderr, flush=True)
 
     try:

@@ -172,6 +172,7 @@ def _warn(report: object) -> None:
 def _serve(args: argparse.Namespace) -> int:
     import trio
 
+    from proxy.cli.heap import settle_heap
     from proxy.cli.interrupt import on_signals
     from proxy.client.names import parse_service_url
     from proxy.config.proxy_config import HostPort
@@ -213,6 +214,7 @@ def _serve(args: argparse.Namespace) -> int:
                     print(f"ready: listening on {address}", flush=True)
                     if args.ready_file:
                         _write_ready_file(args.ready_file, address)
+                    settle_heap()  # (the answer book lives as long as the server: see proxy.cli.heap)
 
     trio.run(main)
     stats = server.stats

@@ -26,8 +26,6 @@ NAME = "run"
 #: a server process: numpy's BLAS keeps to one thread (see proxy.native_threads)
 ONE_THREAD = True
 HELP = "run the proxy"
-#: allocations (less deallocations) between two young collections once serving (Python's default: 700)
-YOUNG_COLLECTION_OBJECTS = 10_000
 DESCRIPTION = """\
 Run the Pulsar proxy: clients connect to --listen, traffic goes to --upstream.
 Settings come from proxy.yaml (-c) and/or flags; flags win.
@@ -187,10 +185,9 @@ def write_ready_file(path: str, listen: list[str], admin: str | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import gc
-
     import trio
 
+    from proxy.cli.heap import settle_heap
     from proxy.cli.interrupt import on_signals, signal_name
     from proxy.cli.ports import check_can_listen
     from proxy.errors import UsageError
@@ -231,14 +228,7 @@ def run(args: argparse.Namespace) -> int:
                 if args.ready_file:
                     write_ready_file(args.ready_file, [stack.address], stack.admin_address)
                 print(f"ready: listening on {stack.address}", flush=True)
-                # What start-up built (modules, protobuf descriptors, the rules, the admin app: most of
-                # the heap) lives as long as the process: frozen, the full collections that a storm of
-                # connections sets off skip it (they were a tenth of the CPU of a reconnect storm).
-                gc.freeze()
-                # A connection's objects go when it does (no cycles among them): the young collections a
-                # reconnect storm set off every 700 objects (~1 000 over 6 000 connections, 5 % of its CPU)
-                # found them alive and promoted them for nothing.  Every 10 000 they are rare, and short (~3 ms).
-                gc.set_threshold(YOUNG_COLLECTION_OBJECTS, *gc.get_threshold()[1:])
+                settle_heap()  # (see proxy.cli.heap)
                 await stop.wait()
             for line in stop_summary(stack):
                 print(line, file=sys.stderr, flush=True)
