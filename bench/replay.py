@@ -131,6 +131,8 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=5, help="rounds of the arms (default 5)")
     args = parser.parse_args()
+    if min(args.messages, args.burst, args.rounds) < 1:
+        parser.error("--messages, --burst and --rounds take 1 at least")
     size, burst = args.size, min(args.burst, args.messages)
     cycles = max(1, round(args.messages / burst))
     n = cycles * burst  # (each arm's messages a round)

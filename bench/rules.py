@@ -315,8 +315,8 @@ def main() -> None:
                         help=f"messages of a burst through one arm (default {BURST_MESSAGES})")
     parser.add_argument("--engine-only", action="store_true", help="skip the measurement through the proxy")
     parser.add_argument("--rounds", type=int, default=5,
-                        help="rounds of the arms through the proxy (default 5: the "
-                             "rounds' ratios swing by a third on two shared cores; the median of five steadies)")
+                        help="rounds of the arms through the proxy (default 5; in bursts, a round's ratio of 0-again "
+                             "to 0 read 0.96-1.05 on two shared cores)")
     parser.add_argument("--read-kib", type=int, default=64,
                         help="KiB of SENDs per read in the pipeline table (default 64; the relay reads up to 256)")
     parser.add_argument("--pipeline-rounds", type=int, default=15,
@@ -328,6 +328,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.pipeline_rounds < 1:
         parser.error("--pipeline-rounds takes at least one round")
+    if min(args.messages, args.burst, args.rounds) < 1:
+        parser.error("--messages, --burst and --rounds take 1 at least")
     if not args.engine_only:
         load = os.getloadavg()[0]
         proxy_arms: tuple[int | str, ...] = (0, AGAIN, 10, 100, "10+1%")

@@ -504,6 +504,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not (args.upstream and args.ready_file and args.stats_file):
             parser.error("--serve-proxy needs --upstream, --ready-file and --stats-file")
         return serve_proxy(args.serve_proxy, args.upstream, args.ready_file, args.stats_file)
+    if args.burst < 1 or args.repeat < 1 or (args.messages is not None and args.messages < 1):
+        parser.error("--messages, --burst and --repeat take 1 at least")
     arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
     if "off" not in arms or not set(arms) <= set(MODES):
         parser.error(f"--arms: some of {', '.join(MODES)}, off among them")
