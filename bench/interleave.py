@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -181,15 +182,20 @@ class Lane:
         return Round(self.units / self.seconds, self.cpu, self.units)
 
 
-def in_bursts(lanes: dict[Arm, Lane], cycles: int, round_: int) -> dict[Arm, Round]:
+def in_bursts(lanes: dict[Arm, Lane], cycles: int, round_: int, seed: int = 1) -> dict[Arm, Round]:
     """One round of arms whose processes all stay up for it: ``cycles`` times a burst through each arm in turn,
-    the order rotated each cycle; each arm's :class:`Round` from its bursts together.  The machine's speed drifts
-    (here two runs of one arm a minute apart differed by a third, every process's CPU a message alike): arms a
-    phase each saw different machines, bursts a second long in turn see the same one.  An arm whose burst fails
-    (a client's flush timing out) is reported and left out of the round."""
+    each cycle in an order of its own (shuffled, seeded by ``seed`` and the round); each arm's :class:`Round`
+    from its bursts together.  The machine's speed drifts (here two runs of one arm a minute apart differed by
+    a third, every process's CPU a message alike): arms a phase each saw different machines, bursts a second
+    long in turn see the same one.  Shuffled, not rotated: rotated, each arm always ran right after the same
+    other one and took on whatever that one left running (an exporter finishing its spans).  An arm whose
+    burst fails (a client's flush timing out) is reported and left out of the round."""
     arms = list(lanes)
-    for cycle in range(cycles):
-        for arm in rotated(arms, round_ + cycle):
+    order = random.Random(seed * 1_000_003 + round_)
+    for _ in range(cycles):
+        turn = list(arms)
+        order.shuffle(turn)
+        for arm in turn:
             lane = lanes[arm]
             if lane.failed is not None:
                 continue

@@ -9,7 +9,7 @@
    DIR``, each a process of its own, as the proxy is deployed, beside a fresh ``pulsar-tap
    broker`` process each).  In each of ``--rounds`` rounds every arm's processes, consumer
    and producer are up together and ``--messages`` go through each arm in bursts of
-   ``--burst`` (produced, flushed, consumed), through each arm in turn, the order rotated
+   ``--burst`` (produced, flushed, consumed), through each arm in turn, the order shuffled
    each time (:func:`interleave.in_bursts`: the machine's speed drifts, so arms run a phase
    each were compared on different machines).  Prints messages/s and MB/s of each arm a
    round and the CPU seconds of each part from its bursts' first sends to their last

@@ -10,7 +10,7 @@ Three tables, each with every arm's ratio to the arm without rules (0 rules, or 
    this process publishes unbatched 100-byte messages with ``send_async`` (up to 1000 in
    flight).  In each of ``--rounds`` rounds every arm's processes and producer are up together
    and ``--messages`` go through each arm in bursts of ``--burst`` (each flushed), through each
-   arm in turn, the order rotated each time (:func:`interleave.in_bursts`: the machine's speed
+   arm in turn, the order shuffled each time (:func:`interleave.in_bursts`: the machine's speed
    drifts, so arms run a phase each were compared on different machines).  Printed are each
    round's ratio to 0 rules (``0-again``: no rules once more, the measurement's own spread),
    their median and minimum, and the CPU per

@@ -16,7 +16,7 @@ Two measurements:
   SEND and one SEND_RECEIPT per message, the worst case for per-frame telemetry)
   through it.  Modes run in ``--repeat`` rounds; in a round every mode's broker,
   proxy and producer are up together and the messages go through them in bursts of
-  ``--burst``, through each mode in turn, the order rotated each time
+  ``--burst``, through each mode in turn, the order shuffled each time
   (:func:`interleave.in_bursts`: the machine's speed drifts by a third within a minute
   here, every process's CPU a message alike, so modes run a phase each were compared
   on different machines: off against off once more read 0.84 to 1.45 a round).  Printed

@@ -130,9 +130,9 @@ def test_each_rounds_ratio_pairs_the_arm_with_the_baseline_of_the_same_round(mon
 
 def test_arms_in_bursts_take_turns_and_a_failing_arm_leaves_the_round(monkeypatch: pytest.MonkeyPatch,
                                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    """``interleave.in_bursts``: a burst through each arm in turn, the order rotated each cycle (and on from
-    round to round); an arm's bursts add up to its round; an arm whose burst raised is left out of the round
-    and said so, the others go on."""
+    """``interleave.in_bursts``: a burst through each arm in turn, each cycle in an order of its own (seeded:
+    the same for the same seed and round, not one arm always after the same other); an arm's bursts add up
+    to its round; an arm whose burst raised is left out of the round and said so, the others go on."""
     interleave = load_bench("interleave", monkeypatch)
     order: list[str] = []
 
@@ -145,9 +145,20 @@ def test_arms_in_bursts_take_turns_and_a_failing_arm_leaves_the_round(monkeypatc
         return send
 
     parts = interleave.CpuParts(threading.get_native_id())
+    steady = {arm: interleave.Lane(parts, burst(arm)) for arm in ("a", "b", "c")}
+    interleave.in_bursts(steady, 12, 0)
+    cycles = [order[index:index + 3] for index in range(0, 36, 3)]
+    assert all(sorted(cycle) == ["a", "b", "c"] for cycle in cycles)
+    assert len({tuple(cycle) for cycle in cycles}) > 1  # (not one order throughout)
+    assert {cycle[cycle.index("a") - 1] for cycle in cycles if cycle[0] != "a"} == {"b", "c"}
+    first = list(order)
+    order.clear()
+    interleave.in_bursts({arm: interleave.Lane(parts, burst(arm)) for arm in ("a", "b", "c")}, 12, 0)
+    assert order == first
+    order.clear()
     lanes = {arm: interleave.Lane(parts, burst(arm, 2 if arm == "c" else 0)) for arm in ("a", "b", "c")}
     results = interleave.in_bursts(lanes, 3, 1)
-    assert order == ["b", "c", "a", "c", "a", "b", "a", "b"]  # (round 1 begins one on from round 0)
+    assert order.count("c") == 2 and order.count("a") == order.count("b") == 3
     assert set(results) == {"a", "b"}
     assert results["a"].units == 30 and results["a"].rate > 0
     assert "c: round 2 failed: TimeoutError('flush timed out')" in capsys.readouterr().err
