@@ -30,6 +30,7 @@ import ctypes
 import dataclasses
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -95,6 +96,30 @@ def free_ports(count: int) -> list[int]:
         for sock in sockets:
             sock.bind(("127.0.0.1", 0))
         return [sock.getsockname()[1] for sock in sockets]
+
+
+def lasting_ports(count: int) -> list[int]:
+    """``count`` distinct free loopback ports below the kernel's range of ephemeral ports, for a port chosen now
+    and bound later, again and again (a module's fixed port): one from :func:`free_ports` lies in that range,
+    and meanwhile an outgoing connection of the JVMs or the clients may get it as its source port (three tests
+    failed binding one: Address already in use).  Tried in a random order (pytest's workers choose at once)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    candidates = list(range(max(1024, low - 8192), low))
+    random.shuffle(candidates)
+    ports: list[int] = []
+    for port in candidates:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == count:
+            return ports
+    raise RuntimeError(f"no {count} free loopback ports below {low}")
 
 
 def _die_with_parent() -> None:

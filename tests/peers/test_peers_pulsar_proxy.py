@@ -53,8 +53,8 @@ from real_pulsar import (
     ClientRun,
     PeerFailed,
     PulsarProxy,
-    free_ports,
     http_json,
+    lasting_ports,
     run_client,
     start_client,
     start_pulsar_proxy,
@@ -139,7 +139,7 @@ class ChainedProxy:
 
 @pytest.fixture(scope="module")
 def pulsar_proxy(real_upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChainedProxy]:
-    (port,) = free_ports(1)
+    (port,) = lasting_ports(1)  # (bound by each test in turn, for minutes)
     process = start_pulsar_proxy(f"pulsar://127.0.0.1:{port}", log_level=0, broker_web_url=real_upstream.admin_url,
                                  workdir=tmp_path_factory.mktemp("pulsar-proxy"), fast_start=True)
     try:
